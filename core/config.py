@@ -1,0 +1,53 @@
+"""The shape of the simulated KV cache and model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kernels.backend import MAX_HEAD_DIM
+from kernels.dtypes import STORAGE_DTYPES, tolerance
+
+DEFAULT_MAX_MODEL_LEN = 2048
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    num_blocks: int
+    block_size: int
+    num_heads: int
+    head_dim: int
+    num_kv_heads: int | None = None  # None: same as num_heads (multi-head attention)
+    dtype: str = "float32"
+    seed: int = 0
+    # The length a contiguous allocator would reserve per sequence (Orca-Max style);
+    # None: 2048 tokens, capped at what the whole pool holds.
+    max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_kv_heads is None:
+            object.__setattr__(self, "num_kv_heads", self.num_heads)
+        if self.max_model_len is None:
+            object.__setattr__(self, "max_model_len", min(DEFAULT_MAX_MODEL_LEN, self.num_blocks * self.block_size))
+        for name in ("num_blocks", "block_size", "num_heads", "num_kv_heads", "head_dim", "max_model_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        if self.head_dim > MAX_HEAD_DIM:
+            raise ValueError(f"head_dim must be ≤ {MAX_HEAD_DIM}; got {self.head_dim}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
+        if self.dtype not in STORAGE_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(STORAGE_DTYPES)}; got {self.dtype!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ValueError(f"seed must be an integer; got {self.seed!r}")
+
+    @property
+    def tolerance(self) -> float:
+        return tolerance(self.dtype)
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)

@@ -1,0 +1,353 @@
+"""The simulated serving engine: applies operations atomically, runs attention, emits events.
+
+Every ``apply`` first plans the operation against the current state (raising a
+:class:`~core.errors.PagesimError` if it cannot be done) and only then mutates, so a
+refused operation leaves the pool, the tables and the KV data exactly as they were.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from core import events as ev
+from core.blocks import BlockPool, PoolSnapshot
+from core.config import CacheConfig
+from core.errors import (
+    DuplicateSequenceError,
+    InvalidOperationError,
+    InvalidPlacementError,
+    PoolExhaustedError,
+    UnknownSequenceError,
+)
+from core.kv_cache import DenseKV, PagedKVCache
+from core.metrics import Metrics
+from core.operations import Add, Fork, Free, Grow, Operation
+from core.sequence import Sequence
+from core.token_model import VOCAB_SIZE, TokenModel
+from kernels.backend import Backend, default_scale, select_backend
+from kernels.reference import dense_attention_ragged
+
+
+@dataclass(frozen=True)
+class AttentionReport:
+    """One decode step over every live sequence: the kernel's inputs, its output and dense's."""
+
+    backend: str
+    device: str
+    seq_ids: tuple[str, ...]
+    query: np.ndarray  # (num_seqs, num_heads, head_dim), cache dtype
+    block_tables: np.ndarray  # (num_seqs, max_blocks) int32
+    context_lens: np.ndarray  # (num_seqs,) int32
+    scale: float
+    output: np.ndarray  # (num_seqs, num_heads, head_dim) float32, the paged kernel's
+    dense: np.ndarray  # same shape, dense SDPA on the same tokens
+    tolerance: float
+    kernel_seconds: float
+    dense_seconds: float
+
+    @property
+    def head_errors(self) -> np.ndarray:
+        """Max abs error per (sequence, head)."""
+        return np.abs(self.output - self.dense).max(axis=2)
+
+    @property
+    def max_abs_error(self) -> float:
+        return float(self.head_errors.max()) if self.seq_ids else 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.max_abs_error <= self.tolerance
+
+    def index_of(self, seq_id: str) -> int:
+        return self.seq_ids.index(seq_id)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: int  # 1-based: the state after this many operations
+    op: Operation
+    events: tuple[ev.Event, ...]
+    metrics: Metrics
+    attention: AttentionReport | None
+
+
+@dataclass(frozen=True)
+class SimulatorSnapshot:
+    step: int
+    pool: PoolSnapshot
+    sequences: tuple[Sequence, ...]
+    block_fill: tuple[int, ...]
+    cache: tuple[object, object]
+    dense: dict[str, DenseKV]
+    last_attention: AttentionReport | None
+
+
+class Simulator:
+    def __init__(self, config: CacheConfig, backend: Backend | None = None) -> None:
+        self.config = config
+        self.backend = backend or select_backend("auto")
+        self.model = TokenModel(config)
+        self.pool = BlockPool(config.num_blocks)
+        self.cache = PagedKVCache(config, self.backend)
+        self.sequences: dict[str, Sequence] = {}
+        self.step = 0
+        self.last_attention: AttentionReport | None = None
+        self._dense: dict[str, DenseKV] = {}
+        self._block_fill = [0] * config.num_blocks  # tokens held by each physical block
+        self._slots_filled = 0
+        self._shared_blocks = 0
+
+    # -- queries ----------------------------------------------------------------
+    def sequence(self, seq_id: str) -> Sequence:
+        try:
+            return self.sequences[seq_id]
+        except KeyError:
+            raise UnknownSequenceError(seq_id, list(self.sequences)) from None
+
+    def block_fill(self, block_id: int) -> int:
+        return self._block_fill[block_id]
+
+    def holders(self, block_id: int) -> list[tuple[str, int]]:
+        """(sequence, logical index) pairs whose tables hold ``block_id``."""
+        return [(s.seq_id, i) for s in self.sequences.values() for i, b in enumerate(s.block_table) if b == block_id]
+
+    def metrics(self) -> Metrics:
+        c = self.config
+        used = self.pool.num_used
+        reserve = c.max_model_len
+        return Metrics(
+            step=self.step,
+            num_sequences=len(self.sequences),
+            used_blocks=used,
+            free_blocks=self.pool.num_free,
+            shared_blocks=self._shared_blocks,
+            logical_tokens=sum(s.num_tokens for s in self.sequences.values()),
+            slots_allocated=used * c.block_size,
+            slots_filled=self._slots_filled,
+            contiguous_blocks=sum(c.blocks_for(max(reserve, s.num_tokens)) for s in self.sequences.values()),
+        )
+
+    def dense_kv(self, seq_id: str) -> tuple[np.ndarray, np.ndarray]:
+        """The sequence's K/V as the dense reference holds them (contiguous, from the tokens)."""
+        self.sequence(seq_id)
+        return self._dense[seq_id].view()
+
+    # -- operations -------------------------------------------------------------
+    def apply(self, op: Operation, attend: bool = True) -> StepResult:
+        """Validate ``op``, apply it, then (if ``attend``) run decode attention for every sequence."""
+        handler = {Add: self._add, Grow: self._grow, Fork: self._fork, Free: self._free}.get(type(op))
+        if handler is None:
+            raise InvalidOperationError(f"not an operation: {op!r}")
+        events: list[ev.Event] = []
+        handler(op, events)
+        self.step += 1
+        self.last_attention = self._attend(events) if attend else None
+        return StepResult(self.step, op, tuple(events), self.metrics(), self.last_attention)
+
+    def _check_new_id(self, seq_id: str) -> None:
+        if seq_id in self.sequences:
+            raise DuplicateSequenceError(seq_id)
+
+    @staticmethod
+    def _check_vocab(token_ids, field: str) -> None:
+        bad = [t for t in token_ids if not 0 <= t < VOCAB_SIZE]
+        if bad:
+            raise InvalidOperationError(f"{field}: token id {bad[0]} is outside the vocabulary [0, {VOCAB_SIZE})")
+
+    def _add(self, op: Add, events: list) -> None:
+        self._check_new_id(op.seq)
+        token_ids = list(op.prompt) if op.prompt is not None else self.model.token_ids(op.seq, 0, op.num_tokens)
+        self._check_vocab(token_ids, "prompt")
+        needed = self.config.blocks_for(len(token_ids))
+        if op.blocks is not None:
+            blocks = self.pool.check_placement(op.blocks)
+            if len(blocks) != needed:
+                raise InvalidPlacementError(
+                    f"{len(token_ids)} tokens at block size {self.config.block_size} need exactly "
+                    f"{needed} block(s); placement names {len(blocks)}"
+                )
+        elif needed > self.pool.num_free:
+            raise PoolExhaustedError(needed, self.pool.num_free, f"add {op.seq} ({len(token_ids)} tokens)")
+        # -- validated; mutate --
+        blocks = self.pool.allocate_specific(op.blocks) if op.blocks is not None else self.pool.allocate(needed)
+        seq = Sequence(op.seq)
+        self.sequences[op.seq] = seq
+        self._dense[op.seq] = self._empty_dense(len(token_ids))
+        events.append(ev.SequenceAdded(op.seq, len(token_ids)))
+        for index, block in enumerate(blocks):
+            seq.block_table.append(block)
+            events.append(ev.BlockAllocated(block, op.seq, index))
+        self._write_tokens(seq, token_ids, events)
+
+    def _grow(self, op: Grow, events: list) -> None:
+        seq = self.sequence(op.seq)
+        if op.token_ids is not None:
+            token_ids = list(op.token_ids)
+        else:
+            token_ids = self.model.token_ids(op.seq, seq.num_tokens, op.num_tokens)
+        self._check_vocab(token_ids, "token_ids")
+        bs = self.config.block_size
+        n = seq.num_tokens
+        needs_copy = n % bs != 0 and self.pool.ref_count(seq.block_table[-1]) > 1
+        new_blocks = self.config.blocks_for(n + len(token_ids)) - len(seq.block_table)
+        needed = new_blocks + int(needs_copy)
+        if needed > self.pool.num_free:
+            raise PoolExhaustedError(needed, self.pool.num_free, f"grow {op.seq} by {len(token_ids)}")
+        # -- validated; mutate --
+        if needs_copy:
+            self._copy_on_write(seq, events)
+        for _ in range(new_blocks):
+            (block,) = self.pool.allocate(1)
+            seq.block_table.append(block)
+            events.append(ev.BlockAllocated(block, seq.seq_id, len(seq.block_table) - 1))
+        self._write_tokens(seq, token_ids, events)
+
+    def _copy_on_write(self, seq: Sequence, events: list) -> None:
+        index = len(seq.block_table) - 1
+        src = seq.block_table[index]
+        (dst,) = self.pool.allocate(1)
+        self.cache.copy_block(src, dst)
+        self._block_fill[dst] = self._block_fill[src]
+        self._slots_filled += self._block_fill[src]
+        seq.block_table[index] = dst
+        events.append(ev.BlockAllocated(dst, seq.seq_id, index))
+        events.append(ev.BlockCopied(src, dst, seq.seq_id, index))
+        self._release(src, seq.seq_id, events)
+
+    def _fork(self, op: Fork, events: list) -> None:
+        parent = self.sequence(op.seq)
+        self._check_new_id(op.new_seq)
+        child = parent.copy(op.new_seq)
+        self.sequences[op.new_seq] = child
+        self._dense[op.new_seq] = self._dense[op.seq].copy()
+        events.append(ev.SequenceForked(op.seq, op.new_seq))
+        for index, block in enumerate(child.block_table):
+            ref_count = self.pool.share(block)
+            self._shared_blocks += ref_count == 2
+            events.append(ev.BlockShared(block, op.new_seq, index, ref_count))
+
+    def _free(self, op: Free, events: list) -> None:
+        seq = self.sequence(op.seq)
+        for block in reversed(seq.block_table):
+            self._release(block, op.seq, events)
+        del self.sequences[op.seq]
+        del self._dense[op.seq]
+        events.append(ev.SequenceFreed(op.seq))
+
+    def _release(self, block: int, seq_id: str, events: list) -> None:
+        ref_count = self.pool.release(block)
+        if ref_count == 0:
+            self._slots_filled -= self._block_fill[block]
+            self._block_fill[block] = 0
+            events.append(ev.BlockFreed(block, seq_id))
+        else:
+            self._shared_blocks -= ref_count == 1
+            events.append(ev.BlockReleased(block, seq_id, ref_count))
+
+    # -- KV writes --------------------------------------------------------------
+    def _empty_dense(self, capacity: int) -> DenseKV:
+        c = self.config
+        shape = (max(capacity, 1), c.num_kv_heads, c.head_dim)
+        return DenseKV(np.empty(shape, self.cache.dtype), np.empty(shape, self.cache.dtype))
+
+    def _write_tokens(self, seq: Sequence, token_ids: list[int], events: list) -> None:
+        bs = self.config.block_size
+        start = seq.num_tokens
+        positions = np.arange(start, start + len(token_ids))
+        _, keys, values = self.model.qkv(token_ids, positions)
+        keys, values = keys.astype(self.cache.dtype), values.astype(self.cache.dtype)
+        blocks = [seq.block_table[p // bs] for p in range(start, start + len(token_ids))]
+        slots = np.array([b * bs + p % bs for b, p in zip(blocks, positions.tolist(), strict=True)], np.int64)
+        self.cache.write(slots, keys, values)
+        self._dense[seq.seq_id].append(keys, values)
+        seq.token_ids.extend(token_ids)
+        for block, position, token_id in zip(blocks, positions.tolist(), token_ids, strict=True):
+            self._block_fill[block] += 1
+            events.append(ev.TokenWritten(seq.seq_id, position, token_id, block, position % bs))
+        self._slots_filled += len(token_ids)
+
+    # -- attention --------------------------------------------------------------
+    def attention_inputs(self) -> tuple[tuple[str, ...], np.ndarray, np.ndarray, np.ndarray]:
+        """(seq ids, query, block_tables, context_lens) for a decode step over every sequence."""
+        seqs = list(self.sequences.values())
+        ids = tuple(s.seq_id for s in seqs)
+        max_blocks = max((len(s.block_table) for s in seqs), default=0)
+        block_tables = np.zeros((len(seqs), max(max_blocks, 1)), dtype=np.int32)
+        for row, s in enumerate(seqs):
+            block_tables[row, : len(s.block_table)] = s.block_table
+        context_lens = np.array([s.num_tokens for s in seqs], dtype=np.int32)
+        last_tokens = [s.token_ids[-1] for s in seqs]
+        query, _, _ = self.model.qkv(last_tokens, context_lens.astype(np.int64) - 1)
+        return ids, query.astype(self.cache.dtype), block_tables, context_lens
+
+    def _attend(self, events: list) -> AttentionReport | None:
+        if not self.sequences:
+            return None
+        ids, query, block_tables, context_lens = self.attention_inputs()
+        scale = default_scale(self.config.head_dim)
+        backend = self.backend
+        xp_query = backend.xp.asarray(query)
+        started = time.perf_counter()
+        output = backend.paged_attention(
+            xp_query, self.cache.key_cache, self.cache.value_cache, block_tables, context_lens, scale
+        )
+        backend.synchronize()
+        kernel_seconds = time.perf_counter() - started
+
+        started = time.perf_counter()
+        dense_kv = [self._dense[i].view() for i in ids]
+        dense = dense_attention_ragged(query, [k for k, _ in dense_kv], [v for _, v in dense_kv], scale).numpy()
+        dense_seconds = time.perf_counter() - started
+
+        report = AttentionReport(
+            backend=backend.name,
+            device=backend.device,
+            seq_ids=ids,
+            query=query,
+            block_tables=block_tables,
+            context_lens=context_lens,
+            scale=scale,
+            output=output,
+            dense=dense,
+            tolerance=self.config.tolerance,
+            kernel_seconds=kernel_seconds,
+            dense_seconds=dense_seconds,
+        )
+        bs = self.config.block_size
+        errors = report.head_errors
+        for row, seq_id in enumerate(ids):
+            n = int(context_lens[row])
+            for index, block in enumerate(self.sequences[seq_id].block_table):
+                events.append(ev.LookupPerformed(seq_id, index, block, min(bs, n - index * bs)))
+            head_errors = tuple(float(e) for e in errors[row])
+            events.append(
+                ev.AttentionComputed(seq_id, n, max(head_errors), head_errors, report.tolerance, backend.name)
+            )
+        events.append(ev.KernelLaunched(backend.name, backend.device, len(ids), kernel_seconds, dense_seconds))
+        return report
+
+    # -- snapshots --------------------------------------------------------------
+    def snapshot(self) -> SimulatorSnapshot:
+        return SimulatorSnapshot(
+            step=self.step,
+            pool=self.pool.snapshot(),
+            sequences=tuple(s.copy() for s in self.sequences.values()),
+            block_fill=tuple(self._block_fill),
+            cache=self.cache.snapshot(),
+            dense={k: v.copy() for k, v in self._dense.items()},
+            last_attention=self.last_attention,
+        )
+
+    def restore(self, snap: SimulatorSnapshot) -> None:
+        self.step = snap.step
+        self.pool.restore(snap.pool)
+        self.sequences = {s.seq_id: s.copy() for s in snap.sequences}
+        self._block_fill = list(snap.block_fill)
+        self._slots_filled = sum(snap.block_fill)
+        self._shared_blocks = sum(1 for r in snap.pool.ref_counts if r > 1)
+        self.cache.restore(snap.cache)
+        self._dense = {k: v.copy() for k, v in snap.dense.items()}
+        self.last_attention = snap.last_attention

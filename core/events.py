@@ -1,0 +1,128 @@
+"""Immutable events the engine emits; a GUI animates these without reading internals."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceAdded:
+    seq: str
+    num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceForked:
+    parent: str
+    child: str
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceFreed:
+    seq: str
+
+
+@dataclass(frozen=True, slots=True)
+class BlockAllocated:
+    """``block`` left the free queue to become ``seq``'s logical block ``logical_index``."""
+
+    block: int
+    seq: str
+    logical_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class BlockShared:
+    """``seq``'s table now holds ``block`` too (fork); ``ref_count`` after the change."""
+
+    block: int
+    seq: str
+    logical_index: int
+    ref_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class BlockReleased:
+    """``seq`` let go of ``block``, which others still hold (``ref_count`` > 0)."""
+
+    block: int
+    seq: str
+    ref_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class BlockFreed:
+    """``block``'s last holder ``seq`` let go; it joined the free queue's tail."""
+
+    block: int
+    seq: str
+
+
+@dataclass(frozen=True, slots=True)
+class BlockCopied:
+    """Copy-on-write: ``seq`` was about to write into shared ``src``; its KV went to ``dst``."""
+
+    src: int
+    dst: int
+    seq: str
+    logical_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class TokenWritten:
+    seq: str
+    position: int
+    token_id: int
+    block: int
+    slot: int
+
+
+@dataclass(frozen=True, slots=True)
+class LookupPerformed:
+    """The kernel read ``seq``'s logical block through its table, in access order."""
+
+    seq: str
+    logical_index: int
+    block: int
+    num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionComputed:
+    """Paged kernel vs dense attention for one sequence (query = its newest token)."""
+
+    seq: str
+    context_len: int
+    max_abs_error: float
+    head_errors: tuple[float, ...]
+    tolerance: float
+    backend: str
+
+    @property
+    def passed(self) -> bool:
+        return self.max_abs_error <= self.tolerance
+
+
+@dataclass(frozen=True, slots=True)
+class KernelLaunched:
+    backend: str
+    device: str
+    num_seqs: int
+    kernel_seconds: float
+    dense_seconds: float
+
+
+Event = (
+    SequenceAdded
+    | SequenceForked
+    | SequenceFreed
+    | BlockAllocated
+    | BlockShared
+    | BlockReleased
+    | BlockFreed
+    | BlockCopied
+    | TokenWritten
+    | LookupPerformed
+    | AttentionComputed
+    | KernelLaunched
+)

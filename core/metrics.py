@@ -1,0 +1,38 @@
+"""Memory metrics of one step: what the paged pool holds vs a contiguous reservation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    step: int
+    num_sequences: int
+    used_blocks: int
+    free_blocks: int
+    shared_blocks: int  # blocks held by more than one block table
+    logical_tokens: int  # sum of sequence lengths (shared prefixes counted per sequence)
+    slots_allocated: int  # used_blocks * block_size
+    slots_filled: int  # physical slots holding a token
+    contiguous_blocks: int  # what per-sequence max-length reservations would hold
+
+    @property
+    def utilisation(self) -> float:
+        """Slots holding tokens / slots allocated (1.0 for an empty pool)."""
+        return self.slots_filled / self.slots_allocated if self.slots_allocated else 1.0
+
+    @property
+    def internal_fragmentation(self) -> int:
+        """Allocated slots that hold no token: the unused tail of each last block."""
+        return self.slots_allocated - self.slots_filled
+
+    @property
+    def total_blocks(self) -> int:
+        return self.used_blocks + self.free_blocks
+
+    def as_dict(self) -> dict[str, float | int]:
+        out = {name: getattr(self, name) for name in self.__slots__}
+        out["utilisation"] = round(self.utilisation, 6)
+        out["internal_fragmentation"] = self.internal_fragmentation
+        return out

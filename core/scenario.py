@@ -1,0 +1,191 @@
+"""Scenarios: a cache configuration and a list of operations, in user-editable TOML.
+
+::
+
+    name = "Seed article demo"
+    num_blocks = 8
+    block_size = 4
+    num_heads = 2
+    head_dim = 8
+
+    [[steps]]
+    op = "add"
+    seq = 0
+    tokens = 10
+    blocks = [0, 3, 5]
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, fields
+from importlib import resources
+from pathlib import Path
+
+import tomli_w
+
+from core.config import CacheConfig
+from core.errors import PagesimError, ScenarioError
+from core.operations import Add, Fork, Free, Grow, Operation
+
+HEADER_FIELDS = {f.name for f in fields(CacheConfig)}
+REQUIRED_HEADER = ("num_blocks", "block_size", "num_heads", "head_dim")
+TEXT_FIELDS = ("name", "description")
+STEP_FIELDS = {
+    "add": {"seq", "tokens", "prompt", "blocks"},
+    "grow": {"seq", "tokens", "token_ids"},
+    "fork": {"seq", "as"},
+    "free": {"seq"},
+}
+DEFAULT_SCENARIO = "default"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    config: CacheConfig
+    operations: tuple[Operation, ...]
+    source: str = "<memory>"
+
+    def to_toml(self) -> str:
+        doc: dict = {"name": self.name, "description": self.description}
+        for f in fields(CacheConfig):
+            doc[f.name] = getattr(self.config, f.name)
+        doc["steps"] = [operation_to_dict(op) for op in self.operations]
+        return tomli_w.dumps(doc)
+
+    def with_operations(self, operations) -> Scenario:
+        return Scenario(self.name, self.description, self.config, tuple(operations), self.source)
+
+
+def operation_to_dict(op: Operation) -> dict:
+    if isinstance(op, Add):
+        out = {"op": "add", "seq": op.seq}
+        out.update({"tokens": op.num_tokens} if op.prompt is None else {"prompt": list(op.prompt)})
+        if op.blocks is not None:
+            out["blocks"] = list(op.blocks)
+        return out
+    if isinstance(op, Grow):
+        if op.token_ids is not None:
+            return {"op": "grow", "seq": op.seq, "token_ids": list(op.token_ids)}
+        return {"op": "grow", "seq": op.seq, "tokens": op.num_tokens}
+    if isinstance(op, Fork):
+        return {"op": "fork", "seq": op.seq, "as": op.new_seq}
+    return {"op": "free", "seq": op.seq}
+
+
+def _seq_name(value, source: str, step: int, field: str) -> str:
+    # TOML lets users write seq = 0; names are strings inside the engine.
+    if isinstance(value, bool) or not isinstance(value, int | str) or value == "":
+        raise ScenarioError(source, f"must be a sequence name (string or integer); got {value!r}", step, field)
+    return str(value)
+
+
+def _int_list(value, source: str, step: int, field: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ScenarioError(source, f"must be a list of integers; got {value!r}", step, field)
+    return tuple(value)
+
+
+def _positive_int(value, source: str, step: int, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ScenarioError(source, f"must be a positive integer; got {value!r}", step, field)
+    return value
+
+
+def parse_step(raw: dict, source: str, step: int) -> Operation:
+    if not isinstance(raw, dict):
+        raise ScenarioError(source, "each [[steps]] entry must be a table", step)
+    op = raw.get("op")
+    if op not in STEP_FIELDS:
+        raise ScenarioError(source, f"op must be one of {', '.join(STEP_FIELDS)}; got {op!r}", step, "op")
+    unknown = sorted(set(raw) - STEP_FIELDS[op] - {"op"})
+    if unknown:
+        allowed = ", ".join(sorted(STEP_FIELDS[op]))
+        raise ScenarioError(source, f"unknown field for op {op!r} (allowed: {allowed})", step, unknown[0])
+    if "seq" not in raw:
+        raise ScenarioError(source, "missing", step, "seq")
+    seq = _seq_name(raw["seq"], source, step, "seq")
+    if op == "add":
+        if ("tokens" in raw) == ("prompt" in raw):
+            raise ScenarioError(source, "add needs exactly one of tokens (a count) or prompt (ids)", step, "tokens")
+        count = _positive_int(raw["tokens"], source, step, "tokens") if "tokens" in raw else None
+        prompt = _int_list(raw["prompt"], source, step, "prompt") if "prompt" in raw else None
+        if prompt is not None and not prompt:
+            raise ScenarioError(source, "must hold at least one token id", step, "prompt")
+        blocks = _int_list(raw["blocks"], source, step, "blocks") if "blocks" in raw else None
+        return Add(seq, count, prompt, blocks)
+    if op == "grow":
+        if "tokens" in raw and "token_ids" in raw:
+            raise ScenarioError(source, "grow takes tokens (a count) or token_ids, not both", step, "tokens")
+        if "token_ids" in raw:
+            ids = _int_list(raw["token_ids"], source, step, "token_ids")
+            if not ids:
+                raise ScenarioError(source, "must hold at least one token id", step, "token_ids")
+            return Grow(seq, None, ids)
+        return Grow(seq, _positive_int(raw.get("tokens", 1), source, step, "tokens"))
+    if op == "fork":
+        if "as" not in raw:
+            raise ScenarioError(source, "missing: the forked sequence's name", step, "as")
+        return Fork(seq, _seq_name(raw["as"], source, step, "as"))
+    return Free(seq)
+
+
+def parse_scenario(text: str, source: str = "<memory>") -> Scenario:
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(source, f"not valid TOML: {exc}") from None
+    unknown = sorted(set(doc) - HEADER_FIELDS - set(TEXT_FIELDS) - {"steps"})
+    if unknown:
+        raise ScenarioError(source, f"unknown header field (allowed: {', '.join(sorted(HEADER_FIELDS))})", None, unknown[0])
+    for name in REQUIRED_HEADER:
+        if name not in doc:
+            raise ScenarioError(source, "missing from the header", None, name)
+    for name in TEXT_FIELDS:
+        if not isinstance(doc.get(name, ""), str):
+            raise ScenarioError(source, "must be a string", None, name)
+    header = {k: v for k, v in doc.items() if k in HEADER_FIELDS}
+    try:
+        config = CacheConfig(**header)
+    except ValueError as exc:
+        field = next((name for name in header if str(exc).startswith(name)), None)
+        raise ScenarioError(source, str(exc), None, field) from None
+    steps = doc.get("steps", [])
+    if not isinstance(steps, list):
+        raise ScenarioError(source, "must be an array of tables ([[steps]])", None, "steps")
+    operations = []
+    for number, raw in enumerate(steps, start=1):
+        try:
+            operations.append(parse_step(raw, source, number))
+        except ScenarioError:
+            raise
+        except PagesimError as exc:
+            raise ScenarioError(source, str(exc), number) from None
+    name = doc.get("name") or Path(source).stem
+    return Scenario(name, doc.get("description", ""), config, tuple(operations), source)
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Load a scenario file, or a shipped one by name (``default``, ``seed_demo``, ...)."""
+    path = Path(path)
+    if not path.exists() and path.suffix == "" and str(path) in shipped_scenarios():
+        return load_shipped(str(path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(str(path), f"cannot read: {exc.strerror}") from None
+    return parse_scenario(text, str(path))
+
+
+def shipped_scenarios() -> dict[str, str]:
+    """Shipped scenario name -> its file name."""
+    folder = resources.files("assets") / "scenarios"
+    return {p.name.removesuffix(".toml"): p.name for p in folder.iterdir() if p.name.endswith(".toml")}
+
+
+def load_shipped(name: str) -> Scenario:
+    resource = resources.files("assets") / "scenarios" / f"{name}.toml"
+    with resources.as_file(resource) as path:
+        return parse_scenario(path.read_text(encoding="utf-8"), str(path))

@@ -1,0 +1,79 @@
+"""A small deterministic model: (token id, position) -> q, k, v.
+
+Fixed seeded projections of a token embedding, then rotary position embedding on
+q and k. K/V depend only on (token id, position), so identical prefixes give
+identical K/V and sharing their blocks is semantically honest.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from core.config import CacheConfig
+
+VOCAB_SIZE = 32_000
+MODEL_DIM = 64
+ROPE_BASE = 10_000.0
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(*words: int) -> int:
+    """splitmix64 over a few words: a cheap, stable hash for synthetic token ids."""
+    z = 0x9E3779B97F4A7C15
+    for word in words:
+        z = (z + (word & _MASK64) + 0x9E3779B97F4A7C15) & _MASK64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        z ^= z >> 31
+    return z
+
+
+class TokenModel:
+    def __init__(self, config: CacheConfig) -> None:
+        self.config = config
+        rng = np.random.default_rng(config.seed)
+        q_dim = config.num_heads * config.head_dim
+        kv_dim = config.num_kv_heads * config.head_dim
+        self.embedding = rng.standard_normal((VOCAB_SIZE, MODEL_DIM), dtype=np.float32)
+        scale = np.float32(1.0 / np.sqrt(MODEL_DIM))
+        self.w_q = rng.standard_normal((MODEL_DIM, q_dim), dtype=np.float32) * scale
+        self.w_k = rng.standard_normal((MODEL_DIM, kv_dim), dtype=np.float32) * scale
+        self.w_v = rng.standard_normal((MODEL_DIM, kv_dim), dtype=np.float32) * scale
+        half = config.head_dim // 2
+        self.inv_freq = (ROPE_BASE ** (-np.arange(half, dtype=np.float64) * 2 / config.head_dim)).astype(np.float32)
+
+    # -- synthetic token ids -----------------------------------------------------
+    def token_id(self, seq_id: str, position: int) -> int:
+        """The token a sequence holds (or samples) at ``position``; stable across runs."""
+        return _mix(self.config.seed, zlib.crc32(seq_id.encode()), position) % VOCAB_SIZE
+
+    def token_ids(self, seq_id: str, start: int, count: int) -> list[int]:
+        return [self.token_id(seq_id, p) for p in range(start, start + count)]
+
+    # -- projections -------------------------------------------------------------
+    def _rotate(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        half = self.inv_freq.shape[0]
+        if half == 0:
+            return x
+        angles = positions[:, None].astype(np.float32) * self.inv_freq[None, :]  # (n, half)
+        cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
+        x1, x2 = x[..., :half], x[..., half : 2 * half]
+        out = x.copy()
+        out[..., :half] = x1 * cos - x2 * sin
+        out[..., half : 2 * half] = x2 * cos + x1 * sin
+        return out
+
+    def qkv(self, token_ids, positions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """float32 q (n, num_heads, head_dim), k and v (n, num_kv_heads, head_dim)."""
+        token_ids = np.asarray(token_ids, dtype=np.int64)
+        positions = np.asarray(positions, dtype=np.int64)
+        if token_ids.size and (token_ids.min() < 0 or token_ids.max() >= VOCAB_SIZE):
+            raise ValueError(f"token ids must be in [0, {VOCAB_SIZE})")
+        c = self.config
+        x = self.embedding[token_ids]
+        q = (x @ self.w_q).reshape(-1, c.num_heads, c.head_dim)
+        k = (x @ self.w_k).reshape(-1, c.num_kv_heads, c.head_dim)
+        v = (x @ self.w_v).reshape(-1, c.num_kv_heads, c.head_dim)
+        return self._rotate(q, positions), self._rotate(k, positions), v

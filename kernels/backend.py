@@ -1,0 +1,172 @@
+"""The backend interface: where the KV cache lives and which kernel reads it."""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+from kernels.dtypes import dtype_name
+
+MAX_HEAD_DIM = 256
+
+
+class BackendUnavailableError(RuntimeError):
+    """A backend was asked for by name but cannot run on this machine."""
+
+
+class KernelInputError(ValueError):
+    """Kernel inputs that would make the kernel read out of bounds or compute garbage."""
+
+
+class Backend(ABC):
+    """A paged-attention backend.
+
+    The backend owns the physical KV cache arrays (``key_cache``/``value_cache`` of shape
+    ``(num_blocks, block_size, num_kv_heads, head_dim)``) in its own array module, writes
+    new tokens into slots, copies blocks for copy-on-write, and runs the decode kernel.
+    """
+
+    name: str
+    xp: Any
+
+    @property
+    @abstractmethod
+    def device(self) -> str:
+        """Human-readable device, e.g. ``"CPU kernel · no CUDA device"``."""
+
+    def allocate_cache(
+        self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: np.dtype
+    ) -> tuple[Any, Any]:
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        # Zero-filled so an unwritten slot never holds NaNs that a bad mask could leak.
+        return self.xp.zeros(shape, dtype=dtype), self.xp.zeros(shape, dtype=dtype)
+
+    @abstractmethod
+    def write_kv(
+        self, key_cache: Any, value_cache: Any, slot_mapping: np.ndarray, keys: np.ndarray, values: np.ndarray
+    ) -> None:
+        """Write ``keys``/``values`` of shape (n, num_kv_heads, head_dim) to flat slots
+        ``block * block_size + offset`` (vLLM's ``reshape_and_cache``)."""
+
+    @abstractmethod
+    def copy_blocks(self, key_cache: Any, value_cache: Any, block_mapping: np.ndarray) -> None:
+        """Copy whole blocks, ``block_mapping`` is (n, 2) of (src, dst) pairs."""
+
+    @abstractmethod
+    def _paged_attention(
+        self,
+        query: np.ndarray,
+        key_cache: Any,
+        value_cache: Any,
+        block_tables: np.ndarray,
+        context_lens: np.ndarray,
+        scale: float,
+    ) -> np.ndarray: ...
+
+    def paged_attention(
+        self,
+        query: np.ndarray,
+        key_cache: Any,
+        value_cache: Any,
+        block_tables: np.ndarray,
+        context_lens: np.ndarray,
+        scale: float,
+    ) -> np.ndarray:
+        """Decode attention for one query token per sequence, read through the block table.
+
+        ``query`` (num_seqs, num_heads, head_dim) in the cache dtype; ``block_tables``
+        (num_seqs, max_blocks) int32; ``context_lens`` (num_seqs,) int32. Returns the
+        output (num_seqs, num_heads, head_dim) as float32 on the host.
+        """
+        block_tables = np.ascontiguousarray(block_tables, dtype=np.int32)
+        context_lens = np.ascontiguousarray(context_lens, dtype=np.int32)
+        validate_kernel_inputs(query, key_cache, value_cache, block_tables, context_lens)
+        return self._paged_attention(query, key_cache, value_cache, block_tables, context_lens, float(scale))
+
+    def to_numpy(self, array: Any) -> np.ndarray:
+        return np.asarray(array)
+
+    def synchronize(self) -> None:
+        """Wait for queued device work; a no-op on the CPU."""
+
+
+def validate_kernel_inputs(
+    query: Any, key_cache: Any, value_cache: Any, block_tables: np.ndarray, context_lens: np.ndarray
+) -> None:
+    """Check shapes, dtypes and every block id a kernel would dereference, on the host."""
+    if key_cache.ndim != 4 or key_cache.shape != value_cache.shape:
+        raise KernelInputError(
+            "key_cache and value_cache must both be (num_blocks, block_size, num_kv_heads, head_dim); "
+            f"got {tuple(key_cache.shape)} and {tuple(value_cache.shape)}"
+        )
+    if key_cache.dtype != value_cache.dtype or query.dtype != key_cache.dtype:
+        raise KernelInputError(
+            f"query, key_cache and value_cache must share one dtype; got {query.dtype}, "
+            f"{key_cache.dtype}, {value_cache.dtype}"
+        )
+    dtype_name(key_cache.dtype)
+    num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
+    if query.ndim != 3 or query.shape[2] != head_dim:
+        raise KernelInputError(f"query must be (num_seqs, num_heads, {head_dim}); got {tuple(query.shape)}")
+    num_seqs, num_heads, _ = query.shape
+    if head_dim < 1 or head_dim > MAX_HEAD_DIM:
+        raise KernelInputError(f"head_dim must be in 1..{MAX_HEAD_DIM}; got {head_dim}")
+    if num_kv_heads < 1 or num_heads % num_kv_heads:
+        raise KernelInputError(f"num_kv_heads ({num_kv_heads}) must divide num_heads ({num_heads})")
+    if block_tables.ndim != 2 or block_tables.shape[0] != num_seqs:
+        raise KernelInputError(f"block_tables must be ({num_seqs}, max_blocks); got {block_tables.shape}")
+    if context_lens.shape != (num_seqs,):
+        raise KernelInputError(f"context_lens must be ({num_seqs},); got {context_lens.shape}")
+    if num_seqs == 0:
+        return
+    if context_lens.min() < 1:
+        bad = int(np.argmin(context_lens))
+        raise KernelInputError(f"context_lens[{bad}] = {context_lens[bad]}: every sequence needs ≥ 1 token")
+    max_blocks = block_tables.shape[1]
+    blocks_needed = (context_lens + block_size - 1) // block_size
+    if blocks_needed.max() > max_blocks:
+        bad = int(np.argmax(blocks_needed))
+        raise KernelInputError(
+            f"sequence {bad}: context length {context_lens[bad]} needs {blocks_needed[bad]} blocks "
+            f"but block_tables has {max_blocks} columns"
+        )
+    used = np.arange(max_blocks)[None, :] < blocks_needed[:, None]
+    ids = block_tables[used]
+    if ids.size and (ids.min() < 0 or ids.max() >= num_blocks):
+        rows, cols = np.nonzero(used & ((block_tables < 0) | (block_tables >= num_blocks)))
+        raise KernelInputError(
+            f"block_tables[{rows[0]}, {cols[0]}] = {block_tables[rows[0], cols[0]]} is out of range "
+            f"for a pool of {num_blocks} blocks"
+        )
+
+
+def default_scale(head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim)
+
+
+def available_backends() -> dict[str, str]:
+    """Backend name -> why it is or is not usable here."""
+    from kernels import cuda_backend
+
+    reason = cuda_backend.unavailable_reason()
+    return {"cpu": "available", "cuda": "available" if reason is None else reason}
+
+
+def select_backend(name: str = "auto") -> Backend:
+    """``auto`` picks CUDA when CuPy sees a device, else the compiled CPU kernel."""
+    from kernels import cuda_backend
+    from kernels.cpu_backend import CpuBackend
+
+    if name == "cpu":
+        return CpuBackend()
+    if name in ("cuda", "auto"):
+        reason = cuda_backend.unavailable_reason()
+        if reason is None:
+            return cuda_backend.CudaBackend()
+        if name == "cuda":
+            raise BackendUnavailableError(f"--backend cuda is not usable here: {reason}")
+        return CpuBackend()
+    raise BackendUnavailableError(f"unknown backend {name!r}; expected auto, cpu or cuda")

@@ -1,0 +1,105 @@
+"""Reference implementations the kernels are checked against (torch, on the CPU or GPU).
+
+- :func:`dense_attention`: attention on contiguous K/V through
+  ``torch.nn.functional.scaled_dot_product_attention``, computed in fp32.
+- :func:`paged_attention_reference`: the seed article's algorithm: gather every block
+  of a sequence into a contiguous buffer, then attend. Correct, and slow by design.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def to_torch(array) -> torch.Tensor:
+    """Zero-copy view of a NumPy or CuPy array as a torch tensor (bfloat16 included)."""
+    if isinstance(array, torch.Tensor):
+        return array
+    if isinstance(array, np.ndarray):
+        if array.dtype.name == "bfloat16":
+            return torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(np.ascontiguousarray(array))
+    return torch.from_dlpack(array)
+
+
+def dense_attention(query, keys, values, scale: float) -> torch.Tensor:
+    """Decode attention of one query per head over contiguous K/V, in fp32.
+
+    ``query`` (num_heads, head_dim); ``keys``/``values`` (context_len, num_kv_heads,
+    head_dim). Returns (num_heads, head_dim) float32. GQA/MQA by ``enable_gqa``.
+    """
+    q = to_torch(query).float()[:, None, :]  # (H, 1, D)
+    k = to_torch(keys).float().permute(1, 0, 2)  # (Hkv, T, D)
+    v = to_torch(values).float().permute(1, 0, 2)
+    out = F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=q.shape[0] != k.shape[0])
+    return out[:, 0, :]
+
+
+def dense_attention_batched(query, keys, values, scale: float) -> torch.Tensor:
+    """Batched decode on pre-gathered contiguous K/V: the dense limit for a paged kernel.
+
+    ``query`` (B, H, D); ``keys``/``values`` (B, Hkv, T, D), all sequences of length T.
+    """
+    q = to_torch(query)[:, :, None, :]
+    k, v = to_torch(keys), to_torch(values)
+    out = F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    return out[:, :, 0, :]
+
+
+def paged_attention_reference(
+    query, key_cache, value_cache, block_tables, context_lens, scale: float
+) -> torch.Tensor:
+    """The seed article's gather-then-attend reference, extended to GQA.
+
+    ``query`` (num_seqs, num_heads, head_dim); caches (num_blocks, block_size,
+    num_kv_heads, head_dim). Returns (num_seqs, num_heads, head_dim) float32.
+    """
+    query, key_cache, value_cache = (to_torch(a) for a in (query, key_cache, value_cache))
+    block_size = key_cache.shape[1]
+    output = torch.empty(query.shape, dtype=torch.float32, device=query.device)
+    for seq, context_len in enumerate(int(n) for n in context_lens):
+        keys, values = [], []
+        for logical_block in range((context_len + block_size - 1) // block_size):
+            physical_block = int(block_tables[seq][logical_block])
+            tokens_here = min(block_size, context_len - logical_block * block_size)
+            keys.append(key_cache[physical_block, :tokens_here])
+            values.append(value_cache[physical_block, :tokens_here])
+        k = torch.cat(keys).float().permute(1, 0, 2)  # (Hkv, T, D)
+        v = torch.cat(values).float().permute(1, 0, 2)
+        q = query[seq].float()  # (H, D)
+        group = q.shape[0] // k.shape[0]
+        k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+        probs = torch.softmax((q[:, None, :] @ k.transpose(-2, -1)) * scale, dim=-1)
+        output[seq] = (probs @ v)[:, 0, :]
+    return output
+
+
+def dense_attention_ragged(query, keys: list, values: list, scale: float) -> torch.Tensor:
+    """Decode attention for sequences of different lengths in one SDPA call.
+
+    ``query`` (S, H, D); ``keys[i]``/``values[i]`` (T_i, Hkv, D). K/V are padded to the
+    longest sequence and the padding masked out. Returns (S, H, D) float32.
+    """
+    q = to_torch(query).float()
+    num_seqs, _, head_dim = q.shape
+    num_kv_heads = keys[0].shape[1]
+    longest = max(k.shape[0] for k in keys)
+    k_pad = torch.zeros((num_seqs, longest, num_kv_heads, head_dim), dtype=torch.float32)
+    v_pad = torch.zeros_like(k_pad)
+    mask = torch.zeros((num_seqs, 1, 1, longest), dtype=torch.bool)
+    for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+        n = k.shape[0]
+        k_pad[i, :n] = to_torch(k).float()
+        v_pad[i, :n] = to_torch(v).float()
+        mask[i, ..., :n] = True
+    out = F.scaled_dot_product_attention(
+        q[:, :, None, :],
+        k_pad.permute(0, 2, 1, 3),
+        v_pad.permute(0, 2, 1, 3),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=q.shape[1] != num_kv_heads,
+    )
+    return out[:, :, 0, :]
