@@ -1,0 +1,227 @@
+"""``pagesim bench``: every case in one run, medians side by side, written to JSON."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+import torch
+
+from core.config import CacheConfig
+from core.engine import Simulator
+from core.errors import PagesimError
+from core.operations import Add, Fork, Free, Grow
+from kernels.backend import Backend, default_scale, select_backend
+from kernels.reference import dense_attention_batched, paged_attention_reference
+
+TARGET_VS_DENSE = 1.25  # paged kernel time / SDPA on contiguous K/V
+TARGET_OPS_SECONDS = 10.0  # 100k engine operations, one core
+
+
+@dataclass(frozen=True)
+class KernelCase:
+    name: str
+    batch: int
+    context: int
+    num_heads: int
+    head_dim: int
+    block_size: int
+    num_kv_heads: int | None = None
+    dtype: str = "float32"
+
+
+def kernel_cases(quick: bool) -> list[KernelCase]:
+    if quick:
+        return [KernelCase("quick", 2, 128, 4, 64, 16)]
+    return [
+        KernelCase("large", 16, 2048, 8, 128, 16),
+        KernelCase("large-bs1", 16, 2048, 8, 128, 1),
+        KernelCase("large-bs64", 16, 2048, 8, 128, 64),
+        KernelCase("small", 4, 256, 8, 64, 16),
+    ]
+
+
+def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+def machine_info(backend: Backend) -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    import os
+
+    return {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "numba_threads": numba.get_num_threads(),
+        "backend": backend.name,
+        "device": backend.device,
+    }
+
+
+def bench_kernel_case(case: KernelCase, backend: Backend, repeats: int, gather_repeats: int) -> dict:
+    from kernels.dtypes import storage_dtype
+
+    rng = np.random.default_rng(0)
+    kv_heads = case.num_kv_heads or case.num_heads
+    dtype = storage_dtype(case.dtype)
+    blocks_per_seq = -(-case.context // case.block_size)
+    num_blocks = case.batch * blocks_per_seq
+    shape = (num_blocks, case.block_size, kv_heads, case.head_dim)
+    key_cache = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+    value_cache = rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+    query = rng.standard_normal((case.batch, case.num_heads, case.head_dim), dtype=np.float32).astype(dtype)
+    # A scattered table: every sequence's blocks spread over the whole pool.
+    block_tables = rng.permutation(num_blocks).astype(np.int32).reshape(case.batch, blocks_per_seq)
+    context_lens = np.full(case.batch, case.context, dtype=np.int32)
+    scale = default_scale(case.head_dim)
+
+    xp = backend.xp
+    kc, vc, q = xp.asarray(key_cache), xp.asarray(value_cache), xp.asarray(query)
+
+    def contiguous(cache: np.ndarray) -> torch.Tensor:
+        gathered = cache[block_tables].reshape(case.batch, -1, kv_heads, case.head_dim)[:, : case.context]
+        return torch.from_numpy(np.ascontiguousarray(gathered.transpose(0, 2, 1, 3)))
+
+    k_dense, v_dense, q_dense = contiguous(key_cache), contiguous(value_cache), torch.from_numpy(query)
+
+    def paged() -> None:
+        backend.paged_attention(q, kc, vc, block_tables, context_lens, scale)
+        backend.synchronize()
+
+    paged_s = median_seconds(paged, repeats)
+    dense_s = median_seconds(lambda: dense_attention_batched(q_dense, k_dense, v_dense, scale), repeats)
+    gather_s = median_seconds(
+        lambda: paged_attention_reference(query, key_cache, value_cache, block_tables, context_lens, scale),
+        gather_repeats,
+        warmup=1,
+    )
+    out = backend.to_numpy(backend.paged_attention(q, kc, vc, block_tables, context_lens, scale))
+    ref = dense_attention_batched(q_dense.float(), k_dense.float(), v_dense.float(), scale).numpy()
+    kv_bytes = 2 * case.batch * case.context * kv_heads * case.head_dim * dtype.itemsize
+    return {
+        **case.__dict__,
+        "paged_ms": paged_s * 1e3,
+        "dense_sdpa_ms": dense_s * 1e3,
+        "gather_reference_ms": gather_s * 1e3,
+        "paged_over_dense": paged_s / dense_s,
+        "gather_over_paged": gather_s / paged_s,
+        "paged_gb_per_s": kv_bytes / paged_s / 1e9,
+        "max_abs_error": float(np.abs(out - ref).max()),
+        "meets_dense_target": paged_s / dense_s <= TARGET_VS_DENSE,
+        "beats_gather": paged_s < gather_s,
+    }
+
+
+def random_operations(count: int, seed: int = 0):
+    """A stream of mostly valid add/grow/fork/free operations over a changing set of sequences."""
+    rng = random.Random(seed)
+    live: list[str] = []
+    serial = 0
+    for _ in range(count):
+        r = rng.random()
+        if not live or (r < 0.08 and len(live) < 64):
+            serial += 1
+            name = f"s{serial}"
+            live.append(name)
+            yield Add(name, rng.randint(1, 64))
+        elif r < 0.12:
+            serial += 1
+            name = f"s{serial}"
+            live.append(name)
+            yield Fork(rng.choice(live[:-1]) if len(live) > 1 else live[0], name)
+        elif r < 0.20 or len(live) > 64:
+            yield Free(live.pop(rng.randrange(len(live))))
+        else:
+            yield Grow(rng.choice(live), rng.choice((1, 1, 1, 1, 2, 8)))
+
+
+def bench_engine_ops(count: int) -> dict:
+    config = CacheConfig(num_blocks=4096, block_size=16, num_heads=4, num_kv_heads=2, head_dim=32, seed=1)
+    sim = Simulator(config, select_backend("cpu"))
+    ops = list(random_operations(count))
+    refused = 0
+    started = time.perf_counter()
+    for op in ops:
+        try:
+            sim.apply(op, attend=False)
+        except PagesimError:
+            refused += 1
+    seconds = time.perf_counter() - started
+    return {
+        "operations": count,
+        "refused": refused,
+        "seconds": seconds,
+        "ops_per_second": count / seconds,
+        "target_seconds": TARGET_OPS_SECONDS * count / 100_000,
+        "meets_target": seconds <= TARGET_OPS_SECONDS * count / 100_000,
+    }
+
+
+def run_benchmarks(args: argparse.Namespace) -> int:
+    backend = select_backend(args.backend)
+    if backend.name == "cuda":
+        from kernels.cuda_bench import run_cuda_benchmarks
+
+        return run_cuda_benchmarks(args, backend)
+    info = machine_info(backend)
+    print(f"pagesim bench · {info['cpu']} · {info['cores']} cores · {backend.device}")
+    repeats, gather_repeats = (3, 1) if args.quick else (15, 3)
+    kernel_rows = []
+    print(f"{'case':<11} {'bs':>3} {'paged ms':>9} {'SDPA ms':>8} {'gather ms':>10} {'paged/SDPA':>10} {'GB/s':>6}")
+    for case in kernel_cases(args.quick):
+        row = bench_kernel_case(case, backend, repeats, gather_repeats)
+        kernel_rows.append(row)
+        print(
+            f"{case.name:<11} {case.block_size:>3} {row['paged_ms']:>9.2f} {row['dense_sdpa_ms']:>8.2f} "
+            f"{row['gather_reference_ms']:>10.1f} {row['paged_over_dense']:>9.2f}× {row['paged_gb_per_s']:>6.1f}"
+        )
+    # The engine target is for one core: pin both thread pools while it runs.
+    numba.set_num_threads(1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        engine = bench_engine_ops(2_000 if args.quick else 100_000)
+    finally:
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        torch.set_num_threads(threads)
+    print(
+        f"engine: {engine['operations']} random ops (no attention, one core) in {engine['seconds']:.2f} s "
+        f"({engine['ops_per_second']:.0f} ops/s; {engine['refused']} refused), target ≤ {engine['target_seconds']:.1f} s"
+    )
+    report = {"machine": info, "kernel": kernel_rows, "engine": engine, "quick": args.quick}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_benchmarks(argparse.Namespace(backend="cpu", quick=True, json="bench.json")))

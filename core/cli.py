@@ -1,0 +1,164 @@
+"""The ``pagesim`` command line: the same engine as the app, without a window."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+from core.errors import PagesimError
+from core.report import TABLE_HEADER, dump_step, format_block_tables, format_config, format_step, write_json
+from core.scenario import DEFAULT_SCENARIO, load_scenario, shipped_scenarios
+from core.timeline import Timeline
+from kernels.backend import BackendUnavailableError, available_backends, select_backend
+
+BACKEND_CHOICES = ["auto", "cpu", "cuda"]
+
+
+def _add_backend_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--backend",
+        choices=BACKEND_CHOICES,
+        default="auto",
+        help="kernel backend: auto picks CUDA when CuPy sees a device, else the compiled CPU kernel",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pagesim",
+        description="PagedAttention simulator. With no command, opens the app on the default scenario.",
+    )
+    sub = parser.add_subparsers(dest="command")
+
+    run = sub.add_parser("run", help="run a scenario headless and check the kernel against dense attention")
+    run.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO, help="a .toml file or a shipped name")
+    _add_backend_option(run)
+    run.add_argument("--json", type=Path, metavar="REPORT", help="write a JSON report here")
+    run.add_argument("--dump", type=Path, metavar="DIR", help="write each step's kernel inputs/outputs as .npz")
+    run.add_argument("--quiet", action="store_true", help="print only the summary line")
+
+    bench = sub.add_parser("bench", help="benchmark the kernels and the engine; medians, side by side")
+    _add_backend_option(bench)
+    bench.add_argument("--json", type=Path, metavar="PATH", default=Path("bench-results/bench.json"))
+    bench.add_argument("--quick", action="store_true", help="small sizes and few repeats (a smoke run)")
+    bench.add_argument("--gui", action="store_true", help="benchmark the app's step + redraw instead")
+
+    sub.add_parser("scenarios", help="list the shipped scenarios")
+    sub.add_parser("backends", help="list the backends and whether each can run here")
+
+    gui = sub.add_parser("gui", help="open the desktop app")
+    gui.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO)
+    _add_backend_option(gui)
+    gui.add_argument("--steps", type=int, default=0, help="run this many steps first")
+    gui.add_argument("--screenshot", type=Path, help="save a PNG of the window after --steps, then exit")
+    return parser
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    backend = select_backend(args.backend)
+    timeline = Timeline(load_scenario(args.scenario), backend)
+    say = (lambda *_: None) if args.quiet else print
+    say(f"pagesim run · {timeline.scenario.name} ({timeline.scenario.source})")
+    say(f"backend: {backend.name} · {backend.device}")
+    say(f"cache: {format_config(timeline)}")
+    say(TABLE_HEADER)
+    results, error = [], None
+    while not timeline.at_end:
+        try:
+            result = timeline.forward()
+        except PagesimError as exc:
+            error = str(exc)
+            break
+        results.append(result)
+        say(format_step(result))
+        if args.dump:
+            dump_step(args.dump, timeline, result)
+    say("")
+    say(f"block tables after step {timeline.position}:")
+    for line in format_block_tables(timeline):
+        say(line)
+    last = timeline.sim.last_attention
+    if last is not None:
+        c = timeline.scenario.config
+        say(
+            f"kernel output shape {(len(last.seq_ids), c.num_heads, 1, c.head_dim)} "
+            "(num_seqs, num_heads, 1, head_dim) as in the seed article"
+        )
+    if args.json:
+        write_json(args.json, timeline, results, error)
+    failed = [r.step for r in results if r.attention is not None and not r.attention.passed]
+    worst = max((r.attention.max_abs_error for r in results if r.attention), default=0.0)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if failed:
+        print(f"FAIL: kernel and dense attention differ beyond tolerance at steps {failed}", file=sys.stderr)
+        return 1
+    print(f"PASS: {len(results)} steps, kernel matches dense attention (max |err| {worst:.2e})")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.gui:
+        return _launch_app_module("app.bench", args)
+    from core.bench import run_benchmarks
+
+    return run_benchmarks(args)
+
+
+def cmd_scenarios(_: argparse.Namespace) -> int:
+    for name in sorted(shipped_scenarios()):
+        scenario = load_scenario(name)
+        summary = " ".join(scenario.description.split())[:90]
+        print(f"{name:<14} {len(scenario.operations):>4} steps  {scenario.name}: {summary}")
+    return 0
+
+
+def cmd_backends(_: argparse.Namespace) -> int:
+    for name, status in available_backends().items():
+        print(f"{name:<5} {status}")
+    print(f"auto  → {select_backend('auto').device}")
+    return 0
+
+
+def _launch_app_module(module: str, args: argparse.Namespace) -> int:
+    # The CLI is the composition root: it may start the app, but core never imports it.
+    if importlib.util.find_spec("PySide6") is None:
+        print("error: the desktop app needs PySide6 and pyqtgraph: pip install 'pagesim[gui]'", file=sys.stderr)
+        return 2
+    try:
+        entry = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise
+        print(f"error: this build of pagesim has no desktop app yet ({module} is missing)", file=sys.stderr)
+        return 2
+    return entry.main(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command = args.command
+    if command is None:
+        args = parser.parse_args(["gui", *([] if argv is None else argv)])
+        command = "gui"
+    handlers = {
+        "run": cmd_run,
+        "bench": cmd_bench,
+        "scenarios": cmd_scenarios,
+        "backends": cmd_backends,
+        "gui": lambda a: _launch_app_module("app.main", a),
+    }
+    try:
+        return handlers[command](args)
+    except (PagesimError, BackendUnavailableError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""Headless run reports: the step table, the JSON report and per-step kernel dumps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from core.engine import StepResult
+from core.timeline import Timeline
+from kernels.dtypes import dtype_name
+
+
+def format_config(timeline: Timeline) -> str:
+    c = timeline.scenario.config
+    return (
+        f"{c.num_blocks} blocks × {c.block_size} slots, {c.num_heads} heads ({c.num_kv_heads} KV) × "
+        f"head dim {c.head_dim}, {c.dtype}, seed {c.seed}"
+    )
+
+
+TABLE_HEADER = f"{'step':>4}  {'op':<28} {'used':>5} {'free':>5} {'util':>6}  {'max|err|':>9} {'tol':>7}  check"
+
+
+def format_step(result: StepResult) -> str:
+    m = result.metrics
+    att = result.attention
+    err, tol, check = ("-", "-", "no sequences") if att is None else (
+        f"{att.max_abs_error:9.2e}",
+        f"{att.tolerance:7.0e}",
+        "ok" if att.passed else "MISMATCH",
+    )
+    return (
+        f"{result.step:>4}  {result.op.describe():<28.28} {m.used_blocks:>5} {m.free_blocks:>5} "
+        f"{m.utilisation:>6.1%}  {err:>9} {tol:>7}  {check}"
+    )
+
+
+def format_block_tables(timeline: Timeline) -> list[str]:
+    sim = timeline.sim
+    lines = []
+    for seq in sim.sequences.values():
+        refs = ["" if sim.pool.ref_count(b) == 1 else f"×{sim.pool.ref_count(b)}" for b in seq.block_table]
+        table = ", ".join(f"{b}{r}" for b, r in zip(seq.block_table, refs, strict=True))
+        lines.append(f"  sequence {seq.seq_id} (len={seq.num_tokens}): physical blocks [{table}]")
+    return lines
+
+
+def step_report(result: StepResult) -> dict:
+    att = result.attention
+    out = {"step": result.step, "op": result.op.describe(), **result.metrics.as_dict()}
+    if att is None:
+        out.update(max_abs_error=None, passed=True, sequences={})
+    else:
+        out.update(
+            max_abs_error=att.max_abs_error,
+            tolerance=att.tolerance,
+            passed=att.passed,
+            kernel_ms=round(att.kernel_seconds * 1e3, 4),
+            sequences={
+                seq: {"context_len": int(att.context_lens[i]), "max_abs_error": float(att.head_errors[i].max())}
+                for i, seq in enumerate(att.seq_ids)
+            },
+        )
+    return out
+
+
+def write_json(path: Path, timeline: Timeline, results: list[StepResult], error: str | None) -> None:
+    steps = [step_report(r) for r in results]
+    report = {
+        "scenario": timeline.scenario.name,
+        "source": timeline.scenario.source,
+        "config": {k: getattr(timeline.scenario.config, k) for k in timeline.scenario.config.__dataclass_fields__},
+        "backend": timeline.sim.backend.name,
+        "device": timeline.sim.backend.device,
+        "steps": steps,
+        "error": error,
+        "passed": error is None and all(s["passed"] for s in steps),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+
+
+def _savable(array: np.ndarray) -> np.ndarray:
+    # .npz has no bfloat16: store its exact bit pattern; kv_dtype says how to read it.
+    return array.view(np.uint16) if array.dtype.name == "bfloat16" else array
+
+
+def dump_step(folder: Path, timeline: Timeline, result: StepResult) -> Path | None:
+    """Write exactly the kernel's inputs and outputs of one step, with vLLM's names."""
+    att = result.attention
+    if att is None:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    backend = timeline.sim.backend
+    cache = timeline.sim.cache
+    path = folder / f"step_{result.step:04d}.npz"
+    np.savez_compressed(
+        path,
+        query=_savable(att.query),
+        key_cache=_savable(backend.to_numpy(cache.key_cache)),
+        value_cache=_savable(backend.to_numpy(cache.value_cache)),
+        block_tables=att.block_tables,
+        context_lens=att.context_lens,
+        scale=np.float32(att.scale),
+        output=att.output,
+        dense=att.dense,
+        kv_dtype=np.array(dtype_name(cache.dtype)),
+        seq_ids=np.array(att.seq_ids),
+    )
+    return path

@@ -1,0 +1,13 @@
+import os
+
+# Qt tests run offscreen on machines with no display (CI, these dev machines).
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import pytest  # noqa: E402
+
+from kernels.cpu_backend import CpuBackend  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def cpu_backend():
+    return CpuBackend()

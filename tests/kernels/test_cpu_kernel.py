@@ -1,0 +1,159 @@
+import numba
+import numpy as np
+import pytest
+import torch
+
+from kernels.backend import KernelInputError, default_scale
+from kernels.cpu_backend import _half_to_float32
+from kernels.dtypes import storage_dtype, tolerance
+from kernels.reference import dense_attention, paged_attention_reference
+
+
+def make_case(rng, *, num_seqs, context_lens, block_size, num_heads, num_kv_heads, head_dim, dtype, spare=3):
+    """A random pool with each sequence's blocks scattered over it (plus unused spare blocks)."""
+    blocks_per_seq = [-(-n // block_size) for n in context_lens]
+    num_blocks = sum(blocks_per_seq) + spare
+    dt = storage_dtype(dtype)
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    key_cache = rng.standard_normal(shape, dtype=np.float32).astype(dt)
+    value_cache = rng.standard_normal(shape, dtype=np.float32).astype(dt)
+    # Poison every slot a kernel must not read: a masked slot leaking in shows as NaN.
+    perm = rng.permutation(num_blocks)
+    block_tables = np.zeros((num_seqs, max(blocks_per_seq)), dtype=np.int32)
+    start = 0
+    for s, (n, nb) in enumerate(zip(context_lens, blocks_per_seq, strict=True)):
+        block_tables[s, :nb] = perm[start : start + nb]
+        last = perm[start + nb - 1]
+        key_cache[last, n - (nb - 1) * block_size :] = np.nan
+        value_cache[last, n - (nb - 1) * block_size :] = np.nan
+        start += nb
+    for b in perm[start:]:
+        key_cache[b] = np.nan
+        value_cache[b] = np.nan
+    query = rng.standard_normal((num_seqs, num_heads, head_dim), dtype=np.float32).astype(dt)
+    return query, key_cache, value_cache, block_tables, np.array(context_lens, dtype=np.int32)
+
+
+def dense_for(query, key_cache, value_cache, block_tables, context_lens, scale):
+    block_size = key_cache.shape[1]
+    out = []
+    for s, n in enumerate(context_lens):
+        slots = [(block_tables[s, p // block_size], p % block_size) for p in range(n)]
+        k = np.stack([key_cache[b, o] for b, o in slots])
+        v = np.stack([value_cache[b, o] for b, o in slots])
+        out.append(dense_attention(query[s], k, v, scale).numpy())
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("gqa", [1, 2, 8])
+@pytest.mark.parametrize("head_dim", [8, 64, 128, 256])
+@pytest.mark.parametrize("block_size", [1, 3, 4, 16, 64])
+def test_kernel_matches_dense_attention(cpu_backend, block_size, head_dim, gqa, dtype):
+    rng = np.random.default_rng(block_size * 1000 + head_dim * 10 + gqa)
+    num_kv_heads = 2 if gqa < 8 else 1
+    # Lengths at, just under and just over block boundaries, and a single token.
+    lens = sorted({1, block_size, block_size + 1, 2 * block_size - 1, 3 * block_size, 67})
+    case = make_case(
+        rng,
+        num_seqs=len(lens),
+        context_lens=lens,
+        block_size=block_size,
+        num_heads=num_kv_heads * gqa,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+    )
+    scale = default_scale(head_dim)
+    out = cpu_backend.paged_attention(*case, scale)
+    expected = dense_for(*case, scale)
+    assert out.shape == expected.shape and out.dtype == np.float32
+    assert np.isfinite(out).all(), "a masked or unused slot leaked into the output"
+    np.testing.assert_allclose(out, expected, atol=tolerance(dtype) / 10, rtol=0)
+
+
+def test_kernel_matches_seed_gather_reference_on_the_article_example(cpu_backend):
+    # The seed article's demo: torch.manual_seed(42), 8 blocks of 4, 2 heads, head dim 8.
+    torch.manual_seed(42)
+    key_cache = torch.randn(8, 4, 2, 8)
+    value_cache = torch.randn(8, 4, 2, 8)
+    block_tables = np.array([[0, 3, 5, 0, 0, 0, 0, 0], [1, 7, 0, 0, 0, 0, 0, 0]], dtype=np.int32)
+    context_lens = np.array([10, 7], dtype=np.int32)
+    query = torch.randn(2, 2, 1, 8)[:, :, 0, :]
+    scale = 1.0 / 8**0.5
+    reference = paged_attention_reference(query, key_cache, value_cache, block_tables, context_lens, scale)
+    out = cpu_backend.paged_attention(
+        query.numpy(), key_cache.numpy(), value_cache.numpy(), block_tables, context_lens, scale
+    )
+    assert out[:, :, None, :].shape == (2, 2, 1, 8)
+    np.testing.assert_allclose(out, reference.numpy(), atol=1e-6)
+
+
+def test_kernel_reads_through_the_table_not_the_pool_order(cpu_backend):
+    rng = np.random.default_rng(3)
+    query, kc, vc, tables, lens = make_case(
+        rng, num_seqs=2, context_lens=[9, 12], block_size=4, num_heads=2, num_kv_heads=2, head_dim=8, dtype="float32"
+    )
+    right = cpu_backend.paged_attention(query, kc, vc, tables, lens, 0.3)
+    # Attention is order-free over full blocks, so point the entry at other data.
+    swapped = tables.copy()
+    swapped[1, 0] = tables[0, 0]
+    wrong = cpu_backend.paged_attention(query, kc, vc, swapped, lens, 0.3)
+    np.testing.assert_array_equal(right[0], wrong[0])
+    assert np.abs(right[1] - wrong[1]).max() > 1e-3
+
+
+def test_shared_blocks_give_identical_outputs(cpu_backend):
+    rng = np.random.default_rng(4)
+    kc = rng.standard_normal((6, 4, 1, 16), dtype=np.float32)
+    vc = rng.standard_normal((6, 4, 1, 16), dtype=np.float32)
+    query = np.repeat(rng.standard_normal((1, 2, 16), dtype=np.float32), 2, axis=0)
+    tables = np.array([[4, 2, 0], [4, 2, 0]], dtype=np.int32)
+    out = cpu_backend.paged_attention(query, kc, vc, tables, np.array([11, 11], np.int32), 0.25)
+    np.testing.assert_array_equal(out[0], out[1])
+
+
+@numba.njit
+def _decode_all(bits):
+    out = np.empty(bits.shape[0], np.float32)
+    for i in range(bits.shape[0]):
+        out[i] = _half_to_float32(np.uint32(bits[i]))
+    return out
+
+
+def test_half_decode_is_exact_for_every_bit_pattern():
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    expected = bits.view(np.float16).astype(np.float32)
+    got = _decode_all(bits)
+    finite = np.isfinite(expected)
+    np.testing.assert_array_equal(got[finite], expected[finite])
+    assert np.isnan(got[np.isnan(expected)]).all()
+    np.testing.assert_array_equal(got[np.isinf(expected)], expected[np.isinf(expected)])
+
+
+def _valid_inputs():
+    rng = np.random.default_rng(5)
+    return list(
+        make_case(
+            rng, num_seqs=2, context_lens=[5, 8], block_size=4, num_heads=4, num_kv_heads=2, head_dim=8, dtype="float32"
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda a: a[3].__setitem__((0, 1), 99), "out of range"),
+        (lambda a: a[3].__setitem__((1, 0), -1), "out of range"),
+        (lambda a: a[4].__setitem__(0, 0), "≥ 1 token"),
+        (lambda a: a[4].__setitem__(1, 40), "needs 10 blocks"),
+        (lambda a: a.__setitem__(0, a[0].astype(np.float16)), "share one dtype"),
+        (lambda a: a.__setitem__(0, a[0][:, :, :4]), "query must be"),
+        (lambda a: a.__setitem__(0, np.concatenate([a[0], a[0][:, :1]], axis=1)), "must divide"),
+    ],
+)
+def test_bad_kernel_inputs_are_refused_before_launch(cpu_backend, mutate, message):
+    args = _valid_inputs()
+    mutate(args)
+    with pytest.raises(KernelInputError, match=message):
+        cpu_backend.paged_attention(*args, 0.3)
