@@ -214,7 +214,8 @@ def run_benchmarks(args: argparse.Namespace) -> int:
         torch.set_num_threads(threads)
     print(
         f"engine: {engine['operations']} random ops (no attention, one core) in {engine['seconds']:.2f} s "
-        f"({engine['ops_per_second']:.0f} ops/s; {engine['refused']} refused), target ≤ {engine['target_seconds']:.1f} s"
+        f"({engine['ops_per_second']:.0f} ops/s; {engine['refused']} refused), "
+        f"target ≤ {engine['target_seconds']:.1f} s"
     )
     report = {"machine": info, "kernel": kernel_rows, "engine": engine, "quick": args.quick}
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -31,8 +31,8 @@ class BlockPool:
             raise ValueError(f"num_blocks must be ≥ 1; got {num_blocks}")
         self.num_blocks = num_blocks
         self._ref_counts = [0] * num_blocks
-        self._next = list(range(1, num_blocks)) + [_NONE]
-        self._prev = [_NONE] + list(range(num_blocks - 1))
+        self._next = [*list(range(1, num_blocks)), _NONE]
+        self._prev = [_NONE, *list(range(num_blocks - 1))]
         self._head = 0
         self._tail = num_blocks - 1
         self._num_free = num_blocks

@@ -144,8 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command = args.command
     if command is None:
-        args = parser.parse_args(["gui", *([] if argv is None else argv)])
-        command = "gui"
+        # The app when it can be shown; otherwise the same default scenario, headless.
+        has_app = importlib.util.find_spec("PySide6") is not None and importlib.util.find_spec("app.main") is not None
+        command = "gui" if has_app else "run"
+        args = parser.parse_args([command])
     handlers = {
         "run": cmd_run,
         "bench": cmd_bench,

@@ -97,8 +97,11 @@ class Simulator:
         self.last_attention: AttentionReport | None = None
         self._dense: dict[str, DenseKV] = {}
         self._block_fill = [0] * config.num_blocks  # tokens held by each physical block
+        # Running totals, so metrics() is O(1) per step.
         self._slots_filled = 0
         self._shared_blocks = 0
+        self._logical_tokens = 0
+        self._contiguous_blocks = 0
 
     # -- queries ----------------------------------------------------------------
     def sequence(self, seq_id: str) -> Sequence:
@@ -114,20 +117,22 @@ class Simulator:
         """(sequence, logical index) pairs whose tables hold ``block_id``."""
         return [(s.seq_id, i) for s in self.sequences.values() for i, b in enumerate(s.block_table) if b == block_id]
 
+    def _contiguous_reservation(self, num_tokens: int) -> int:
+        return self.config.blocks_for(max(self.config.max_model_len, num_tokens))
+
     def metrics(self) -> Metrics:
         c = self.config
         used = self.pool.num_used
-        reserve = c.max_model_len
         return Metrics(
             step=self.step,
             num_sequences=len(self.sequences),
             used_blocks=used,
             free_blocks=self.pool.num_free,
             shared_blocks=self._shared_blocks,
-            logical_tokens=sum(s.num_tokens for s in self.sequences.values()),
+            logical_tokens=self._logical_tokens,
             slots_allocated=used * c.block_size,
             slots_filled=self._slots_filled,
-            contiguous_blocks=sum(c.blocks_for(max(reserve, s.num_tokens)) for s in self.sequences.values()),
+            contiguous_blocks=self._contiguous_blocks,
         )
 
     def dense_kv(self, seq_id: str) -> tuple[np.ndarray, np.ndarray]:
@@ -223,6 +228,8 @@ class Simulator:
         child = parent.copy(op.new_seq)
         self.sequences[op.new_seq] = child
         self._dense[op.new_seq] = self._dense[op.seq].copy()
+        self._logical_tokens += child.num_tokens
+        self._contiguous_blocks += self._contiguous_reservation(child.num_tokens)
         events.append(ev.SequenceForked(op.seq, op.new_seq))
         for index, block in enumerate(child.block_table):
             ref_count = self.pool.share(block)
@@ -235,6 +242,8 @@ class Simulator:
             self._release(block, op.seq, events)
         del self.sequences[op.seq]
         del self._dense[op.seq]
+        self._logical_tokens -= seq.num_tokens
+        self._contiguous_blocks -= self._contiguous_reservation(seq.num_tokens)
         events.append(ev.SequenceFreed(op.seq))
 
     def _release(self, block: int, seq_id: str, events: list) -> None:
@@ -263,6 +272,9 @@ class Simulator:
         slots = np.array([b * bs + p % bs for b, p in zip(blocks, positions.tolist(), strict=True)], np.int64)
         self.cache.write(slots, keys, values)
         self._dense[seq.seq_id].append(keys, values)
+        self._contiguous_blocks += self._contiguous_reservation(start + len(token_ids))
+        self._contiguous_blocks -= self._contiguous_reservation(start) if start else 0
+        self._logical_tokens += len(token_ids)
         seq.token_ids.extend(token_ids)
         for block, position, token_id in zip(blocks, positions.tolist(), token_ids, strict=True):
             self._block_fill[block] += 1
@@ -348,6 +360,8 @@ class Simulator:
         self._block_fill = list(snap.block_fill)
         self._slots_filled = sum(snap.block_fill)
         self._shared_blocks = sum(1 for r in snap.pool.ref_counts if r > 1)
+        self._logical_tokens = sum(s.num_tokens for s in self.sequences.values())
+        self._contiguous_blocks = sum(self._contiguous_reservation(s.num_tokens) for s in self.sequences.values())
         self.cache.restore(snap.cache)
         self._dense = {k: v.copy() for k, v in snap.dense.items()}
         self.last_attention = snap.last_attention

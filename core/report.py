@@ -26,10 +26,14 @@ TABLE_HEADER = f"{'step':>4}  {'op':<28} {'used':>5} {'free':>5} {'util':>6}  {'
 def format_step(result: StepResult) -> str:
     m = result.metrics
     att = result.attention
-    err, tol, check = ("-", "-", "no sequences") if att is None else (
-        f"{att.max_abs_error:9.2e}",
-        f"{att.tolerance:7.0e}",
-        "ok" if att.passed else "MISMATCH",
+    err, tol, check = (
+        ("-", "-", "no sequences")
+        if att is None
+        else (
+            f"{att.max_abs_error:9.2e}",
+            f"{att.tolerance:7.0e}",
+            "ok" if att.passed else "MISMATCH",
+        )
     )
     return (
         f"{result.step:>4}  {result.op.describe():<28.28} {m.used_blocks:>5} {m.free_blocks:>5} "

@@ -139,7 +139,9 @@ def parse_scenario(text: str, source: str = "<memory>") -> Scenario:
         raise ScenarioError(source, f"not valid TOML: {exc}") from None
     unknown = sorted(set(doc) - HEADER_FIELDS - set(TEXT_FIELDS) - {"steps"})
     if unknown:
-        raise ScenarioError(source, f"unknown header field (allowed: {', '.join(sorted(HEADER_FIELDS))})", None, unknown[0])
+        raise ScenarioError(
+            source, f"unknown header field (allowed: {', '.join(sorted(HEADER_FIELDS))})", None, unknown[0]
+        )
     for name in REQUIRED_HEADER:
         if name not in doc:
             raise ScenarioError(source, "missing from the header", None, name)

@@ -7,6 +7,7 @@ identical K/V and sharing their blocks is semantically honest.
 
 from __future__ import annotations
 
+import math
 import zlib
 
 import numpy as np
@@ -41,8 +42,11 @@ class TokenModel:
         self.w_q = rng.standard_normal((MODEL_DIM, q_dim), dtype=np.float32) * scale
         self.w_k = rng.standard_normal((MODEL_DIM, kv_dim), dtype=np.float32) * scale
         self.w_v = rng.standard_normal((MODEL_DIM, kv_dim), dtype=np.float32) * scale
+        self._w_qkv = np.ascontiguousarray(np.concatenate([self.w_q, self.w_k, self.w_v], axis=1))
         half = config.head_dim // 2
-        self.inv_freq = (ROPE_BASE ** (-np.arange(half, dtype=np.float64) * 2 / config.head_dim)).astype(np.float32)
+        self._inv_freq = [ROPE_BASE ** (-2 * i / config.head_dim) for i in range(half)]
+        self._cos = np.empty((0, half), np.float32)
+        self._sin = np.empty((0, half), np.float32)
 
     # -- synthetic token ids -----------------------------------------------------
     def token_id(self, seq_id: str, position: int) -> int:
@@ -53,12 +57,27 @@ class TokenModel:
         return [self.token_id(seq_id, p) for p in range(start, start + count)]
 
     # -- projections -------------------------------------------------------------
+    # Bit-exact determinism matters: a token's K/V must not depend on what else was in
+    # the batch, or identical prefixes would differ in the last bit. So projections are
+    # one fixed-shape product per token, and the rotary table is built with libm per
+    # position rather than with vectorised ufuncs whose tails may round differently.
+    def _rotary_table(self, upto: int) -> tuple[np.ndarray, np.ndarray]:
+        have = self._cos.shape[0]
+        if upto > have:
+            grow = max(upto, 2 * have) - have
+            angles = [[p * f for f in self._inv_freq] for p in range(have, have + grow)]
+            cos = np.array([[math.cos(a) for a in row] for row in angles], np.float32).reshape(grow, -1)
+            sin = np.array([[math.sin(a) for a in row] for row in angles], np.float32).reshape(grow, -1)
+            self._cos = np.concatenate([self._cos, cos])
+            self._sin = np.concatenate([self._sin, sin])
+        return self._cos, self._sin
+
     def _rotate(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        half = self.inv_freq.shape[0]
-        if half == 0:
+        half = len(self._inv_freq)
+        if half == 0 or x.shape[0] == 0:
             return x
-        angles = positions[:, None].astype(np.float32) * self.inv_freq[None, :]  # (n, half)
-        cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
+        cos_table, sin_table = self._rotary_table(int(positions.max()) + 1)
+        cos, sin = cos_table[positions][:, None, :], sin_table[positions][:, None, :]
         x1, x2 = x[..., :half], x[..., half : 2 * half]
         out = x.copy()
         out[..., :half] = x1 * cos - x2 * sin
@@ -72,8 +91,11 @@ class TokenModel:
         if token_ids.size and (token_ids.min() < 0 or token_ids.max() >= VOCAB_SIZE):
             raise ValueError(f"token ids must be in [0, {VOCAB_SIZE})")
         c = self.config
-        x = self.embedding[token_ids]
-        q = (x @ self.w_q).reshape(-1, c.num_heads, c.head_dim)
-        k = (x @ self.w_k).reshape(-1, c.num_kv_heads, c.head_dim)
-        v = (x @ self.w_v).reshape(-1, c.num_kv_heads, c.head_dim)
-        return self._rotate(q, positions), self._rotate(k, positions), v
+        q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        rows = np.empty((token_ids.shape[0], self._w_qkv.shape[1]), np.float32)
+        for i, token in enumerate(token_ids.tolist()):
+            np.dot(self.embedding[token], self._w_qkv, out=rows[i])
+        q = rows[:, :q_dim].reshape(-1, c.num_heads, c.head_dim)
+        k = rows[:, q_dim : q_dim + kv_dim].reshape(-1, c.num_kv_heads, c.head_dim)
+        v = rows[:, q_dim + kv_dim :].reshape(-1, c.num_kv_heads, c.head_dim)
+        return self._rotate(q, positions), self._rotate(k, positions), v.copy()

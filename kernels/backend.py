@@ -89,7 +89,7 @@ class Backend(ABC):
     def to_numpy(self, array: Any) -> np.ndarray:
         return np.asarray(array)
 
-    def synchronize(self) -> None:
+    def synchronize(self) -> None:  # noqa: B027 - a default no-op, overridden on devices
         """Wait for queued device work; a no-op on the CPU."""
 
 

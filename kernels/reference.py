@@ -48,9 +48,7 @@ def dense_attention_batched(query, keys, values, scale: float) -> torch.Tensor:
     return out[:, :, 0, :]
 
 
-def paged_attention_reference(
-    query, key_cache, value_cache, block_tables, context_lens, scale: float
-) -> torch.Tensor:
+def paged_attention_reference(query, key_cache, value_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
     """The seed article's gather-then-attend reference, extended to GQA.
 
     ``query`` (num_seqs, num_heads, head_dim); caches (num_blocks, block_size,

@@ -3,9 +3,9 @@ import os
 # Qt tests run offscreen on machines with no display (CI, these dev machines).
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import pytest  # noqa: E402
+import pytest
 
-from kernels.cpu_backend import CpuBackend  # noqa: E402
+from kernels.cpu_backend import CpuBackend
 
 
 @pytest.fixture(scope="session")

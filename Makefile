@@ -1,0 +1,35 @@
+# Two commands do all the set-up on a fresh machine:
+#   make app    creates .venv, installs pagesim, opens the app on the default scenario
+#   make test   creates .venv, installs pagesim, runs lint, the import contract and every test
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch (the dense reference). A user with a GPU may set TORCH_SPEC to a CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: app test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[gui,dev]"
+	touch $@
+
+app: $(STAMP)
+	$(BIN)/pagesim
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+
+test: lint
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/pagesim bench --json bench-results/cpu-bench.json
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,102 @@
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from core.cli import main
+from core.scenario import load_shipped
+
+
+def test_run_seed_demo_shows_the_article_tables_and_a_match(capsys):
+    assert main(["run", "assets/scenarios/seed_demo.toml", "--backend", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "sequence 0 (len=10): physical blocks [0, 3, 5]" in out
+    assert "sequence 1 (len=7): physical blocks [1, 7]" in out
+    assert "kernel output shape (2, 2, 1, 8)" in out
+    assert "PASS: 2 steps" in out and "CPU kernel" in out
+
+
+def test_run_writes_a_json_report(tmp_path, capsys):
+    report_path = tmp_path / "report.json"
+    assert main(["run", "default", "--json", str(report_path), "--quiet"]) == 0
+    report = json.loads(report_path.read_text())
+    assert report["passed"] is True and report["backend"] == "cpu"
+    assert len(report["steps"]) == len(load_shipped("default").operations)
+    step = report["steps"][5]
+    assert step["op"] == "fork A → A2" and step["used_blocks"] + step["free_blocks"] == 24
+    assert set(step["sequences"]) == {"A", "B", "A2"}
+    assert all(s["max_abs_error"] <= step["tolerance"] for s in step["sequences"].values())
+
+
+def test_dump_holds_exactly_the_kernels_inputs_and_outputs(tmp_path, cpu_backend):
+    assert main(["run", "seed_demo", "--dump", str(tmp_path), "--quiet"]) == 0
+    data = np.load(tmp_path / "step_0002.npz")
+    assert data["query"].shape == (2, 2, 8)
+    assert data["key_cache"].shape == data["value_cache"].shape == (8, 4, 2, 8)
+    assert data["block_tables"].dtype == np.int32 and data["block_tables"].tolist() == [[0, 3, 5], [1, 7, 0]]
+    assert data["context_lens"].tolist() == [10, 7]
+    again = cpu_backend.paged_attention(
+        data["query"], data["key_cache"], data["value_cache"], data["block_tables"], data["context_lens"], data["scale"]
+    )
+    np.testing.assert_array_equal(again, data["output"])
+    np.testing.assert_allclose(data["output"], data["dense"], atol=1e-5)
+
+
+def test_malformed_scenario_exits_non_zero_naming_the_fault(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('num_blocks = 4\nblock_size = 2\nnum_heads = 1\nhead_dim = 8\n[[steps]]\nop = "grow"\nseq = "x"\n')
+    assert main(["run", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.toml, step 1, field 'seq'" in err and "unknown sequence 'x'" in err
+
+
+def test_a_step_beyond_tolerance_fails_the_run(monkeypatch, capsys):
+    from kernels.cpu_backend import CpuBackend
+
+    real = CpuBackend._paged_attention
+    monkeypatch.setattr(CpuBackend, "_paged_attention", lambda self, *a: real(self, *a) + 1e-3)
+    assert main(["run", "seed_demo", "--backend", "cpu"]) == 1
+    assert "MISMATCH" in capsys.readouterr().out
+
+
+def test_cuda_backend_without_a_device_fails_clearly(capsys):
+    assert main(["run", "seed_demo", "--backend", "cuda"]) == 2
+    assert "--backend cuda is not usable here" in capsys.readouterr().err
+
+
+def test_scenarios_and_backends_list(capsys):
+    assert main(["scenarios"]) == 0 and main(["backends"]) == 0
+    out = capsys.readouterr().out
+    assert "seed_demo" in out and "stress" in out and "cpu   available" in out
+
+
+def test_bench_quick_writes_its_results(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    assert main(["bench", "--quick", "--backend", "cpu", "--json", str(path)]) == 0
+    result = json.loads(path.read_text())
+    case = result["kernel"][0]
+    assert case["paged_ms"] > 0 and case["dense_sdpa_ms"] > 0 and case["max_abs_error"] < 1e-5
+    assert result["engine"]["operations"] == 2000 and result["machine"]["backend"] == "cpu"
+
+
+LAYER_MODULES = {
+    "core": "core.cli, core.engine, core.timeline, core.bench",
+    "kernels": "kernels.cpu_backend, kernels.reference, kernels.cuda_backend",
+}
+
+
+@pytest.mark.parametrize("layer", sorted(LAYER_MODULES))
+def test_core_and_kernels_never_load_qt(layer):
+    code = (
+        f"import sys, {LAYER_MODULES[layer]}\n"
+        "loaded = {m.split('.')[0] for m in sys.modules} & {'PySide6', 'pyqtgraph', 'shiboken6', 'app'}\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_console_script_runs():
+    out = subprocess.run(["pagesim", "run", "seed_demo", "--quiet"], capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("PASS")

@@ -1,0 +1,45 @@
+import numpy as np
+
+from core.engine import Simulator
+
+
+def state_fingerprint(sim: Simulator):
+    """Everything a refused operation must leave untouched, KV bytes included."""
+    return (
+        sim.step,
+        sim.pool.snapshot(),
+        {k: (tuple(s.token_ids), tuple(s.block_table)) for k, s in sim.sequences.items()},
+        np.asarray(sim.cache.key_cache).tobytes(),
+        np.asarray(sim.cache.value_cache).tobytes(),
+        {k: tuple(a.tobytes() for a in sim.dense_kv(k)) for k in sim.sequences},
+        sim.metrics(),
+    )
+
+
+def check_invariants(sim: Simulator) -> None:
+    pool = sim.pool
+    holders = [0] * pool.num_blocks
+    for seq in sim.sequences.values():
+        assert len(seq.block_table) == sim.config.blocks_for(seq.num_tokens)
+        for block in seq.block_table:
+            holders[block] += 1
+    free = set(pool.free_blocks())
+    for block in range(pool.num_blocks):
+        assert (block in free) != (holders[block] > 0), f"block {block} must be free xor referenced"
+        assert pool.ref_count(block) == holders[block], f"block {block}: ref count != tables holding it"
+    assert pool.num_free + pool.num_used == pool.num_blocks
+    # A sequence's K/V, read through its table, are exactly what its own tokens wrote.
+    for seq in sim.sequences.values():
+        keys, values = sim.cache.read_sequence(seq.block_table, seq.num_tokens)
+        dense_k, dense_v = sim.dense_kv(seq.seq_id)
+        np.testing.assert_array_equal(keys, dense_k)
+        np.testing.assert_array_equal(values, dense_v)
+        _, k_expected, v_expected = sim.model.qkv(seq.token_ids, np.arange(seq.num_tokens))
+        np.testing.assert_array_equal(keys, k_expected.astype(sim.cache.dtype))
+        np.testing.assert_array_equal(values, v_expected.astype(sim.cache.dtype))
+    m = sim.metrics()
+    assert m.slots_filled == sum(sim.block_fill(b) for b in range(pool.num_blocks))
+    assert m.logical_tokens == sum(s.num_tokens for s in sim.sequences.values())
+    reserve = sim.config.max_model_len
+    assert m.contiguous_blocks == sum(sim.config.blocks_for(max(reserve, s.num_tokens)) for s in sim.sequences.values())
+    assert m.shared_blocks == sum(1 for b in range(pool.num_blocks) if pool.ref_count(b) > 1)

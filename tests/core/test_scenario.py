@@ -1,0 +1,87 @@
+import pytest
+
+from core.errors import ScenarioError
+from core.operations import Add, Fork, Free, Grow
+from core.scenario import load_scenario, load_shipped, parse_scenario, shipped_scenarios
+
+HEADER = "num_blocks = 8\nblock_size = 4\nnum_heads = 2\nhead_dim = 8\n"
+
+
+def test_a_scenario_parses_into_a_config_and_operations():
+    scenario = parse_scenario(
+        HEADER
+        + """
+[[steps]]
+op = "add"
+seq = 0
+tokens = 10
+blocks = [0, 3, 5]
+[[steps]]
+op = "grow"
+seq = 0
+[[steps]]
+op = "fork"
+seq = 0
+as = "child"
+[[steps]]
+op = "grow"
+seq = "child"
+token_ids = [5, 6]
+[[steps]]
+op = "free"
+seq = 0
+""",
+        "demo.toml",
+    )
+    assert scenario.config.num_kv_heads == 2 and scenario.config.dtype == "float32"
+    assert scenario.operations == (
+        Add("0", 10, blocks=(0, 3, 5)),
+        Grow("0", 1),
+        Fork("0", "child"),
+        Grow("child", None, (5, 6)),
+        Free("0"),
+    )
+    assert parse_scenario(scenario.to_toml(), "again.toml").operations == scenario.operations
+
+
+@pytest.mark.parametrize(
+    "text, step, field, message",
+    [
+        ("num_blocks = 8\nblock_size = 4\nhead_dim = 8\n", None, "num_heads", "missing"),
+        (HEADER + "colour = 'red'\n", None, "colour", "unknown header field"),
+        (HEADER + "dtype = 'int8'\n", None, "dtype", "dtype must be one of"),
+        (HEADER.replace("block_size = 4", "block_size = 0"), None, "block_size", "positive integer"),
+        (HEADER + "num_kv_heads = 3\n", None, "num_kv_heads", "must divide"),
+        (HEADER + '[[steps]]\nop = "add"\nseq = "a"\ntokens = 2\n[[steps]]\nop = "jump"\nseq = "a"\n', 2, "op", "jump"),
+        (HEADER + '[[steps]]\nop = "add"\nseq = "a"\n', 1, "tokens", "exactly one of"),
+        (HEADER + '[[steps]]\nop = "add"\nseq = "a"\ntokens = -3\n', 1, "tokens", "positive integer"),
+        (HEADER + '[[steps]]\nop = "add"\nseq = "a"\ntokens = 2\nblocks = "0"\n', 1, "blocks", "list of integers"),
+        (HEADER + '[[steps]]\nop = "grow"\nseq = "a"\nspeed = 2\n', 1, "speed", "unknown field"),
+        (HEADER + '[[steps]]\nop = "fork"\nseq = "a"\n', 1, "as", "missing"),
+        (HEADER + '[[steps]]\nop = "free"\n', 1, "seq", "missing"),
+    ],
+)
+def test_malformed_scenarios_name_the_file_step_and_field(text, step, field, message):
+    with pytest.raises(ScenarioError, match=message) as info:
+        parse_scenario(text, "bad.toml")
+    assert (info.value.source, info.value.step, info.value.field) == ("bad.toml", step, field)
+    assert str(info.value).startswith("bad.toml")
+
+
+def test_invalid_toml_is_reported_with_its_position():
+    with pytest.raises(ScenarioError, match=r"bad.toml: not valid TOML: .*line 1"):
+        parse_scenario("num_blocks = = 3", "bad.toml")
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ScenarioError, match="cannot read"):
+        load_scenario(tmp_path / "nope.toml")
+
+
+def test_shipped_scenarios_include_the_required_ones():
+    assert {"seed_demo", "default", "stress"} <= set(shipped_scenarios())
+    seed = load_shipped("seed_demo")
+    c = seed.config
+    assert (c.num_blocks, c.block_size, c.num_heads, c.head_dim) == (8, 4, 2, 8)
+    assert seed.operations == (Add("0", 10, blocks=(0, 3, 5)), Add("1", 7, blocks=(1, 7)))
+    assert load_scenario("default").operations == load_shipped("default").operations

@@ -1,0 +1,67 @@
+import pytest
+
+from core.errors import PoolExhaustedError, ScenarioError
+from core.operations import Add, Grow
+from core.scenario import load_shipped, parse_scenario
+from core.timeline import Timeline
+from tests.core.helpers import check_invariants, state_fingerprint
+
+
+def test_stepping_back_restores_exactly_the_earlier_state(cpu_backend):
+    timeline = Timeline(load_shipped("default"), cpu_backend, snapshot_every=4)
+    fingerprints = [state_fingerprint(timeline.sim)]
+    while not timeline.at_end:
+        timeline.forward()
+        fingerprints.append(state_fingerprint(timeline.sim))
+    for step in [timeline.length - 1, 9, 3, 0, 5, 16]:
+        timeline.seek(step)
+        assert timeline.position == step
+        assert state_fingerprint(timeline.sim) == fingerprints[step]
+        check_invariants(timeline.sim)
+    timeline.seek(7)
+    result = timeline.back()
+    assert timeline.position == 6 and result.step == 6
+    assert timeline.sim.last_attention is result.attention
+
+
+def test_replay_is_deterministic_across_fresh_runs(cpu_backend):
+    one = Timeline(load_shipped("default"), cpu_backend)
+    two = Timeline(load_shipped("default"), cpu_backend)
+    one.run_to_end()
+    two.seek(two.length)
+    assert state_fingerprint(one.sim) == state_fingerprint(two.sim)
+
+
+def test_a_user_operation_branches_the_timeline(cpu_backend):
+    timeline = Timeline(load_shipped("default"), cpu_backend, snapshot_every=2)
+    timeline.seek(6)
+    timeline.push(Add("user", 3))
+    assert timeline.length == 7 and timeline.at_end
+    assert timeline.operations[-1] == Add("user", 3)
+    timeline.back()
+    timeline.forward()
+    assert "user" in timeline.sim.sequences
+
+
+def test_a_refused_user_operation_changes_nothing(cpu_backend):
+    timeline = Timeline(load_shipped("default"), cpu_backend)
+    timeline.seek(3)
+    before = (state_fingerprint(timeline.sim), list(timeline.operations))
+    with pytest.raises(PoolExhaustedError):
+        timeline.push(Grow("A", 1000))
+    assert (state_fingerprint(timeline.sim), list(timeline.operations)) == before
+
+
+def test_a_failing_scenario_step_names_its_step_and_field(cpu_backend):
+    scenario = parse_scenario(
+        "num_blocks = 2\nblock_size = 2\nnum_heads = 1\nhead_dim = 8\n"
+        '[[steps]]\nop = "add"\nseq = "a"\ntokens = 3\n'
+        '[[steps]]\nop = "grow"\nseq = "a"\ntokens = 5\n',
+        "tight.toml",
+    )
+    timeline = Timeline(scenario, cpu_backend)
+    timeline.forward()
+    before = state_fingerprint(timeline.sim)
+    with pytest.raises(ScenarioError, match=r"tight.toml, step 2, field 'tokens': grow a \+5: KV-cache pool exhausted"):
+        timeline.forward()
+    assert state_fingerprint(timeline.sim) == before
