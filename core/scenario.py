@@ -52,8 +52,9 @@ class Scenario:
         doc: dict = {"name": self.name, "description": self.description}
         for f in fields(CacheConfig):
             doc[f.name] = getattr(self.config, f.name)
-        doc["steps"] = [operation_to_dict(op) for op in self.operations]
-        return tomli_w.dumps(doc)
+        # One [[steps]] table per operation, the way people write them by hand.
+        steps = "".join(f"\n[[steps]]\n{tomli_w.dumps(operation_to_dict(op))}" for op in self.operations)
+        return tomli_w.dumps(doc, multiline_strings=True) + steps
 
     def with_operations(self, operations) -> Scenario:
         return Scenario(self.name, self.description, self.config, tuple(operations), self.source)

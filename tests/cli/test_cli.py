@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -98,5 +99,6 @@ def test_core_and_kernels_never_load_qt(layer):
 
 
 def test_console_script_runs():
-    out = subprocess.run(["pagesim", "run", "seed_demo", "--quiet"], capture_output=True, text=True, check=True)
+    script = Path(sys.executable).with_name("pagesim")  # the venv's console script
+    out = subprocess.run([str(script), "run", "seed_demo", "--quiet"], capture_output=True, text=True, check=True)
     assert out.stdout.startswith("PASS")
