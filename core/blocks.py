@@ -50,6 +50,9 @@ class BlockPool:
         self._check_id(block_id)
         return self._ref_counts[block_id]
 
+    def ref_counts(self) -> list[int]:
+        return list(self._ref_counts)
+
     def is_free(self, block_id: int) -> bool:
         return self.ref_count(block_id) == 0
 

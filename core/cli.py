@@ -26,6 +26,14 @@ def _add_backend_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _size(text: str) -> tuple[int, int]:
+    try:
+        width, height = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT, e.g. 1400x860; got {text!r}") from None
+    return width, height
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pagesim",
@@ -54,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_backend_option(gui)
     gui.add_argument("--steps", type=int, default=0, help="run this many steps first")
     gui.add_argument("--screenshot", type=Path, help="save a PNG of the window after --steps, then exit")
+    gui.add_argument("--size", type=_size, metavar="WxH", help="window size, e.g. 1400x860")
     return parser
 
 

@@ -113,6 +113,9 @@ class Simulator:
     def block_fill(self, block_id: int) -> int:
         return self._block_fill[block_id]
 
+    def block_fills(self) -> list[int]:
+        return list(self._block_fill)
+
     def holders(self, block_id: int) -> list[tuple[str, int]]:
         """(sequence, logical index) pairs whose tables hold ``block_id``."""
         return [(s.seq_id, i) for s in self.sequences.values() for i, b in enumerate(s.block_table) if b == block_id]
@@ -139,6 +142,13 @@ class Simulator:
         """The sequence's K/V as the dense reference holds them (contiguous, from the tokens)."""
         self.sequence(seq_id)
         return self._dense[seq_id].view()
+
+    def warm_up(self) -> None:
+        """Compile (or load from the on-disk cache) the kernel for this cache's dtype."""
+        c = self.config
+        query = self.backend.xp.zeros((1, c.num_heads, c.head_dim), dtype=self.cache.dtype)
+        tables, lens = np.zeros((1, 1), np.int32), np.ones(1, np.int32)
+        self.backend.paged_attention(query, self.cache.key_cache, self.cache.value_cache, tables, lens, 1.0)
 
     # -- operations -------------------------------------------------------------
     def apply(self, op: Operation, attend: bool = True) -> StepResult:

@@ -114,3 +114,21 @@ def dump_step(folder: Path, timeline: Timeline, result: StepResult) -> Path | No
         seq_ids=np.array(att.seq_ids),
     )
     return path
+
+
+def event_record(step: int, event) -> dict:
+    from dataclasses import asdict
+
+    return {"step": step, "event": type(event).__name__, **asdict(event)}
+
+
+def write_event_log(path: Path, results: list[StepResult]) -> int:
+    """Every event of the given steps as JSON lines; returns how many were written."""
+    count = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for result in results:
+            f.write(json.dumps({"step": result.step, "event": "Step", "op": result.op.describe()}) + "\n")
+            for event in result.events:
+                f.write(json.dumps(event_record(result.step, event)) + "\n")
+                count += 1
+    return count

@@ -1,0 +1,118 @@
+"""Animations driven by the core's events. They only light things up: never the model."""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+from PySide6.QtCore import QEasingCurve, QObject, QVariantAnimation
+from PySide6.QtGui import QColor
+
+from core import events as ev
+from core.view_model import Frame
+
+LIVE_ANIMATIONS: weakref.WeakSet[QVariantAnimation] = weakref.WeakSet()
+
+# At speed 1: the block changes, a pause, then the kernel's lookups one by one.
+CHANGE_MS = 450
+PAUSE_MS = 150
+LOOKUP_MS = 180
+LOOKUPS_MAX_MS = 1800
+
+
+@dataclass
+class Beat:
+    duration: float
+    glows: dict[int, QColor] = field(default_factory=dict)  # block -> colour
+    arrows: list[tuple[int, int, QColor]] = field(default_factory=list)  # CoW src -> dst
+    lookup: tuple[str, int] | None = None  # (seq, logical index) lit in the table
+
+
+def beats_for(frame: Frame, focus_seq: str | None, colour_of, freed_colour: QColor, speed: float) -> list[Beat]:
+    if frame.result is None or speed <= 0:
+        return []
+    scale = 1.0 / speed
+    change = Beat(CHANGE_MS * scale)
+    lookups: list[ev.LookupPerformed] = []
+    for event in frame.result.events:
+        if isinstance(event, ev.BlockAllocated | ev.BlockShared):
+            change.glows[event.block] = colour_of(event.seq)
+        elif isinstance(event, ev.BlockFreed | ev.BlockReleased):
+            change.glows[event.block] = freed_colour
+        elif isinstance(event, ev.BlockCopied):
+            change.arrows.append((event.src, event.dst, colour_of(event.seq)))
+            change.glows[event.dst] = colour_of(event.seq)
+        elif isinstance(event, ev.LookupPerformed) and event.seq == focus_seq:
+            lookups.append(event)
+    beats = []
+    if change.glows or change.arrows:
+        beats += [change, Beat(PAUSE_MS * scale)]
+    if lookups:
+        each = min(LOOKUP_MS, LOOKUPS_MAX_MS / len(lookups)) * scale
+        colour = colour_of(focus_seq)
+        beats += [Beat(each, {e.block: colour}, lookup=(e.seq, e.logical_index)) for e in lookups]
+    return beats
+
+
+class AnimationDirector(QObject):
+    """Plays a list of beats on the pool and sequence views; a new frame cuts it short."""
+
+    def __init__(self, pool_view, sequence_view, parent=None) -> None:
+        super().__init__(parent)
+        self.pool_view = pool_view
+        self.sequence_view = sequence_view
+        self.beats: list[Beat] = []
+        self._current = -1
+        self._animation = QVariantAnimation(self)
+        self._animation.setStartValue(0.0)
+        self._animation.setEndValue(1.0)
+        self._animation.setEasingCurve(QEasingCurve.Type.Linear)
+        self._animation.valueChanged.connect(self._on_value)
+        self._animation.finished.connect(self._finish)
+        LIVE_ANIMATIONS.add(self._animation)
+
+    @property
+    def running(self) -> bool:
+        return self._animation.state() == QVariantAnimation.State.Running
+
+    def play(self, beats: list[Beat]) -> None:
+        self.stop()
+        self.beats = beats
+        total = sum(b.duration for b in beats)
+        if total <= 0:
+            return
+        self._animation.setDuration(max(1, int(total)))
+        self._animation.start()
+
+    def stop(self) -> None:
+        if self.running:
+            self._animation.stop()
+        self._finish()
+
+    def _on_value(self, value: float) -> None:
+        if not self.beats:
+            return
+        t = value * sum(b.duration for b in self.beats)
+        index, start = 0, 0.0
+        while index < len(self.beats) - 1 and t >= start + self.beats[index].duration:
+            start += self.beats[index].duration
+            index += 1
+        beat = self.beats[index]
+        progress = (t - start) / beat.duration if beat.duration else 1.0
+        if index != self._current:
+            self.pool_view.clear_overlays()
+            for src, dst, colour in beat.arrows:
+                self.pool_view.add_copy_arrow(src, dst, colour)
+            self.sequence_view.set_lookup(beat.lookup)
+            self._current = index
+        # Glows swell then fade within their beat.
+        strength = 1.0 - abs(2.0 * progress - 1.0) * 0.6
+        for block, colour in beat.glows.items():
+            if block < len(self.pool_view.items):
+                self.pool_view.items[block].set_glow(colour, strength)
+
+    def _finish(self) -> None:
+        self._current = -1
+        self.beats = []
+        self.pool_view.clear_overlays()
+        self.sequence_view.set_lookup(None)

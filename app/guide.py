@@ -1,0 +1,47 @@
+"""The in-app guide: every element named in vLLM's vocabulary."""
+
+GUIDE_HTML = """
+<h3>Reading the picture</h3>
+<p><b>Physical KV-cache pool</b> (centre): the GPU memory a serving engine reserves for
+keys and values, cut into fixed-size <b>blocks</b>. Each tile is one physical block; its
+number is the <b>block id</b>. The small cells are its <b>slots</b>, one per token
+(<i>block size</i> = slots per block); a filled cell holds that token's key and value
+vectors for every KV head. Colour = the sequence that owns the block. Grey tiles are in
+the <b>free queue</b>, waiting to be allocated.</p>
+<p><b>Ref count</b>: the badge ×2, ×3 … on a tile counts the block tables that hold the
+block. Forking a sequence (parallel sampling, beam search) shares all its blocks: no
+copy, ref counts go up, and the tile shows one band per holder.</p>
+<p><b>Copy-on-write</b>: when a sequence writes a new token into a <i>shared</i>, partly
+filled last block, it first gets its own copy (the arrow) and the ref count of the
+original drops. Full shared blocks stay shared for ever.</p>
+<p><b>Sequences and block tables</b> (left): a sequence's tokens are split into
+<b>logical blocks</b> — token <i>t</i> lives in logical block <i>t // block_size</i>, slot
+<i>t % block_size</i>. The <b>block table</b> maps each logical block (L0, L1, …) to the
+physical block holding it; * marks a shared entry. Physical blocks need not be
+contiguous or in order — that is the point of paging.</p>
+<p><b>Block-table lookup</b>: after every step the paged-attention kernel runs one decode
+step for every sequence (query = its newest token). For the selected sequence the
+animation lights, in the kernel's real order, each table entry and the physical block
+it reads — no gather into a contiguous buffer, an online softmax across blocks.</p>
+<p><b>Kernel vs dense</b> (right): the kernel's output vector for one head against dense
+attention (torch SDPA) recomputed from the same tokens, the per-head max abs error
+against the tolerance of the cache dtype, and the attention weights over the context
+coloured by the physical block each token was read from.</p>
+<p><b>Memory</b> (bottom): blocks used per step against what reserving
+<i>max_model_len</i> contiguously for every sequence would hold; <b>utilisation</b> =
+slots holding tokens / slots allocated; <b>internal fragmentation</b> = allocated but
+empty slots at the end of last blocks (under one block per sequence with paging).</p>
+<h3>Keys</h3>
+<table>
+<tr><td>Space</td><td>play / pause</td></tr>
+<tr><td>→ / ←</td><td>step forward / back</td></tr>
+<tr><td>Home / End</td><td>first / last step</td></tr>
+<tr><td>A</td><td>add a sequence (prompt length from the toolbar)</td></tr>
+<tr><td>G / Shift+G</td><td>grow the selected sequence by 1 / by N tokens</td></tr>
+<tr><td>F</td><td>fork the selected sequence</td></tr>
+<tr><td>Delete</td><td>free the selected sequence</td></tr>
+<tr><td>Ctrl + / Ctrl − / Ctrl 0</td><td>zoom the pool in / out / fit</td></tr>
+</table>
+<p>Your own actions branch the timeline at the current step: later scenario steps are
+dropped, and File → Save scenario keeps what you did.</p>
+"""

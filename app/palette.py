@@ -1,0 +1,101 @@
+"""Colours and themes. Sequence colours are Okabe–Ito, safe for colour-blind readers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from PySide6.QtGui import QColor, QPalette
+
+# Okabe & Ito (2008), without black: distinguishable under the common colour-vision deficiencies.
+OKABE_ITO = ["#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#999999"]
+
+
+@dataclass(frozen=True)
+class Theme:
+    name: str
+    window: str
+    panel: str
+    text: str
+    muted: str
+    free_block: str
+    block_border: str
+    empty_slot: str
+    highlight: str
+    good: str
+    bad: str
+    plot_background: str
+
+
+THEMES = {
+    "dark": Theme(
+        "dark",
+        "#1e1f24",
+        "#26282e",
+        "#e6e6e6",
+        "#9aa0a6",
+        "#33363d",
+        "#4a4e57",
+        "#2b2d33",
+        "#ffffff",
+        "#4cc38a",
+        "#ff6b6b",
+        "#1b1c20",
+    ),
+    "light": Theme(
+        "light",
+        "#f4f4f6",
+        "#ffffff",
+        "#1f2328",
+        "#5f6670",
+        "#e4e6ea",
+        "#b8bcc4",
+        "#f0f1f4",
+        "#000000",
+        "#1a7f4b",
+        "#c62828",
+        "#ffffff",
+    ),
+}
+
+
+class SequenceColours:
+    """A stable colour per sequence, assigned in order of first appearance."""
+
+    def __init__(self) -> None:
+        self._by_seq: dict[str, QColor] = {}
+
+    def __call__(self, seq_id: str) -> QColor:
+        colour = self._by_seq.get(seq_id)
+        if colour is None:
+            index = len(self._by_seq)
+            colour = QColor(OKABE_ITO[index % len(OKABE_ITO)])
+            # Past eight sequences, vary lightness so neighbours still differ.
+            cycle = index // len(OKABE_ITO)
+            if cycle:
+                colour = colour.lighter(100 + 25 * cycle) if cycle % 2 else colour.darker(100 + 20 * cycle)
+            self._by_seq[seq_id] = colour
+        return colour
+
+    def reset(self) -> None:
+        self._by_seq.clear()
+
+
+def qpalette(theme: Theme) -> QPalette:
+    palette = QPalette()
+    roles = {
+        QPalette.ColorRole.Window: theme.window,
+        QPalette.ColorRole.Base: theme.panel,
+        QPalette.ColorRole.AlternateBase: theme.window,
+        QPalette.ColorRole.Button: theme.panel,
+        QPalette.ColorRole.Text: theme.text,
+        QPalette.ColorRole.WindowText: theme.text,
+        QPalette.ColorRole.ButtonText: theme.text,
+        QPalette.ColorRole.ToolTipBase: theme.panel,
+        QPalette.ColorRole.ToolTipText: theme.text,
+        QPalette.ColorRole.PlaceholderText: theme.muted,
+    }
+    for role, colour in roles.items():
+        palette.setColor(role, QColor(colour))
+    palette.setColor(QPalette.ColorRole.Highlight, QColor("#0072B2"))
+    palette.setColor(QPalette.ColorRole.HighlightedText, QColor("#ffffff"))
+    return palette

@@ -1,0 +1,240 @@
+"""The kernel-vs-dense panel and the memory panel (pyqtgraph)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
+
+from app.palette import Theme
+from core.view_model import Frame
+
+# Paul Tol's "muted" scheme: colours for physical blocks, distinct from the sequence palette.
+BLOCK_COLOURS = ["#88CCEE", "#CC6677", "#DDCC77", "#117733", "#332288", "#AA4499", "#44AA99", "#999933", "#882255"]
+
+
+KERNEL_COLOUR, DENSE_COLOUR, UTIL_COLOUR, FRAG_COLOUR = "#E69F00", "#56B4E9", "#009E73", "#D55E00"
+
+
+def _key(colour: str, text: str) -> str:
+    """A coloured legend entry inside a plot title: legends would cover the data."""
+    return f"<span style='color:{colour}'>{text}</span>"
+
+
+def _style_plot(plot: pg.PlotItem, theme: Theme, title: str, left: str, bottom: str) -> None:
+    plot.setTitle(title, color=theme.text, size="9pt")
+    plot.setLabel("left", left, color=theme.muted)
+    plot.setLabel("bottom", bottom, color=theme.muted)
+    plot.showGrid(x=True, y=True, alpha=0.15)
+    for axis in ("left", "bottom"):
+        plot.getAxis(axis).setTextPen(theme.muted)
+        plot.getAxis(axis).setPen(theme.muted)
+        plot.getAxis(axis).enableAutoSIPrefix(False)
+
+
+class KernelPanel(QWidget):
+    """For the selected sequence and head: the kernel's output against dense attention."""
+
+    def __init__(self, theme: Theme, parent=None) -> None:
+        super().__init__(parent)
+        self.theme = theme
+        self.frame: Frame | None = None
+        self.backend_label = QLabel("backend: starting…")
+        self.backend_label.setToolTip("The kernel backend and device every step runs on")
+        self.head_box = QSpinBox()
+        self.head_box.setPrefix("head ")
+        self.head_box.setToolTip("Query head to plot (GQA: several query heads share one KV head)")
+        self.head_box.valueChanged.connect(lambda _: self._redraw())
+        self.verdict = QLabel("no sequence")
+        self.verdict.setTextFormat(Qt.TextFormat.RichText)
+        self.verdict.setToolTip(
+            "Max abs difference between the paged kernel and dense attention (torch SDPA, fp32) on the same "
+            "tokens, against the tolerance for the cache dtype"
+        )
+        top = QHBoxLayout()
+        top.addWidget(self.verdict, 1)
+        top.addWidget(self.head_box)
+        self.plots = pg.GraphicsLayoutWidget()
+        self.output_plot = self.plots.addPlot(row=0, col=0)
+        self.weights_plot = self.plots.addPlot(row=1, col=0)
+        self.error_plot = self.plots.addPlot(row=2, col=0)
+        self.kernel_curve = self.output_plot.plot(name="paged kernel", symbol="o", symbolSize=6)
+        self.dense_curve = self.output_plot.plot(name="dense SDPA", symbol="x", symbolSize=9, pen=None)
+        self.weight_bars = pg.BarGraphItem(x=[], height=[], width=0.9)
+        self.weights_plot.addItem(self.weight_bars)
+        self.error_bars = pg.BarGraphItem(x=[], height=[], width=0.6)
+        self.error_plot.addItem(self.error_bars)
+        self.tolerance_line = pg.InfiniteLine(angle=0, movable=False, label="tolerance", labelOpts={"position": 0.9})
+        self.error_plot.addItem(self.tolerance_line)
+        self.error_plot.setLogMode(y=True)
+        self.error_plot.getAxis("bottom").setTickSpacing(1, 1)
+        self.error_plot.setYRange(-12, 0, padding=0.05)
+        self.error_plot.getAxis("left").setTickSpacing(3, 3)
+        self._block_labels: list[pg.TextItem] = []
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addWidget(self.backend_label)
+        layout.addLayout(top)
+        layout.addWidget(self.plots, 1)
+        self.set_theme(theme)
+
+    def set_theme(self, theme: Theme) -> None:
+        self.theme = theme
+        self.plots.setBackground(theme.plot_background)
+        _style_plot(
+            self.output_plot,
+            theme,
+            f"Output vector: {_key(KERNEL_COLOUR, '●─ paged kernel')} vs {_key(DENSE_COLOUR, '× dense SDPA')}",
+            "value",
+            "dimension",
+        )
+        _style_plot(
+            self.weights_plot,
+            theme,
+            "Attention weights over the context (colour = physical block)",
+            "weight",
+            "token position",
+        )
+        _style_plot(self.error_plot, theme, "Max |kernel − dense| per head", "abs error", "head")
+        self.kernel_curve.setPen(pg.mkPen(KERNEL_COLOUR, width=2))
+        self.kernel_curve.setSymbolBrush(KERNEL_COLOUR)
+        self.dense_curve.setSymbolPen(pg.mkPen(DENSE_COLOUR, width=2))
+        self.tolerance_line.setPen(pg.mkPen(theme.bad, width=1, style=Qt.PenStyle.DashLine))
+        self._redraw()
+
+    def set_backend(self, name: str, device: str) -> None:
+        self.backend_label.setText(f"<b>{name.upper()}</b> · {device}")
+
+    def show_frame(self, frame: Frame) -> None:
+        self.frame = frame
+        self.set_backend(frame.backend, frame.device)
+        self.head_box.setMaximum(frame.config.num_heads - 1)
+        self._redraw()
+
+    def _redraw(self) -> None:
+        focus = self.frame.focus if self.frame is not None else None
+        for label in self._block_labels:
+            self.weights_plot.removeItem(label)
+        self._block_labels.clear()
+        if focus is None:
+            self.verdict.setText("Select a sequence to compare its kernel output with dense attention.")
+            self.kernel_curve.setData([], [])
+            self.dense_curve.setData([], [])
+            self.weight_bars.setOpts(x=[], height=[])
+            self.error_bars.setOpts(x=[], height=[])
+            return
+        head = min(self.head_box.value(), focus.output.shape[0] - 1)
+        dims = np.arange(focus.output.shape[1])
+        self.kernel_curve.setData(dims, focus.output[head])
+        self.dense_curve.setData(dims, focus.dense[head])
+        error = float(focus.head_errors[head])
+        ok = error <= focus.tolerance
+        colour = self.theme.good if ok else self.theme.bad
+        mark = "✓ match" if ok else "✗ MISMATCH"
+        self.verdict.setText(
+            f"<span style='color:{colour}; font-weight:bold'>{mark}</span> · sequence <b>{focus.seq_id}</b>, "
+            f"head {head}: max |err| {error:.2e} {'≤' if ok else '>'} tolerance {focus.tolerance:.0e} "
+            f"({focus.context_len} tokens)"
+        )
+        blocks = focus.token_blocks
+        brushes = [pg.mkBrush(BLOCK_COLOURS[int(b) % len(BLOCK_COLOURS)]) for b in blocks]
+        positions = np.arange(focus.context_len)
+        self.weight_bars.setOpts(x=positions, height=focus.weights[head], brushes=brushes, pens=[None] * len(blocks))
+        starts = np.flatnonzero(np.r_[True, blocks[1:] != blocks[:-1]])
+        if len(starts) <= 24:
+            top = float(focus.weights[head].max())
+            for start in starts:
+                label = pg.TextItem(f"#{int(blocks[start])}", color=self.theme.muted, anchor=(0, 1))
+                label.setPos(float(start), top)
+                self.weights_plot.addItem(label)
+                self._block_labels.append(label)
+        heads = np.arange(len(focus.head_errors))
+        floor = 1e-12  # exact zeros cannot sit on a log axis
+        self.error_bars.setOpts(
+            x=heads,
+            height=np.log10(np.maximum(focus.head_errors, floor)) - np.log10(floor),
+            y0=np.log10(floor),
+            brushes=[
+                pg.mkBrush(self.theme.good if e <= focus.tolerance else self.theme.bad) for e in focus.head_errors
+            ],
+        )
+        self.tolerance_line.setValue(np.log10(focus.tolerance))
+
+
+class MemoryPanel(QWidget):
+    """Blocks used over steps against a contiguous max-length reservation; utilisation."""
+
+    def __init__(self, theme: Theme, parent=None) -> None:
+        super().__init__(parent)
+        self.plots = pg.GraphicsLayoutWidget()
+        self.blocks_plot = self.plots.addPlot(row=0, col=0)
+        self.util_plot = self.plots.addPlot(row=0, col=1)
+        self.used_curve = self.blocks_plot.plot(name="paged: blocks used")
+        self.contiguous_curve = self.blocks_plot.plot(name="contiguous max-length reservation")
+        self.pool_line = pg.InfiniteLine(angle=0, movable=False, label="pool size", labelOpts={"position": 0.95})
+        self.blocks_plot.addItem(self.pool_line)
+        self.util_curve = self.util_plot.plot(name="utilisation (% of allocated slots)")
+        self.frag_curve = self.util_plot.plot(name="internal fragmentation (% of slots)")
+        self.summary = QLabel()
+        self.summary.setToolTip(
+            "Utilisation: slots holding tokens / slots allocated. Internal fragmentation: allocated slots left "
+            "empty at the end of each sequence's last block. Contiguous: what reserving max_model_len per "
+            "sequence up front (as pre-paging servers did) would hold."
+        )
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addWidget(self.summary)
+        layout.addWidget(self.plots, 1)
+        self.set_theme(theme)
+
+    def set_theme(self, theme: Theme) -> None:
+        self.theme = theme
+        self.plots.setBackground(theme.plot_background)
+        _style_plot(
+            self.blocks_plot,
+            theme,
+            f"Blocks: {_key(KERNEL_COLOUR, '─ paged, used')} vs "
+            f"{_key(DENSE_COLOUR, '- - contiguous max-length reservation')}",
+            "blocks",
+            "step",
+        )
+        _style_plot(
+            self.util_plot,
+            theme,
+            f"Slots: {_key(UTIL_COLOUR, '─ utilisation')} · {_key(FRAG_COLOUR, '─ internal fragmentation')} "
+            "(% of allocated)",
+            "%",
+            "step",
+        )
+        self.used_curve.setPen(pg.mkPen(KERNEL_COLOUR, width=2))
+        self.contiguous_curve.setPen(pg.mkPen(DENSE_COLOUR, width=2, style=Qt.PenStyle.DashLine))
+        self.pool_line.setPen(pg.mkPen(theme.muted, width=1, style=Qt.PenStyle.DotLine))
+        self.util_curve.setPen(pg.mkPen(UTIL_COLOUR, width=2))
+        self.frag_curve.setPen(pg.mkPen(FRAG_COLOUR, width=2))
+
+    def show_frame(self, frame: Frame) -> None:
+        history = frame.history
+        steps = np.array([m.step for m in history], dtype=float)
+        self.used_curve.setData(steps, [m.used_blocks for m in history])
+        self.contiguous_curve.setData(steps, [m.contiguous_blocks for m in history])
+        self.pool_line.setValue(frame.config.num_blocks)
+        # Headroom above the tallest curve keeps the legend off the data.
+        peak = max([frame.config.num_blocks, *(m.contiguous_blocks for m in history)])
+        self.blocks_plot.setYRange(0, peak * 1.1, padding=0)
+        self.util_plot.setYRange(0, 105, padding=0)
+        self.util_curve.setData(steps, [100 * m.utilisation for m in history])
+        self.frag_curve.setData(
+            steps, [100 * m.internal_fragmentation / m.slots_allocated if m.slots_allocated else 0 for m in history]
+        )
+        m = frame.metrics
+        if m is None:
+            self.summary.setText(f"{frame.config.num_blocks} blocks free · nothing allocated yet")
+            return
+        saving = f", {m.contiguous_blocks / m.used_blocks:.1f}× what paging uses" if m.used_blocks else ""
+        self.summary.setText(
+            f"<b>{m.used_blocks}</b>/{m.total_blocks} blocks used · {m.free_blocks} free · "
+            f"{m.shared_blocks} shared · utilisation {m.utilisation:.1%} · "
+            f"internal fragmentation {m.internal_fragmentation} slots · contiguous would hold "
+            f"{m.contiguous_blocks} blocks{saving}"
+        )

@@ -1,0 +1,250 @@
+"""The physical KV-cache pool: one item per block, its slots filling token by token."""
+
+from __future__ import annotations
+
+import math
+
+from PySide6.QtCore import QPointF, QRectF, Qt, Signal
+from PySide6.QtGui import QBrush, QColor, QFont, QPainter, QPainterPath, QPen
+from PySide6.QtWidgets import (
+    QGraphicsItem,
+    QGraphicsPathItem,
+    QGraphicsScene,
+    QGraphicsView,
+    QMenu,
+    QStyleOptionGraphicsItem,
+)
+
+from app.palette import SequenceColours, Theme
+from core.view_model import Frame
+
+BLOCK_W, BLOCK_H, GAP = 60.0, 38.0, 8.0
+SLOTS_PER_ROW = 16
+
+
+class BlockItem(QGraphicsItem):
+    def __init__(self, view: PoolView, block_id: int) -> None:
+        super().__init__()
+        self.view = view
+        self.block_id = block_id
+        self.ref_count = 0
+        self.fill = 0
+        self.holders: tuple[tuple[str, int], ...] = ()
+        self.selected_seq = False
+        self.glow: QColor | None = None  # an animation's highlight; never model state
+        self.glow_strength = 0.0
+        self.setAcceptHoverEvents(True)
+
+    def boundingRect(self) -> QRectF:
+        return QRectF(-2, -2, BLOCK_W + 4, BLOCK_H + 4)
+
+    def set_state(self, ref_count: int, fill: int, holders, selected: bool) -> bool:
+        state = (ref_count, fill, holders, selected)
+        if state == (self.ref_count, self.fill, self.holders, self.selected_seq):
+            return False
+        self.ref_count, self.fill, self.holders, self.selected_seq = state
+        self.setToolTip(self.describe())
+        self.update()
+        return True
+
+    def set_glow(self, colour: QColor | None, strength: float = 1.0) -> None:
+        self.glow, self.glow_strength = colour, strength
+        self.update()
+
+    def describe(self) -> str:
+        bs = self.view.block_size
+        if self.ref_count == 0:
+            return f"Physical block {self.block_id}\nfree (in the free queue)\n0/{bs} slots hold tokens"
+        owners = ", ".join(f"{seq} (logical block {index})" for seq, index in self.holders)
+        shared = " — shared, copy-on-write on the next write" if self.ref_count > 1 else ""
+        return (
+            f"Physical block {self.block_id}\nref count {self.ref_count}{shared}\n"
+            f"held by {owners}\n{self.fill}/{bs} slots hold tokens"
+        )
+
+    def paint(self, painter: QPainter, option: QStyleOptionGraphicsItem, widget=None) -> None:
+        theme: Theme = self.view.theme
+        colours = [self.view.colours(seq) for seq, _ in self.holders]
+        rect = QRectF(0, 0, BLOCK_W, BLOCK_H)
+        detail = option.levelOfDetailFromTransform(painter.worldTransform())
+        border = QColor(theme.text) if self.selected_seq else QColor(theme.block_border)
+        painter.setPen(QPen(border, 2.0 if self.selected_seq else 1.0))
+        background = QColor(theme.free_block)
+        if colours:
+            background = QColor(colours[0])
+            background.setAlpha(60)
+        painter.setBrush(background)
+        painter.drawRoundedRect(rect, 4, 4)
+        bs = self.view.block_size
+        if detail < 0.35:  # far away: a fill bar is all one can see
+            if colours and self.fill:
+                painter.fillRect(QRectF(2, 2, (BLOCK_W - 4) * self.fill / bs, BLOCK_H - 4), colours[0])
+        else:
+            self._paint_slots(painter, theme, colours, bs)
+            self._paint_labels(painter, theme, detail)
+        if self.glow is not None and self.glow_strength > 0:
+            glow = QColor(self.glow)
+            glow.setAlphaF(min(1.0, self.glow_strength))
+            painter.setPen(QPen(glow, 4.0))
+            painter.setBrush(Qt.BrushStyle.NoBrush)
+            painter.drawRoundedRect(rect.adjusted(-1, -1, 1, 1), 5, 5)
+
+    def _paint_slots(self, painter: QPainter, theme: Theme, colours: list[QColor], bs: int) -> None:
+        per_row = min(bs, SLOTS_PER_ROW)
+        rows = math.ceil(bs / per_row)
+        area = QRectF(4, 16, BLOCK_W - 8, BLOCK_H - 20)
+        cell_w, cell_h = area.width() / per_row, area.height() / rows
+        painter.setPen(Qt.PenStyle.NoPen)
+        for slot in range(bs):
+            r, c = divmod(slot, per_row)
+            cell = QRectF(area.x() + c * cell_w + 0.5, area.y() + r * cell_h + 0.5, cell_w - 1, cell_h - 1)
+            if slot < self.fill and colours:
+                # A shared block shows every holder as a band: one copy, many tables.
+                band = cell.height() / len(colours)
+                for i, colour in enumerate(colours):
+                    painter.fillRect(QRectF(cell.x(), cell.y() + i * band, cell.width(), band), colour)
+            else:
+                painter.fillRect(cell, QColor(theme.empty_slot))
+
+    def _paint_labels(self, painter: QPainter, theme: Theme, detail: float) -> None:
+        painter.setPen(QColor(theme.text if self.ref_count else theme.muted))
+        painter.setFont(self.view.label_font)
+        painter.drawText(QRectF(4, 1, BLOCK_W - 8, 14), Qt.AlignmentFlag.AlignLeft, f"#{self.block_id}")
+        if self.ref_count > 1:
+            badge = QRectF(BLOCK_W - 24, 2, 22, 12)
+            painter.setPen(Qt.PenStyle.NoPen)
+            painter.setBrush(QColor(theme.text))
+            painter.drawRoundedRect(badge, 6, 6)
+            painter.setPen(QColor(theme.window))
+            painter.drawText(badge, Qt.AlignmentFlag.AlignCenter, f"×{self.ref_count}")
+
+    def mousePressEvent(self, event) -> None:
+        self.view.blockClicked.emit(self.block_id)
+        event.accept()
+
+    def contextMenuEvent(self, event) -> None:
+        self.view.blockContextMenu.emit(self.block_id, event.screenPos())
+        event.accept()
+
+
+class PoolView(QGraphicsView):
+    """Zoom with the wheel, pan by dragging; double-click fits the whole pool."""
+
+    blockClicked = Signal(int)
+    blockContextMenu = Signal(int, object)
+
+    def __init__(self, colours: SequenceColours, theme: Theme, parent=None) -> None:
+        super().__init__(parent)
+        self.colours = colours
+        self.theme = theme
+        self.block_size = 1
+        self.items: list[BlockItem] = []
+        self.selected_seq: str | None = None
+        self.label_font = QFont()
+        self.label_font.setPointSizeF(7.5)
+        self.setScene(QGraphicsScene(self))
+        self.setRenderHints(QPainter.RenderHint.Antialiasing | QPainter.RenderHint.TextAntialiasing)
+        self.setDragMode(QGraphicsView.DragMode.ScrollHandDrag)
+        self.setTransformationAnchor(QGraphicsView.ViewportAnchor.AnchorUnderMouse)
+        self.setViewportUpdateMode(QGraphicsView.ViewportUpdateMode.SmartViewportUpdate)
+        self.setToolTip("")
+        self._user_zoomed = False
+        self._overlays: list[QGraphicsPathItem] = []
+        self.menu = QMenu(self)
+
+    # -- content --------------------------------------------------------------------
+    def set_theme(self, theme: Theme) -> None:
+        self.theme = theme
+        self.setBackgroundBrush(QColor(theme.window))
+        for item in self.items:
+            item.update()
+
+    def layout_pool(self, num_blocks: int, block_size: int) -> None:
+        scene = self.scene()
+        self.clear_overlays()
+        for item in self.items:
+            scene.removeItem(item)
+        self.block_size = block_size
+        columns = max(4, round(math.sqrt(num_blocks * 2.2 * BLOCK_H / BLOCK_W)))
+        self.items = []
+        for block in range(num_blocks):
+            item = BlockItem(self, block)
+            row, col = divmod(block, columns)
+            item.setPos(col * (BLOCK_W + GAP), row * (BLOCK_H + GAP))
+            scene.addItem(item)
+            self.items.append(item)
+        rows = math.ceil(num_blocks / columns)
+        scene.setSceneRect(QRectF(-GAP, -GAP, columns * (BLOCK_W + GAP) + GAP, rows * (BLOCK_H + GAP) + GAP))
+        self._user_zoomed = False
+        self.fit()
+
+    def show_frame(self, frame: Frame, selected_seq: str | None) -> int:
+        """Bring every block item to the frame's state; returns how many changed."""
+        if len(self.items) != frame.config.num_blocks or self.block_size != frame.config.block_size:
+            self.layout_pool(frame.config.num_blocks, frame.config.block_size)
+        self.selected_seq = selected_seq
+        changed = 0
+        holders = frame.holders
+        for item, ref_count, fill in zip(self.items, frame.ref_counts.tolist(), frame.block_fill.tolist(), strict=True):
+            owners = holders.get(item.block_id, ())
+            selected = selected_seq is not None and any(seq == selected_seq for seq, _ in owners)
+            changed += item.set_state(ref_count, fill, owners, selected)
+        return changed
+
+    def item_at_block(self, block: int) -> BlockItem:
+        return self.items[block]
+
+    # -- overlays for animations ------------------------------------------------------
+    def add_copy_arrow(self, src: int, dst: int, colour: QColor) -> QGraphicsPathItem:
+        a = self.items[src].sceneBoundingRect().center()
+        b = self.items[dst].sceneBoundingRect().center()
+        path = QPainterPath(a)
+        mid = (a + b) / 2 + QPointF(0, -40)
+        path.quadTo(mid, b)
+        direction = b - mid
+        length = math.hypot(direction.x(), direction.y()) or 1.0
+        ux, uy = direction.x() / length, direction.y() / length
+        for side in (1, -1):
+            path.moveTo(b)
+            path.lineTo(b - QPointF(10 * ux - 5 * side * uy, 10 * uy + 5 * side * ux))
+        overlay = QGraphicsPathItem(path)
+        overlay.setPen(QPen(colour, 3.0, Qt.PenStyle.SolidLine, Qt.PenCapStyle.RoundCap))
+        overlay.setBrush(QBrush(Qt.BrushStyle.NoBrush))
+        overlay.setZValue(10)
+        self.scene().addItem(overlay)
+        self._overlays.append(overlay)
+        return overlay
+
+    def clear_overlays(self) -> None:
+        for overlay in self._overlays:
+            self.scene().removeItem(overlay)
+        self._overlays.clear()
+        for item in self.items:
+            if item.glow is not None:
+                item.set_glow(None)
+
+    # -- navigation -----------------------------------------------------------------
+    def fit(self) -> None:
+        self.fitInView(self.scene().sceneRect(), Qt.AspectRatioMode.KeepAspectRatio)
+        # Never blow small pools up past 2.5× (labels would turn cartoonish).
+        if self.transform().m11() > 2.5:
+            self.resetTransform()
+            self.scale(2.5, 2.5)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if not self._user_zoomed:
+            self.fit()
+
+    def wheelEvent(self, event) -> None:
+        factor = 1.15 if event.angleDelta().y() > 0 else 1 / 1.15
+        self.scale(factor, factor)
+        self._user_zoomed = True
+
+    def mouseDoubleClickEvent(self, event) -> None:
+        self._user_zoomed = False
+        self.fit()
+
+    def zoom(self, factor: float) -> None:
+        self.scale(factor, factor)
+        self._user_zoomed = True

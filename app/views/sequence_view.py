@@ -1,0 +1,160 @@
+"""Sequences and their block tables: logical block index → physical block id."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QRectF, QSize, Qt, Signal
+from PySide6.QtGui import QColor, QIcon, QPainter, QPixmap
+from PySide6.QtWidgets import QAbstractItemView, QStyle, QStyledItemDelegate, QTreeWidget, QTreeWidgetItem
+
+from app.palette import SequenceColours, Theme
+from core.view_model import Frame
+
+TABLE_COLUMN = 3
+ENTRY_W, ENTRY_H = 34, 30
+
+
+class BlockTableDelegate(QStyledItemDelegate):
+    """Paints a block table as boxes: logical index on top, physical block id below."""
+
+    def __init__(self, view: SequenceView) -> None:
+        super().__init__(view)
+        self.view = view
+
+    def sizeHint(self, option, index) -> QSize:
+        table = index.data(Qt.ItemDataRole.UserRole) or ()
+        return QSize(len(table) * (ENTRY_W + 3) + 6, ENTRY_H + 6)
+
+    def paint(self, painter: QPainter, option, index) -> None:
+        if option.state & QStyle.StateFlag.State_Selected:
+            painter.fillRect(option.rect, option.palette.highlight().color().darker(150))
+        table = index.data(Qt.ItemDataRole.UserRole) or ()
+        seq_id = index.data(Qt.ItemDataRole.UserRole + 1)
+        refs = index.data(Qt.ItemDataRole.UserRole + 2) or ()
+        theme: Theme = self.view.theme
+        colour = self.view.colours(seq_id)
+        painter.save()
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        small = painter.font()
+        small.setPointSizeF(7.0)
+        x, y = option.rect.x() + 3, option.rect.y() + 3
+        lookup = self.view.lookup
+        for logical, physical in enumerate(table):
+            box = QRectF(x, y, ENTRY_W, ENTRY_H)
+            lit = lookup == (seq_id, logical)
+            fill = QColor(colour)
+            fill.setAlpha(255 if lit else 70)
+            painter.setPen(QColor(theme.highlight) if lit else QColor(theme.block_border))
+            painter.setBrush(fill)
+            painter.drawRoundedRect(box, 3, 3)
+            painter.setFont(small)
+            painter.setPen(QColor(theme.muted if not lit else theme.window))
+            painter.drawText(box.adjusted(0, 1, 0, -ENTRY_H / 2), Qt.AlignmentFlag.AlignCenter, f"L{logical}")
+            bold = painter.font()
+            bold.setPointSizeF(8.5)
+            bold.setBold(True)
+            painter.setFont(bold)
+            painter.setPen(QColor(theme.text if not lit else theme.window))
+            shared = "*" if logical < len(refs) and refs[logical] > 1 else ""
+            painter.drawText(
+                box.adjusted(0, ENTRY_H / 2 - 2, 0, 0), Qt.AlignmentFlag.AlignCenter, f"{physical}{shared}"
+            )
+            x += ENTRY_W + 3
+        painter.restore()
+
+
+class SequenceView(QTreeWidget):
+    """Selecting a sequence highlights its blocks in the pool and focuses the kernel panel."""
+
+    sequenceSelected = Signal(str)
+    contextMenuRequested = Signal(str, object)
+
+    def __init__(self, colours: SequenceColours, theme: Theme, parent=None) -> None:
+        super().__init__(parent)
+        self.colours = colours
+        self.theme = theme
+        self.lookup: tuple[str, int] | None = None  # the table entry an animation lights
+        self.setColumnCount(4)
+        self.setHeaderLabels(["Sequence", "Tokens", "Blocks", "Block table (logical → physical)"])
+        self.headerItem().setToolTip(
+            TABLE_COLUMN,
+            "Each box is one entry of the block table: L<i> is the logical block (tokens i·B … i·B+B−1), "
+            "the number under it the physical block holding them. * marks a block shared with another sequence.",
+        )
+        self.setRootIsDecorated(False)
+        self.setMinimumWidth(340)
+        self.setUniformRowHeights(True)
+        self.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.setHorizontalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
+        self.setItemDelegateForColumn(TABLE_COLUMN, BlockTableDelegate(self))
+        self.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.customContextMenuRequested.connect(self._context_menu)
+        self.itemSelectionChanged.connect(self._selection_changed)
+        self._rows: dict[str, QTreeWidgetItem] = {}
+        self._updating = False
+
+    def set_theme(self, theme: Theme) -> None:
+        self.theme = theme
+        self.viewport().update()
+
+    @property
+    def selected(self) -> str | None:
+        items = self.selectedItems()
+        return items[0].data(0, Qt.ItemDataRole.UserRole) if items else None
+
+    def select(self, seq_id: str | None) -> None:
+        item = self._rows.get(seq_id) if seq_id else None
+        if item is None:
+            self.clearSelection()
+        else:
+            self.setCurrentItem(item)
+
+    def show_frame(self, frame: Frame) -> None:
+        self._updating = True
+        try:
+            live = {s.seq_id for s in frame.sequences}
+            for seq_id in list(self._rows):
+                if seq_id not in live:
+                    self.takeTopLevelItem(self.indexOfTopLevelItem(self._rows.pop(seq_id)))
+            for order, seq in enumerate(frame.sequences):
+                item = self._rows.get(seq.seq_id)
+                if item is None:
+                    item = QTreeWidgetItem()
+                    item.setData(0, Qt.ItemDataRole.UserRole, seq.seq_id)
+                    item.setIcon(0, self._swatch(seq.seq_id))
+                    self.insertTopLevelItem(order, item)
+                    self._rows[seq.seq_id] = item
+                item.setText(0, seq.seq_id)
+                item.setText(1, str(seq.num_tokens))
+                item.setText(2, str(len(seq.block_table)))
+                item.setData(TABLE_COLUMN, Qt.ItemDataRole.UserRole, seq.block_table)
+                item.setData(TABLE_COLUMN, Qt.ItemDataRole.UserRole + 1, seq.seq_id)
+                refs = tuple(int(frame.ref_counts[b]) for b in seq.block_table)
+                item.setData(TABLE_COLUMN, Qt.ItemDataRole.UserRole + 2, refs)
+                item.setToolTip(
+                    0,
+                    f"{seq.seq_id}: {seq.num_tokens} tokens in {len(seq.block_table)} blocks of {frame.config.block_size}",
+                )
+            for column in range(3):
+                self.resizeColumnToContents(column)
+        finally:
+            self._updating = False
+
+    def set_lookup(self, lookup: tuple[str, int] | None) -> None:
+        if lookup != self.lookup:
+            self.lookup = lookup
+            self.viewport().update()
+
+    def _swatch(self, seq_id: str) -> QIcon:
+        pixmap = QPixmap(12, 12)
+        pixmap.fill(self.colours(seq_id))
+        return QIcon(pixmap)
+
+    def _selection_changed(self) -> None:
+        if not self._updating:
+            self.sequenceSelected.emit(self.selected or "")
+
+    def _context_menu(self, pos) -> None:
+        item = self.itemAt(pos)
+        if item is not None:
+            self.setCurrentItem(item)
+            self.contextMenuRequested.emit(item.data(0, Qt.ItemDataRole.UserRole), self.viewport().mapToGlobal(pos))

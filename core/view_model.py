@@ -1,0 +1,134 @@
+"""Plain data for views: what a picture of the engine at one step needs, and nothing else.
+
+A :class:`Frame` is built on the worker that owns the simulator and handed to the GUI
+thread whole, so views draw from immutable data and never touch the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.config import CacheConfig
+from core.engine import AttentionReport, Simulator, StepResult
+from core.metrics import Metrics
+from core.timeline import Timeline
+
+
+@dataclass(frozen=True)
+class SequenceState:
+    seq_id: str
+    num_tokens: int
+    block_table: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class FocusDetail:
+    """The selected sequence's decode step in detail (all heads)."""
+
+    seq_id: str
+    context_len: int
+    output: np.ndarray  # (num_heads, head_dim): the paged kernel's
+    dense: np.ndarray  # (num_heads, head_dim): dense SDPA's
+    head_errors: np.ndarray  # (num_heads,)
+    tolerance: float
+    weights: np.ndarray  # (num_heads, context_len): softmax over the context
+    token_blocks: np.ndarray  # (context_len,): physical block read for each token
+
+
+@dataclass(frozen=True)
+class Frame:
+    position: int  # steps applied (0 = start)
+    length: int  # steps in the timeline
+    config: CacheConfig
+    scenario_name: str
+    scenario_description: str
+    label: str  # the last step's operation, or "start"
+    ref_counts: np.ndarray  # (num_blocks,)
+    block_fill: np.ndarray  # (num_blocks,) tokens held
+    holders: dict[int, tuple[tuple[str, int], ...]]  # block -> (seq, logical index) pairs
+    free_queue: tuple[int, ...]  # free blocks, next allocation first
+    sequences: tuple[SequenceState, ...]
+    history: tuple[Metrics, ...]  # metrics of steps 1..position
+    result: StepResult | None  # the step that produced this frame (its events)
+    attention: AttentionReport | None
+    focus: FocusDetail | None
+    backend: str
+    device: str
+    operations: tuple = ()  # the timeline's operations (scenario + the user's own)
+
+    @property
+    def metrics(self) -> Metrics | None:
+        return self.history[-1] if self.history else None
+
+    def sequence(self, seq_id: str) -> SequenceState | None:
+        return next((s for s in self.sequences if s.seq_id == seq_id), None)
+
+
+def attention_weights(sim: Simulator, seq_id: str) -> tuple[np.ndarray, np.ndarray]:
+    """Softmax weights (num_heads, context_len) of ``seq_id``'s newest token, from its
+    dense K/V, and the physical block each context token was read from."""
+    seq = sim.sequence(seq_id)
+    c = sim.config
+    keys, _ = sim.dense_kv(seq_id)
+    query, _, _ = sim.model.qkv([seq.token_ids[-1]], [seq.num_tokens - 1])
+    q = query[0].astype(sim.cache.dtype).astype(np.float32)  # (H, D)
+    k = keys.astype(np.float32)  # (T, Hkv, D)
+    kv_of_head = np.arange(c.num_heads) // (c.num_heads // c.num_kv_heads)
+    scores = np.einsum("hd,thd->ht", q, k[:, kv_of_head, :]) / np.sqrt(c.head_dim)
+    scores -= scores.max(axis=1, keepdims=True)
+    weights = np.exp(scores)
+    weights /= weights.sum(axis=1, keepdims=True)
+    token_blocks = np.repeat(np.array(seq.block_table), c.block_size)[: seq.num_tokens]
+    return weights.astype(np.float32), token_blocks
+
+
+def focus_detail(sim: Simulator, seq_id: str | None) -> FocusDetail | None:
+    report = sim.last_attention
+    if seq_id is None or report is None or seq_id not in report.seq_ids or seq_id not in sim.sequences:
+        return None
+    row = report.index_of(seq_id)
+    weights, token_blocks = attention_weights(sim, seq_id)
+    return FocusDetail(
+        seq_id=seq_id,
+        context_len=int(report.context_lens[row]),
+        output=report.output[row],
+        dense=report.dense[row],
+        head_errors=report.head_errors[row],
+        tolerance=report.tolerance,
+        weights=weights,
+        token_blocks=token_blocks,
+    )
+
+
+def build_frame(timeline: Timeline, focus_seq: str | None, result: StepResult | None = None) -> Frame:
+    sim = timeline.sim
+    holders: dict[int, list[tuple[str, int]]] = {}
+    for seq in sim.sequences.values():
+        for index, block in enumerate(seq.block_table):
+            holders.setdefault(block, []).append((seq.seq_id, index))
+    history = tuple(r.metrics for k in range(1, timeline.position + 1) if (r := timeline.result(k)) is not None)
+    current = timeline.current
+    if focus_seq not in sim.sequences:
+        focus_seq = next(iter(sim.sequences), None)
+    return Frame(
+        position=timeline.position,
+        length=timeline.length,
+        config=sim.config,
+        scenario_name=timeline.scenario.name,
+        scenario_description=timeline.scenario.description,
+        label=current.op.describe() if current is not None else "start",
+        ref_counts=np.array(sim.pool.ref_counts(), dtype=np.int32),
+        block_fill=np.array(sim.block_fills(), dtype=np.int32),
+        holders={b: tuple(h) for b, h in holders.items()},
+        free_queue=tuple(sim.pool.free_blocks()),
+        sequences=tuple(SequenceState(s.seq_id, s.num_tokens, tuple(s.block_table)) for s in sim.sequences.values()),
+        history=history,
+        result=result,
+        attention=sim.last_attention,
+        focus=focus_detail(sim, focus_seq),
+        backend=sim.backend.name,
+        device=sim.backend.device,
+        operations=tuple(timeline.operations),
+    )
