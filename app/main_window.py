@@ -118,12 +118,13 @@ class MainWindow(QMainWindow):
         return dock
 
     def _build_docks(self) -> None:
-        self.sequences_dock = self._dock("Sequences and block tables", self.sequence_view, Qt.LeftDockWidgetArea, "seqs")
-        self.kernel_dock = self._dock("Kernel vs dense attention", self.kernel_panel, Qt.RightDockWidgetArea, "kernel")
-        self.memory_dock = self._dock("Memory", self.memory_panel, Qt.BottomDockWidgetArea, "memory")
+        left, right = Qt.DockWidgetArea.LeftDockWidgetArea, Qt.DockWidgetArea.RightDockWidgetArea
+        self.sequences_dock = self._dock("Sequences and block tables", self.sequence_view, left, "seqs")
+        self.kernel_dock = self._dock("Kernel vs dense attention", self.kernel_panel, right, "kernel")
+        self.memory_dock = self._dock("Memory", self.memory_panel, Qt.DockWidgetArea.BottomDockWidgetArea, "memory")
         self.guide = QTextBrowser()
         self.guide.setHtml(GUIDE_HTML)
-        self.guide_dock = self._dock("Guide", self.guide, Qt.RightDockWidgetArea, "guide")
+        self.guide_dock = self._dock("Guide", self.guide, right, "guide")
         self.tabifyDockWidget(self.kernel_dock, self.guide_dock)
         self.kernel_dock.raise_()
         self.resizeDocks([self.sequences_dock, self.kernel_dock], [380, 420], Qt.Orientation.Horizontal)
@@ -511,9 +512,10 @@ class MainWindow(QMainWindow):
             f"({c.num_kv_heads} KV) × head dim {c.head_dim} · {c.dtype} · {len(frame.free_queue)} in the free queue"
         )
         self._sync_timeline(frame)
-        if frame.focus is None or frame.focus.seq_id != self.selected_seq:
-            if self.selected_seq is not None:
-                self.controller.set_focus(self.selected_seq)
+        attended = frame.attention is not None and self.selected_seq in frame.attention.seq_ids
+        stale_focus = frame.focus is None or frame.focus.seq_id != self.selected_seq
+        if stale_focus and attended:
+            self.controller.set_focus(self.selected_seq)
         self.director.play(beats_for(frame, self.selected_seq, self.colours, QColor(self.theme.muted), self.speed))
 
     def _sync_timeline(self, frame: Frame) -> None:

@@ -92,8 +92,10 @@ class Timeline:
             # Replayed steps skip attention: only the state matters on the way.
             last = self.position + 1 == step
             cached = self._results.get(self.position + 1)
-            result = self.sim.apply(self.operations[self.position], attend=last and cached is None)
-            if cached is None:
+            # The target step always ends with its attention check, computed once and cached.
+            needs_attention = last and (cached is None or cached.attention is None)
+            result = self.sim.apply(self.operations[self.position], attend=needs_attention)
+            if cached is None or needs_attention:
                 self._record(result)
             elif last:
                 self.sim.last_attention = cached.attention

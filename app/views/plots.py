@@ -14,6 +14,7 @@ from core.view_model import Frame
 BLOCK_COLOURS = ["#88CCEE", "#CC6677", "#DDCC77", "#117733", "#332288", "#AA4499", "#44AA99", "#999933", "#882255"]
 
 
+MAX_BLOCK_LABELS = 24
 KERNEL_COLOUR, DENSE_COLOUR, UTIL_COLOUR, FRAG_COLOUR = "#E69F00", "#56B4E9", "#009E73", "#D55E00"
 
 
@@ -71,7 +72,12 @@ class KernelPanel(QWidget):
         self.error_plot.getAxis("bottom").setTickSpacing(1, 1)
         self.error_plot.setYRange(-12, 0, padding=0.05)
         self.error_plot.getAxis("left").setTickSpacing(3, 3)
-        self._block_labels: list[pg.TextItem] = []
+        # A fixed pool of block labels, shown and hidden: re-adding TextItems on every
+        # frame churns the scene for nothing.
+        self._block_labels = [pg.TextItem(anchor=(0, 1)) for _ in range(MAX_BLOCK_LABELS)]
+        for label in self._block_labels:
+            label.setVisible(False)
+            self.weights_plot.addItem(label)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(self.backend_label)
@@ -115,8 +121,7 @@ class KernelPanel(QWidget):
     def _redraw(self) -> None:
         focus = self.frame.focus if self.frame is not None else None
         for label in self._block_labels:
-            self.weights_plot.removeItem(label)
-        self._block_labels.clear()
+            label.setVisible(False)
         if focus is None:
             self.verdict.setText("Select a sequence to compare its kernel output with dense attention.")
             self.kernel_curve.setData([], [])
@@ -142,13 +147,12 @@ class KernelPanel(QWidget):
         positions = np.arange(focus.context_len)
         self.weight_bars.setOpts(x=positions, height=focus.weights[head], brushes=brushes, pens=[None] * len(blocks))
         starts = np.flatnonzero(np.r_[True, blocks[1:] != blocks[:-1]])
-        if len(starts) <= 24:
+        if len(starts) <= MAX_BLOCK_LABELS:
             top = float(focus.weights[head].max())
-            for start in starts:
-                label = pg.TextItem(f"#{int(blocks[start])}", color=self.theme.muted, anchor=(0, 1))
+            for label, start in zip(self._block_labels, starts, strict=False):
+                label.setText(f"#{int(blocks[start])}", color=self.theme.muted)
                 label.setPos(float(start), top)
-                self.weights_plot.addItem(label)
-                self._block_labels.append(label)
+                label.setVisible(True)
         heads = np.arange(len(focus.head_errors))
         floor = 1e-12  # exact zeros cannot sit on a log axis
         self.error_bars.setOpts(

@@ -130,10 +130,8 @@ class SequenceView(QTreeWidget):
                 item.setData(TABLE_COLUMN, Qt.ItemDataRole.UserRole + 1, seq.seq_id)
                 refs = tuple(int(frame.ref_counts[b]) for b in seq.block_table)
                 item.setData(TABLE_COLUMN, Qt.ItemDataRole.UserRole + 2, refs)
-                item.setToolTip(
-                    0,
-                    f"{seq.seq_id}: {seq.num_tokens} tokens in {len(seq.block_table)} blocks of {frame.config.block_size}",
-                )
+                blocks, size = len(seq.block_table), frame.config.block_size
+                item.setToolTip(0, f"{seq.seq_id}: {seq.num_tokens} tokens in {blocks} blocks of {size}")
             for column in range(3):
                 self.resizeColumnToContents(column)
         finally:

@@ -65,3 +65,14 @@ def test_a_failing_scenario_step_names_its_step_and_field(cpu_backend):
     with pytest.raises(ScenarioError, match=r"tight.toml, step 2, field 'tokens': grow a \+5: KV-cache pool exhausted"):
         timeline.forward()
     assert state_fingerprint(timeline.sim) == before
+
+
+def test_every_step_reached_by_seeking_has_its_attention_check(cpu_backend):
+    timeline = Timeline(load_shipped("default"), cpu_backend, snapshot_every=4)
+    timeline.seek(12)  # steps 1..11 replayed without attention on the way
+    for step in (5, 9, 12, 1):
+        timeline.seek(step)
+        report = timeline.sim.last_attention
+        assert report is not None and report.passed
+        assert set(report.seq_ids) == set(timeline.sim.sequences)
+        assert timeline.current.attention is report

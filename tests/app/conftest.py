@@ -1,0 +1,69 @@
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QSettings
+
+from app.animation import LIVE_ANIMATIONS
+from app.controller import LIVE_THREADS, LIVE_TIMERS
+from core.scenario import load_shipped
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
+
+@pytest.fixture
+def settings(tmp_path):
+    return QSettings(str(tmp_path / "pagesim.ini"), QSettings.Format.IniFormat)
+
+
+def wait_idle(qtbot, window, timeout=20_000):
+    """Until every request sent to the worker has been answered."""
+    qtbot.waitUntil(lambda: window.frame is not None and window.controller.pending == 0, timeout=timeout)
+    return window.frame
+
+
+@pytest.fixture
+def make_window(qtbot, settings):
+    from app.main_window import MainWindow
+
+    windows = []
+
+    def make(scenario="default", speed=0.0):
+        window = MainWindow("cpu", settings=settings, speed=speed)
+        qtbot.addWidget(window)
+        window.show()
+        window.load(load_shipped(scenario))
+        wait_idle(qtbot, window)
+        windows.append(window)
+        return window
+
+    yield make
+    for window in windows:
+        window.close()
+
+
+@pytest.fixture
+def window(make_window):
+    return make_window()
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_running(request):
+    """Fail a test that leaves a worker thread, a timer or an animation running."""
+    yield
+    if "qtbot" not in request.fixturenames:
+        return
+    running = [t.objectName() for t in list(LIVE_THREADS) if t.isRunning()]
+    running += [t.objectName() for t in list(LIVE_TIMERS) if t.isActive()]
+    running += ["animation" for a in list(LIVE_ANIMATIONS) if a.state() == a.State.Running]
+    assert not running, f"left running after the test: {running}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        window = item.funcargs.get("window")
+        if window is not None:
+            ARTIFACTS.mkdir(exist_ok=True)
+            window.grab().save(str(ARTIFACTS / f"{item.name}.png"))

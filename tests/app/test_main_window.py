@@ -1,0 +1,286 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtGui import QImage
+from PySide6.QtWidgets import QToolBar
+
+from app.animation import beats_for
+from core import events as ev
+from core.scenario import shipped_scenarios
+from tests.app.conftest import wait_idle
+
+
+def button(window, action):
+    for toolbar in window.findChildren(QToolBar):
+        widget = toolbar.widgetForAction(action)
+        if widget is not None:
+            return widget
+    raise AssertionError(f"no button for {action.text()}")
+
+
+def pool_state(window):
+    return [(i.ref_count, i.fill, i.holders) for i in window.pool_view.items]
+
+
+def assert_pool_matches_frame(window):
+    frame = window.frame
+    for item in window.pool_view.items:
+        assert item.ref_count == frame.ref_counts[item.block_id]
+        assert item.fill == frame.block_fill[item.block_id]
+        assert item.holders == frame.holders.get(item.block_id, ())
+
+
+def test_opens_on_the_default_scenario_and_names_the_backend(window):
+    assert window.frame.position == 0 and window.frame.length == 17
+    assert len(window.pool_view.items) == 24
+    assert "CPU" in window.backend_label.text() and "no CUDA device" in window.backend_label.text()
+    assert "CPU" in window.kernel_panel.backend_label.text()
+
+
+def test_step_forward_button_fills_the_pool_as_the_model_says(window, qtbot):
+    button(window, window.forward_action).click()
+    frame = wait_idle(qtbot, window)
+    assert frame.position == 1 and frame.sequence("A").block_table == (0, 1)
+    items = window.pool_view.items
+    assert (items[0].fill, items[1].fill, items[2].fill) == (4, 2, 0)
+    assert items[0].holders == (("A", 0),) and items[2].ref_count == 0
+    assert "Physical block 1" in items[1].toolTip() and "2/4 slots" in items[1].toolTip()
+    assert_pool_matches_frame(window)
+
+
+def test_add_grow_fork_free_through_the_widgets(window, qtbot):
+    window.prompt_spin.setValue(9)
+    button(window, window.add_action).click()
+    frame = wait_idle(qtbot, window)
+    assert frame.sequence("s1").num_tokens == 9 and len(frame.sequence("s1").block_table) == 3
+    assert window.selected_seq == "s1"
+    assert_pool_matches_frame(window)
+
+    qtbot.keyClick(window, Qt.Key.Key_G)
+    frame = wait_idle(qtbot, window)
+    assert frame.sequence("s1").num_tokens == 10
+
+    window.grow_spin.setValue(3)
+    qtbot.keyClick(window, Qt.Key.Key_G, Qt.KeyboardModifier.ShiftModifier)
+    frame = wait_idle(qtbot, window)
+    assert frame.sequence("s1").num_tokens == 13
+
+    button(window, window.fork_action).click()
+    frame = wait_idle(qtbot, window)
+    child = frame.sequence("s2")
+    assert child.block_table == frame.sequence("s1").block_table
+    assert all(window.pool_view.items[b].ref_count == 2 for b in child.block_table)
+    assert_pool_matches_frame(window)
+
+    window.sequence_view.select("s1")
+    qtbot.keyClick(window, Qt.Key.Key_Delete)
+    frame = wait_idle(qtbot, window)
+    assert frame.sequence("s1") is None
+    assert all(window.pool_view.items[b].ref_count == 1 for b in child.block_table)
+    assert frame.operations[-1].describe() == "free s1"
+    assert_pool_matches_frame(window)
+
+
+def test_step_back_restores_the_earlier_picture(window, qtbot):
+    for _ in range(6):
+        qtbot.keyClick(window, Qt.Key.Key_Right)
+        wait_idle(qtbot, window)
+    before_state, before_image = pool_state(window), window.pool_view.grab().toImage()
+    qtbot.keyClick(window, Qt.Key.Key_Right)
+    wait_idle(qtbot, window)
+    assert pool_state(window) != before_state  # step 7 copies a block on write
+    qtbot.keyClick(window, Qt.Key.Key_Left)
+    frame = wait_idle(qtbot, window)
+    assert frame.position == 6
+    assert pool_state(window) == before_state
+    assert window.pool_view.grab().toImage() == before_image
+
+
+def test_scrubber_and_end_seek(window, qtbot):
+    window.scrubber.setValue(9)
+    assert wait_idle(qtbot, window).position == 9
+    button(window, window.end_action).click()
+    assert wait_idle(qtbot, window).position == 17
+    assert not window.forward_action.isEnabled()
+    button(window, window.start_action).click()
+    frame = wait_idle(qtbot, window)
+    assert frame.position == 0 and not frame.sequences
+    assert all(item.ref_count == 0 for item in window.pool_view.items)
+
+
+def test_play_advances_and_pause_stops(window, qtbot):
+    qtbot.keyClick(window, Qt.Key.Key_Space)
+    assert window.controller.playing and window.play_action.text() == "Pause"
+    qtbot.waitUntil(lambda: window.frame.position >= 3, timeout=10_000)
+    button(window, window.play_action).click()
+    assert not window.controller.playing and window.play_action.text() == "Play"
+    wait_idle(qtbot, window)
+    stopped_at = window.frame.position
+    with qtbot.assertNotEmitted(window.controller.frameChanged, wait=400):
+        pass
+    assert window.frame.position == stopped_at
+
+
+def test_play_stops_by_itself_at_the_end(make_window, qtbot):
+    window = make_window("seed_demo")
+    window.controller.play()
+    qtbot.waitUntil(lambda: not window.controller.playing, timeout=10_000)
+    assert wait_idle(qtbot, window).position == 2
+
+
+def test_errors_are_shown_and_change_nothing(window, qtbot):
+    window.sequence_view.select(None)
+    window.selected_seq = None
+    before = window.frame
+    button(window, window.grow_action).click()
+    assert "select a sequence to grow" in window.statusBar().currentMessage()
+    assert window.controller.pending == 0 and window.frame is before
+
+    window.prompt_spin.setValue(1000)
+    with qtbot.waitSignal(window.controller.errorRaised, timeout=10_000):
+        button(window, window.add_action).click()
+    wait_idle(qtbot, window)
+    assert "pool exhausted" in window.statusBar().currentMessage()
+    assert window.frame is before and pool_state(window) == [(0, 0, ())] * 24
+
+    assert not window.back_action.isEnabled()
+    window.controller.back()
+    assert "at the start" in window.statusBar().currentMessage()
+
+
+def test_kernel_panel_shows_the_match(window, qtbot):
+    window.scrubber.setValue(7)
+    frame = wait_idle(qtbot, window)
+    focus = frame.focus
+    assert focus is not None and focus.seq_id == window.selected_seq
+    assert "✓ match" in window.kernel_panel.verdict.text()
+    window.kernel_panel.head_box.setValue(2)
+    x, y = window.kernel_panel.kernel_curve.getData()
+    np.testing.assert_array_equal(y, focus.output[2])
+    _, dense = window.kernel_panel.dense_curve.getData()
+    np.testing.assert_array_equal(dense, focus.dense[2])
+    assert "head 2" in window.kernel_panel.verdict.text()
+    heights = window.kernel_panel.weight_bars.opts["height"]
+    assert len(heights) == focus.context_len and np.isclose(np.sum(heights), 1.0, atol=1e-5)
+
+
+def test_selecting_a_sequence_highlights_its_blocks_and_focuses_the_kernel(window, qtbot):
+    window.scrubber.setValue(6)
+    wait_idle(qtbot, window)
+    window.sequence_view.select("B")
+    frame = wait_idle(qtbot, window)
+    assert frame.focus.seq_id == "B"
+    b_blocks = set(frame.sequence("B").block_table)
+    assert {i.block_id for i in window.pool_view.items if i.selected_seq} == b_blocks
+
+
+def test_clicking_a_block_selects_its_sequence(window, qtbot):
+    window.scrubber.setValue(2)
+    wait_idle(qtbot, window)
+    view = window.pool_view
+    block = window.frame.sequence("B").block_table[0]
+    centre = view.mapFromScene(view.items[block].sceneBoundingRect().center())
+    qtbot.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=QPoint(centre.x(), centre.y()))
+    assert wait_idle(qtbot, window).focus.seq_id == "B"
+    assert window.sequence_view.selected == "B"
+
+
+@pytest.mark.parametrize("name", sorted(shipped_scenarios()))
+def test_every_shipped_scenario_plays_to_the_end(make_window, qtbot, name):
+    window = make_window(name)
+    window.seek_end()
+    frame = wait_idle(qtbot, window, timeout=60_000)
+    assert frame.position == frame.length
+    assert frame.attention is None or frame.attention.passed
+    assert window.last_error is None
+    assert_pool_matches_frame(window)
+
+
+def test_animations_follow_events_and_never_touch_the_model(make_window, qtbot):
+    window = make_window(speed=4.0)
+    window.scrubber.setValue(6)
+    wait_idle(qtbot, window)
+    qtbot.keyClick(window, Qt.Key.Key_Right)  # step 7: copy-on-write for A2
+    frame = wait_idle(qtbot, window)
+    copied = [e for e in frame.result.events if isinstance(e, ev.BlockCopied)]
+    assert len(copied) == 1
+    qtbot.waitUntil(lambda: window.pool_view.items[copied[0].dst].glow is not None, timeout=5_000)
+    assert window.pool_view._overlays, "the copy-on-write arrow is drawn"
+    assert_pool_matches_frame(window)
+    qtbot.waitUntil(lambda: not window.director.running, timeout=10_000)
+    assert all(item.glow is None for item in window.pool_view.items)
+    assert not window.pool_view._overlays and window.sequence_view.lookup is None
+    assert_pool_matches_frame(window)
+
+
+def test_lookup_beats_follow_the_kernels_access_order(window, qtbot):
+    window.scrubber.setValue(5)
+    wait_idle(qtbot, window)
+    qtbot.keyClick(window, Qt.Key.Key_Right)
+    frame = wait_idle(qtbot, window)
+    beats = beats_for(frame, "A", window.colours, window.colours("A"), speed=1.0)
+    lookups = [b.lookup for b in beats if b.lookup is not None]
+    assert lookups == [("A", i) for i in range(len(frame.sequence("A").block_table))]
+    assert beats_for(frame, "A", window.colours, window.colours("A"), speed=0.0) == []
+
+
+def test_theme_speed_and_recent_files_persist(make_window, settings, qtbot, tmp_path):
+    window = make_window()
+    window.apply_theme("light")
+    window.speed_box.setCurrentIndex(4)
+    path = tmp_path / "mine.toml"
+    window.save_scenario(str(path))
+    window.close()
+    settings.sync()
+    again = make_window(speed=None)
+    assert again.theme.name == "light" and again.speed == 2.0
+    assert str(path.resolve()) in again._recent()
+
+
+def test_save_and_open_keep_the_users_own_actions(window, qtbot, tmp_path):
+    window.scrubber.setValue(3)
+    wait_idle(qtbot, window)
+    window.prompt_spin.setValue(5)
+    window.add_sequence()
+    wait_idle(qtbot, window)
+    path = tmp_path / "branch.toml"
+    window.save_scenario(str(path))
+    assert window.open_scenario(str(path))
+    frame = wait_idle(qtbot, window)
+    assert frame.length == 4 and frame.operations[-1].describe() == "add s1 (5 tok)"
+
+
+def test_opening_a_malformed_scenario_reports_it(window, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("num_blocks = 4\n")
+    assert not window.open_scenario(str(bad))
+    assert "bad.toml" in window.statusBar().currentMessage() and "block_size" in window.statusBar().currentMessage()
+
+
+def test_export_event_log(window, qtbot, tmp_path):
+    window.scrubber.setValue(7)
+    wait_idle(qtbot, window)
+    path = tmp_path / "events.jsonl"
+    with qtbot.waitSignal(window.controller.exported, timeout=10_000):
+        window.controller.export_events(str(path))
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert {r["event"] for r in records} >= {"Step", "BlockAllocated", "BlockCopied", "LookupPerformed"}
+    assert max(r["step"] for r in records) == 7
+
+
+def test_screenshot_command(tmp_path):
+    out = tmp_path / "shot.png"
+    script = Path(sys.executable).with_name("pagesim")
+    subprocess.run(
+        [str(script), "gui", "seed_demo", "--steps", "2", "--screenshot", str(out), "--size", "1200x800"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    image = QImage(str(out))
+    assert (image.width(), image.height()) >= (1200, 800)
