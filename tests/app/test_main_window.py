@@ -160,7 +160,7 @@ def test_kernel_panel_shows_the_match(window, qtbot):
     assert focus is not None and focus.seq_id == window.selected_seq
     assert "✓ match" in window.kernel_panel.verdict.text()
     window.kernel_panel.head_box.setValue(2)
-    x, y = window.kernel_panel.kernel_curve.getData()
+    _, y = window.kernel_panel.kernel_curve.getData()
     np.testing.assert_array_equal(y, focus.output[2])
     _, dense = window.kernel_panel.dense_curve.getData()
     np.testing.assert_array_equal(dense, focus.dense[2])
