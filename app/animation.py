@@ -33,7 +33,7 @@ def beats_for(frame: Frame, focus_seq: str | None, colour_of, freed_colour: QCol
         return []
     scale = 1.0 / speed
     change = Beat(CHANGE_MS * scale)
-    lookups: list[ev.LookupPerformed] = []
+    lookups: list[tuple[int, int]] = []  # (logical index, physical block) in access order
     for event in frame.result.events:
         if isinstance(event, ev.BlockAllocated | ev.BlockShared):
             change.glows[event.block] = colour_of(event.seq)
@@ -43,14 +43,14 @@ def beats_for(frame: Frame, focus_seq: str | None, colour_of, freed_colour: QCol
             change.arrows.append((event.src, event.dst, colour_of(event.seq)))
             change.glows[event.dst] = colour_of(event.seq)
         elif isinstance(event, ev.LookupPerformed) and event.seq == focus_seq:
-            lookups.append(event)
+            lookups = list(enumerate(event.blocks))
     beats = []
     if change.glows or change.arrows:
         beats += [change, Beat(PAUSE_MS * scale)]
     if lookups:
         each = min(LOOKUP_MS, LOOKUPS_MAX_MS / len(lookups)) * scale
         colour = colour_of(focus_seq)
-        beats += [Beat(each, {e.block: colour}, lookup=(e.seq, e.logical_index)) for e in lookups]
+        beats += [Beat(each, {block: colour}, lookup=(focus_seq, index)) for index, block in lookups]
     return beats
 
 

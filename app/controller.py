@@ -47,14 +47,14 @@ class SimulationWorker(QObject):
                 self._backend = select_backend(self._backend_name)
                 self.backendReady.emit(self._backend.name, self._backend.device)
             timeline = Timeline(scenario, self._backend)
-            # Compile (or load from cache) the kernel for this dtype now, not on the first step.
-            timeline.sim.warm_up()
         except (PagesimError, BackendUnavailableError, ValueError) as exc:
             self.failed.emit(str(exc))
             return
         self._timeline = timeline
         self._focus = None
         self._emit()
+        # Then compile (or load from cache) the kernel for this dtype, before the first step.
+        timeline.sim.warm_up()
 
     def _guard(self, action) -> None:
         if self._timeline is None:

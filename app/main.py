@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 import tempfile
+import time
 
 from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtWidgets import QApplication
@@ -62,6 +63,10 @@ def main(args: argparse.Namespace) -> int:
     outcome = {"code": 0}
 
     def on_frame(frame) -> None:
+        if os.environ.get("PAGESIM_REPORT_FIRST_FRAME") and not outcome.get("reported"):
+            window.repaint()
+            outcome["reported"] = True
+            print(f"first-frame {time.time():.6f}", flush=True)
         if remaining[0] > 0 and frame.position < frame.length:
             remaining[0] -= 1
             window.controller.forward()

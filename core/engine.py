@@ -22,13 +22,13 @@ from core.errors import (
     PoolExhaustedError,
     UnknownSequenceError,
 )
-from core.kv_cache import DenseKV, PagedKVCache
+from core.kv_cache import ContiguousKVCache, PagedKVCache
 from core.metrics import Metrics
 from core.operations import Add, Fork, Free, Grow, Operation
 from core.sequence import Sequence
 from core.token_model import VOCAB_SIZE, TokenModel
 from kernels.backend import Backend, default_scale, select_backend
-from kernels.reference import dense_attention_ragged
+from kernels.reference import dense_attention_rows
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class SimulatorSnapshot:
     sequences: tuple[Sequence, ...]
     block_fill: tuple[int, ...]
     cache: tuple[object, object]
-    dense: dict[str, DenseKV]
+    dense: ContiguousKVCache
     last_attention: AttentionReport | None
 
 
@@ -95,7 +95,7 @@ class Simulator:
         self.sequences: dict[str, Sequence] = {}
         self.step = 0
         self.last_attention: AttentionReport | None = None
-        self._dense: dict[str, DenseKV] = {}
+        self._dense = ContiguousKVCache(config.num_kv_heads, config.head_dim)
         self._block_fill = [0] * config.num_blocks  # tokens held by each physical block
         # Running totals, so metrics() is O(1) per step.
         self._slots_filled = 0
@@ -141,7 +141,7 @@ class Simulator:
     def dense_kv(self, seq_id: str) -> tuple[np.ndarray, np.ndarray]:
         """The sequence's K/V as the dense reference holds them (contiguous, from the tokens)."""
         self.sequence(seq_id)
-        return self._dense[seq_id].view()
+        return self._dense.view(seq_id)
 
     def warm_up(self) -> None:
         """Compile (or load from the on-disk cache) the kernel for this cache's dtype."""
@@ -190,7 +190,7 @@ class Simulator:
         blocks = self.pool.allocate_specific(op.blocks) if op.blocks is not None else self.pool.allocate(needed)
         seq = Sequence(op.seq)
         self.sequences[op.seq] = seq
-        self._dense[op.seq] = self._empty_dense(len(token_ids))
+        self._dense.add(op.seq)
         events.append(ev.SequenceAdded(op.seq, len(token_ids)))
         for index, block in enumerate(blocks):
             seq.block_table.append(block)
@@ -237,7 +237,7 @@ class Simulator:
         self._check_new_id(op.new_seq)
         child = parent.copy(op.new_seq)
         self.sequences[op.new_seq] = child
-        self._dense[op.new_seq] = self._dense[op.seq].copy()
+        self._dense.fork(op.seq, op.new_seq)
         self._logical_tokens += child.num_tokens
         self._contiguous_blocks += self._contiguous_reservation(child.num_tokens)
         events.append(ev.SequenceForked(op.seq, op.new_seq))
@@ -251,7 +251,7 @@ class Simulator:
         for block in reversed(seq.block_table):
             self._release(block, op.seq, events)
         del self.sequences[op.seq]
-        del self._dense[op.seq]
+        self._dense.free(op.seq)
         self._logical_tokens -= seq.num_tokens
         self._contiguous_blocks -= self._contiguous_reservation(seq.num_tokens)
         events.append(ev.SequenceFreed(op.seq))
@@ -267,11 +267,6 @@ class Simulator:
             events.append(ev.BlockReleased(block, seq_id, ref_count))
 
     # -- KV writes --------------------------------------------------------------
-    def _empty_dense(self, capacity: int) -> DenseKV:
-        c = self.config
-        shape = (max(capacity, 1), c.num_kv_heads, c.head_dim)
-        return DenseKV(np.empty(shape, self.cache.dtype), np.empty(shape, self.cache.dtype))
-
     def _write_tokens(self, seq: Sequence, token_ids: list[int], events: list) -> None:
         bs = self.config.block_size
         start = seq.num_tokens
@@ -281,7 +276,7 @@ class Simulator:
         blocks = [seq.block_table[p // bs] for p in range(start, start + len(token_ids))]
         slots = np.array([b * bs + p % bs for b, p in zip(blocks, positions.tolist(), strict=True)], np.int64)
         self.cache.write(slots, keys, values)
-        self._dense[seq.seq_id].append(keys, values)
+        self._dense.append(seq.seq_id, keys, values)
         self._contiguous_blocks += self._contiguous_reservation(start + len(token_ids))
         self._contiguous_blocks -= self._contiguous_reservation(start) if start else 0
         self._logical_tokens += len(token_ids)
@@ -320,8 +315,13 @@ class Simulator:
         kernel_seconds = time.perf_counter() - started
 
         started = time.perf_counter()
-        dense_kv = [self._dense[i].view() for i in ids]
-        dense = dense_attention_ragged(query, [k for k, _ in dense_kv], [v for _, v in dense_kv], scale).numpy()
+        rows = np.array([self._dense.row_of[i] for i in ids])
+        query_rows = np.zeros((self._dense.keys.shape[0], *query.shape[1:]), np.float32)
+        query_rows[rows] = query.astype(np.float32)
+        d = self._dense
+        longest = int(d.lengths.max())  # the buffer's tail past every sequence is all padding
+        keys, values = d.keys[:, :, :longest], d.values[:, :, :longest]
+        dense = dense_attention_rows(query_rows, keys, values, d.lengths, scale).numpy()[rows]
         dense_seconds = time.perf_counter() - started
 
         report = AttentionReport(
@@ -338,13 +338,11 @@ class Simulator:
             kernel_seconds=kernel_seconds,
             dense_seconds=dense_seconds,
         )
-        bs = self.config.block_size
-        errors = report.head_errors
+        errors = report.head_errors.tolist()
         for row, seq_id in enumerate(ids):
             n = int(context_lens[row])
-            for index, block in enumerate(self.sequences[seq_id].block_table):
-                events.append(ev.LookupPerformed(seq_id, index, block, min(bs, n - index * bs)))
-            head_errors = tuple(float(e) for e in errors[row])
+            events.append(ev.LookupPerformed(seq_id, tuple(self.sequences[seq_id].block_table), n))
+            head_errors = tuple(errors[row])
             events.append(
                 ev.AttentionComputed(seq_id, n, max(head_errors), head_errors, report.tolerance, backend.name)
             )
@@ -359,7 +357,7 @@ class Simulator:
             sequences=tuple(s.copy() for s in self.sequences.values()),
             block_fill=tuple(self._block_fill),
             cache=self.cache.snapshot(),
-            dense={k: v.copy() for k, v in self._dense.items()},
+            dense=self._dense.snapshot(),
             last_attention=self.last_attention,
         )
 
@@ -373,5 +371,5 @@ class Simulator:
         self._logical_tokens = sum(s.num_tokens for s in self.sequences.values())
         self._contiguous_blocks = sum(self._contiguous_reservation(s.num_tokens) for s in self.sequences.values())
         self.cache.restore(snap.cache)
-        self._dense = {k: v.copy() for k, v in snap.dense.items()}
+        self._dense.restore(snap.dense)
         self.last_attention = snap.last_attention

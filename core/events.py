@@ -79,12 +79,12 @@ class TokenWritten:
 
 @dataclass(frozen=True, slots=True)
 class LookupPerformed:
-    """The kernel read ``seq``'s logical block through its table, in access order."""
+    """The kernel walked ``seq``'s block table in this order: ``blocks[i]`` is the physical
+    block it read for logical block ``i``, up to ``context_len`` tokens."""
 
     seq: str
-    logical_index: int
-    block: int
-    num_tokens: int
+    blocks: tuple[int, ...]
+    context_len: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,8 +9,6 @@ so the kernel-vs-dense check catches any paging bug.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from core.config import CacheConfig
@@ -50,32 +48,77 @@ class PagedKVCache:
         self.value_cache[...] = snap[1]
 
 
-@dataclass
-class DenseKV:
-    """One sequence's contiguous K/V (rounded to the cache dtype, as the pool stores them)."""
+class ContiguousKVCache:
+    """The dense reference: each sequence's K/V in one contiguous row, as a non-paged
+    engine reserves them. Rows are (num_kv_heads, capacity, head_dim) so dense attention
+    runs over the whole buffer in one SDPA call, with no copy. Values are the cache
+    dtype's rounded values held as float32 (exact), ready for an fp32 reference."""
 
-    keys: np.ndarray  # (capacity, num_kv_heads, head_dim)
-    values: np.ndarray
-    length: int = 0
+    def __init__(self, num_kv_heads: int, head_dim: int, rows: int = 4, capacity: int = 64) -> None:
+        self.keys = np.zeros((rows, num_kv_heads, capacity, head_dim), np.float32)
+        self.values = np.zeros_like(self.keys)
+        self.lengths = np.zeros(rows, np.int64)
+        self.row_of: dict[str, int] = {}
+        self._free_rows = list(range(rows - 1, -1, -1))
 
-    def append(self, keys: np.ndarray, values: np.ndarray) -> None:
-        needed = self.length + keys.shape[0]
-        if needed > self.keys.shape[0]:
-            capacity = max(needed, 2 * self.keys.shape[0])
-            self.keys = _grown(self.keys, capacity)
-            self.values = _grown(self.values, capacity)
-        self.keys[self.length : needed] = keys
-        self.values[self.length : needed] = values
-        self.length = needed
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[2]
 
-    def copy(self) -> DenseKV:
-        return DenseKV(self.keys[: self.length].copy(), self.values[: self.length].copy(), self.length)
+    def add(self, seq_id: str) -> None:
+        if not self._free_rows:
+            self._resize(2 * self.keys.shape[0], self.capacity)
+        row = self._free_rows.pop()
+        self.row_of[seq_id] = row
+        self.lengths[row] = 0
 
-    def view(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.keys[: self.length], self.values[: self.length]
+    def append(self, seq_id: str, keys: np.ndarray, values: np.ndarray) -> None:
+        row = self.row_of[seq_id]
+        start, n = int(self.lengths[row]), keys.shape[0]
+        if start + n > self.capacity:
+            self._resize(self.keys.shape[0], max(start + n, 2 * self.capacity))
+        self.keys[row, :, start : start + n] = keys.transpose(1, 0, 2)
+        self.values[row, :, start : start + n] = values.transpose(1, 0, 2)
+        self.lengths[row] = start + n
 
+    def fork(self, parent: str, child: str) -> None:
+        self.add(child)
+        src, dst = self.row_of[parent], self.row_of[child]
+        n = int(self.lengths[src])
+        self.keys[dst, :, :n] = self.keys[src, :, :n]
+        self.values[dst, :, :n] = self.values[src, :, :n]
+        self.lengths[dst] = n
 
-def _grown(array: np.ndarray, capacity: int) -> np.ndarray:
-    out = np.empty((capacity, *array.shape[1:]), dtype=array.dtype)
-    out[: array.shape[0]] = array
-    return out
+    def free(self, seq_id: str) -> None:
+        row = self.row_of.pop(seq_id)
+        self.lengths[row] = 0
+        self._free_rows.append(row)
+
+    def view(self, seq_id: str) -> tuple[np.ndarray, np.ndarray]:
+        """(context_len, num_kv_heads, head_dim) views of one sequence's K/V."""
+        row = self.row_of[seq_id]
+        n = int(self.lengths[row])
+        return self.keys[row, :, :n].transpose(1, 0, 2), self.values[row, :, :n].transpose(1, 0, 2)
+
+    def _resize(self, rows: int, capacity: int) -> None:
+        old_rows, _, old_capacity, _ = self.keys.shape
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = np.zeros((rows, old.shape[1], capacity, old.shape[3]), np.float32)
+            new[:old_rows, :, :old_capacity] = old
+            setattr(self, name, new)
+        lengths = np.zeros(rows, np.int64)
+        lengths[:old_rows] = self.lengths
+        self.lengths = lengths
+        self._free_rows = list(range(rows - 1, old_rows - 1, -1)) + self._free_rows
+
+    def snapshot(self) -> ContiguousKVCache:
+        snap = ContiguousKVCache.__new__(ContiguousKVCache)
+        snap.keys, snap.values, snap.lengths = self.keys.copy(), self.values.copy(), self.lengths.copy()
+        snap.row_of, snap._free_rows = dict(self.row_of), list(self._free_rows)
+        return snap
+
+    def restore(self, snap: ContiguousKVCache) -> None:
+        copy = snap.snapshot()
+        self.keys, self.values, self.lengths = copy.keys, copy.values, copy.lengths
+        self.row_of, self._free_rows = copy.row_of, copy._free_rows

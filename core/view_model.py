@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from core import events as ev
 from core.config import CacheConfig
 from core.engine import AttentionReport, Simulator, StepResult
 from core.metrics import Metrics
@@ -57,6 +58,9 @@ class Frame:
     backend: str
     device: str
     operations: tuple = ()  # the timeline's operations (scenario + the user's own)
+    # What this frame's step changed, so views can redraw only that; None: anything.
+    touched_blocks: frozenset[int] | None = None
+    touched_sequences: frozenset[str] | None = None
 
     @property
     def metrics(self) -> Metrics | None:
@@ -102,6 +106,38 @@ def focus_detail(sim: Simulator, seq_id: str | None) -> FocusDetail | None:
     )
 
 
+_STATE_EVENTS = (
+    ev.SequenceAdded,
+    ev.SequenceForked,
+    ev.SequenceFreed,
+    ev.BlockAllocated,
+    ev.BlockShared,
+    ev.BlockReleased,
+    ev.BlockFreed,
+    ev.BlockCopied,
+    ev.TokenWritten,
+)
+
+
+def touched_by(result: StepResult, holders: dict[int, list[tuple[str, int]]]) -> tuple[frozenset, frozenset]:
+    """Blocks and sequences whose picture one step changed (from its events)."""
+    blocks: set[int] = set()
+    seqs: set[str] = set()
+    for event in result.events:
+        if not isinstance(event, _STATE_EVENTS):
+            continue
+        for name in ("block", "src", "dst"):
+            if hasattr(event, name):
+                blocks.add(getattr(event, name))
+        for name in ("seq", "parent", "child"):
+            if hasattr(event, name):
+                seqs.add(getattr(event, name))
+    # A ref count change shows in every table that holds the block.
+    for block in blocks:
+        seqs.update(seq for seq, _ in holders.get(block, ()))
+    return frozenset(blocks), frozenset(seqs)
+
+
 def build_frame(timeline: Timeline, focus_seq: str | None, result: StepResult | None = None) -> Frame:
     sim = timeline.sim
     holders: dict[int, list[tuple[str, int]]] = {}
@@ -112,6 +148,7 @@ def build_frame(timeline: Timeline, focus_seq: str | None, result: StepResult | 
     current = timeline.current
     if focus_seq not in sim.sequences:
         focus_seq = next(iter(sim.sequences), None)
+    touched_blocks, touched_sequences = touched_by(result, holders) if result is not None else (None, None)
     return Frame(
         position=timeline.position,
         length=timeline.length,
@@ -131,4 +168,6 @@ def build_frame(timeline: Timeline, focus_seq: str | None, result: StepResult | 
         backend=sim.backend.name,
         device=sim.backend.device,
         operations=tuple(timeline.operations),
+        touched_blocks=touched_blocks,
+        touched_sequences=touched_sequences,
     )

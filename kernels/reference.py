@@ -8,19 +8,27 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
-import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported on first use: it takes over a second to load, and the app's first
+# frame (and every CLI command that runs no attention) should not wait for it.
 
 
 def to_torch(array) -> torch.Tensor:
     """Zero-copy view of a NumPy or CuPy array as a torch tensor (bfloat16 included)."""
+    import torch
+
     if isinstance(array, torch.Tensor):
         return array
     if isinstance(array, np.ndarray):
         if array.dtype.name == "bfloat16":
             return torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(np.ascontiguousarray(array))
+        return torch.from_numpy(array)  # strided views stay views
     return torch.from_dlpack(array)
 
 
@@ -30,6 +38,8 @@ def dense_attention(query, keys, values, scale: float) -> torch.Tensor:
     ``query`` (num_heads, head_dim); ``keys``/``values`` (context_len, num_kv_heads,
     head_dim). Returns (num_heads, head_dim) float32. GQA/MQA by ``enable_gqa``.
     """
+    import torch.nn.functional as F
+
     q = to_torch(query).float()[:, None, :]  # (H, 1, D)
     k = to_torch(keys).float().permute(1, 0, 2)  # (Hkv, T, D)
     v = to_torch(values).float().permute(1, 0, 2)
@@ -42,6 +52,8 @@ def dense_attention_batched(query, keys, values, scale: float) -> torch.Tensor:
 
     ``query`` (B, H, D); ``keys``/``values`` (B, Hkv, T, D), all sequences of length T.
     """
+    import torch.nn.functional as F
+
     q = to_torch(query)[:, :, None, :]
     k, v = to_torch(keys), to_torch(values)
     out = F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
@@ -54,6 +66,8 @@ def paged_attention_reference(query, key_cache, value_cache, block_tables, conte
     ``query`` (num_seqs, num_heads, head_dim); caches (num_blocks, block_size,
     num_kv_heads, head_dim). Returns (num_seqs, num_heads, head_dim) float32.
     """
+    import torch
+
     query, key_cache, value_cache = (to_torch(a) for a in (query, key_cache, value_cache))
     block_size = key_cache.shape[1]
     output = torch.empty(query.shape, dtype=torch.float32, device=query.device)
@@ -74,30 +88,19 @@ def paged_attention_reference(query, key_cache, value_cache, block_tables, conte
     return output
 
 
-def dense_attention_ragged(query, keys: list, values: list, scale: float) -> torch.Tensor:
-    """Decode attention for sequences of different lengths in one SDPA call.
+def dense_attention_rows(query, keys, values, lengths, scale: float) -> torch.Tensor:
+    """Decode attention over a contiguous per-sequence buffer, one SDPA call.
 
-    ``query`` (S, H, D); ``keys[i]``/``values[i]`` (T_i, Hkv, D). K/V are padded to the
-    longest sequence and the padding masked out. Returns (S, H, D) float32.
+    ``query`` (R, H, D); ``keys``/``values`` (R, Hkv, capacity, D) with row r valid up
+    to ``lengths[r]`` (the rest masked out). Returns (R, H, D) float32; rows of length
+    0 come back as NaN or zeros and must be ignored.
     """
-    q = to_torch(query).float()
-    num_seqs, _, head_dim = q.shape
-    num_kv_heads = keys[0].shape[1]
-    longest = max(k.shape[0] for k in keys)
-    k_pad = torch.zeros((num_seqs, longest, num_kv_heads, head_dim), dtype=torch.float32)
-    v_pad = torch.zeros_like(k_pad)
-    mask = torch.zeros((num_seqs, 1, 1, longest), dtype=torch.bool)
-    for i, (k, v) in enumerate(zip(keys, values, strict=True)):
-        n = k.shape[0]
-        k_pad[i, :n] = to_torch(k).float()
-        v_pad[i, :n] = to_torch(v).float()
-        mask[i, ..., :n] = True
-    out = F.scaled_dot_product_attention(
-        q[:, :, None, :],
-        k_pad.permute(0, 2, 1, 3),
-        v_pad.permute(0, 2, 1, 3),
-        attn_mask=mask,
-        scale=scale,
-        enable_gqa=q.shape[1] != num_kv_heads,
-    )
+    import torch
+    import torch.nn.functional as F
+
+    q = to_torch(query).float()[:, :, None, :]
+    k, v = to_torch(keys).float(), to_torch(values).float()
+    lengths = torch.as_tensor(np.asarray(lengths))
+    mask = (torch.arange(k.shape[2])[None, :] < lengths[:, None])[:, None, None, :]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
     return out[:, :, 0, :]

@@ -113,10 +113,12 @@ class KernelPanel(QWidget):
         self.backend_label.setText(f"<b>{name.upper()}</b> · {device}")
 
     def show_frame(self, frame: Frame) -> None:
+        previous = self.frame.focus if self.frame is not None else None
         self.frame = frame
         self.set_backend(frame.backend, frame.device)
         self.head_box.setMaximum(frame.config.num_heads - 1)
-        self._redraw()
+        if not _same_focus(previous, frame.focus):  # most steps leave the selected sequence alone
+            self._redraw()
 
     def _redraw(self) -> None:
         focus = self.frame.focus if self.frame is not None else None
@@ -166,6 +168,18 @@ class KernelPanel(QWidget):
         self.tolerance_line.setValue(np.log10(focus.tolerance))
 
 
+def _same_focus(a, b) -> bool:
+    if a is None or b is None:
+        return a is b
+    return (
+        a.seq_id == b.seq_id
+        and a.context_len == b.context_len
+        and np.array_equal(a.output, b.output)
+        and np.array_equal(a.dense, b.dense)
+        and np.array_equal(a.token_blocks, b.token_blocks)
+    )
+
+
 class MemoryPanel(QWidget):
     """Blocks used over steps against a contiguous max-length reservation; utilisation."""
 
@@ -180,6 +194,7 @@ class MemoryPanel(QWidget):
         self.blocks_plot.addItem(self.pool_line)
         self.util_curve = self.util_plot.plot(name="utilisation (% of allocated slots)")
         self.frag_curve = self.util_plot.plot(name="internal fragmentation (% of slots)")
+        self._view: tuple[int, int] | None = None
         self.summary = QLabel()
         self.summary.setToolTip(
             "Utilisation: slots holding tokens / slots allocated. Internal fragmentation: allocated slots left "
@@ -223,10 +238,15 @@ class MemoryPanel(QWidget):
         self.used_curve.setData(steps, [m.used_blocks for m in history])
         self.contiguous_curve.setData(steps, [m.contiguous_blocks for m in history])
         self.pool_line.setValue(frame.config.num_blocks)
-        # Headroom above the tallest curve keeps the legend off the data.
+        # Fixed ranges: axes re-layout only when the scenario or the peak changes.
         peak = max([frame.config.num_blocks, *(m.contiguous_blocks for m in history)])
-        self.blocks_plot.setYRange(0, peak * 1.1, padding=0)
-        self.util_plot.setYRange(0, 105, padding=0)
+        view = (max(1, frame.length), peak)
+        if view != self._view:
+            self._view = view
+            for plot in (self.blocks_plot, self.util_plot):
+                plot.setXRange(0, view[0] + 0.5, padding=0)
+            self.blocks_plot.setYRange(0, peak * 1.1, padding=0)
+            self.util_plot.setYRange(0, 105, padding=0)
         self.util_curve.setData(steps, [100 * m.utilisation for m in history])
         self.frag_curve.setData(
             steps, [100 * m.internal_fragmentation / m.slots_allocated if m.slots_allocated else 0 for m in history]

@@ -34,6 +34,8 @@ class BlockItem(QGraphicsItem):
         self.glow: QColor | None = None  # an animation's highlight; never model state
         self.glow_strength = 0.0
         self.setAcceptHoverEvents(True)
+        # Thousands of blocks: repaint a block only when it changes, blit it otherwise.
+        self.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
 
     def boundingRect(self) -> QRectF:
         return QRectF(-2, -2, BLOCK_W + 4, BLOCK_H + 4)
@@ -149,6 +151,7 @@ class PoolView(QGraphicsView):
         self.setViewportUpdateMode(QGraphicsView.ViewportUpdateMode.SmartViewportUpdate)
         self.setToolTip("")
         self._user_zoomed = False
+        self._shown: Frame | None = None  # the frame the items show
         self._overlays: list[QGraphicsPathItem] = []
         self.menu = QMenu(self)
 
@@ -165,6 +168,7 @@ class PoolView(QGraphicsView):
         for item in self.items:
             scene.removeItem(item)
         self.block_size = block_size
+        self._shown = None
         columns = max(4, round(math.sqrt(num_blocks * 2.2 * BLOCK_H / BLOCK_W)))
         self.items = []
         for block in range(num_blocks):
@@ -182,13 +186,16 @@ class PoolView(QGraphicsView):
         """Bring every block item to the frame's state; returns how many changed."""
         if len(self.items) != frame.config.num_blocks or self.block_size != frame.config.block_size:
             self.layout_pool(frame.config.num_blocks, frame.config.block_size)
+        full = frame.touched_blocks is None or selected_seq != self.selected_seq or self._shown is None
         self.selected_seq = selected_seq
+        self._shown = frame
+        blocks = range(len(self.items)) if full else frame.touched_blocks
+        holders, ref_counts, fills = frame.holders, frame.ref_counts, frame.block_fill
         changed = 0
-        holders = frame.holders
-        for item, ref_count, fill in zip(self.items, frame.ref_counts.tolist(), frame.block_fill.tolist(), strict=True):
-            owners = holders.get(item.block_id, ())
+        for block in blocks:
+            owners = holders.get(block, ())
             selected = selected_seq is not None and any(seq == selected_seq for seq, _ in owners)
-            changed += item.set_state(ref_count, fill, owners, selected)
+            changed += self.items[block].set_state(int(ref_counts[block]), int(fills[block]), owners, selected)
         return changed
 
     def item_at_block(self, block: int) -> BlockItem:

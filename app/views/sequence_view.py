@@ -115,6 +115,8 @@ class SequenceView(QTreeWidget):
             for seq_id in list(self._rows):
                 if seq_id not in live:
                     self.takeTopLevelItem(self.indexOfTopLevelItem(self._rows.pop(seq_id)))
+            touched = frame.touched_sequences
+            added = False
             for order, seq in enumerate(frame.sequences):
                 item = self._rows.get(seq.seq_id)
                 if item is None:
@@ -123,19 +125,27 @@ class SequenceView(QTreeWidget):
                     item.setIcon(0, self._swatch(seq.seq_id))
                     self.insertTopLevelItem(order, item)
                     self._rows[seq.seq_id] = item
-                item.setText(0, seq.seq_id)
-                item.setText(1, str(seq.num_tokens))
-                item.setText(2, str(len(seq.block_table)))
-                item.setData(TABLE_COLUMN, Qt.ItemDataRole.UserRole, seq.block_table)
-                item.setData(TABLE_COLUMN, Qt.ItemDataRole.UserRole + 1, seq.seq_id)
-                refs = tuple(int(frame.ref_counts[b]) for b in seq.block_table)
-                item.setData(TABLE_COLUMN, Qt.ItemDataRole.UserRole + 2, refs)
-                blocks, size = len(seq.block_table), frame.config.block_size
-                item.setToolTip(0, f"{seq.seq_id}: {seq.num_tokens} tokens in {blocks} blocks of {size}")
-            for column in range(3):
-                self.resizeColumnToContents(column)
+                    added = True
+                elif touched is not None and seq.seq_id not in touched:
+                    continue  # this step left the row as it was
+                self._fill_row(item, seq, frame)
+            if added or touched is None:
+                for column in range(3):
+                    self.resizeColumnToContents(column)
         finally:
             self._updating = False
+
+    @staticmethod
+    def _fill_row(item: QTreeWidgetItem, seq, frame: Frame) -> None:
+        item.setText(0, seq.seq_id)
+        item.setText(1, str(seq.num_tokens))
+        item.setText(2, str(len(seq.block_table)))
+        item.setData(TABLE_COLUMN, Qt.ItemDataRole.UserRole, seq.block_table)
+        item.setData(TABLE_COLUMN, Qt.ItemDataRole.UserRole + 1, seq.seq_id)
+        refs = tuple(int(frame.ref_counts[b]) for b in seq.block_table)
+        item.setData(TABLE_COLUMN, Qt.ItemDataRole.UserRole + 2, refs)
+        blocks, size = len(seq.block_table), frame.config.block_size
+        item.setToolTip(0, f"{seq.seq_id}: {seq.num_tokens} tokens in {blocks} blocks of {size}")
 
     def set_lookup(self, lookup: tuple[str, int] | None) -> None:
         if lookup != self.lookup:
