@@ -99,7 +99,11 @@ class MainWindow(QMainWindow):
         self.scenario_description = QLabel()
         self.scenario_description.setObjectName("scenarioDescription")
         self.scenario_description.setWordWrap(True)
+        # Three lines at most: the pool is the picture; the full text is in the tooltip.
+        lines = self.scenario_description.fontMetrics().lineSpacing()
+        self.scenario_description.setMaximumHeight(3 * lines + 4)
         self.pool_caption = QLabel()
+        self.pool_caption.setWordWrap(True)
         self.pool_caption.setToolTip("The physical KV-cache pool: one tile per block, one cell per token slot")
         central = QWidget()
         layout = QVBoxLayout(central)
@@ -220,11 +224,10 @@ class MainWindow(QMainWindow):
             timeline.addAction(action)
         self.scrubber = QSlider(Qt.Orientation.Horizontal)
         self.scrubber.setToolTip("Scrub through the scenario's steps; going back shows exactly the earlier state")
-        self.scrubber.setMinimumWidth(260)
+        self.scrubber.setMinimumWidth(120)
         self.scrubber.valueChanged.connect(self._scrubbed)
         timeline.addWidget(self.scrubber)
         self.step_label = QLabel("step 0 / 0")
-        self.step_label.setMinimumWidth(240)
         timeline.addWidget(self.step_label)
         self.speed_box = QComboBox()
         for label, _ in SPEEDS:
@@ -506,7 +509,9 @@ class MainWindow(QMainWindow):
         self.memory_panel.show_frame(frame)
         c = frame.config
         self.scenario_title.setText(frame.scenario_name)
-        self.scenario_description.setText(" ".join(frame.scenario_description.split()))
+        description = " ".join(frame.scenario_description.split())
+        self.scenario_description.setText(description)
+        self.scenario_description.setToolTip(description)
         self.pool_caption.setText(
             f"Physical KV-cache pool · {c.num_blocks} blocks × block size {c.block_size} · {c.num_heads} heads "
             f"({c.num_kv_heads} KV) × head dim {c.head_dim} · {c.dtype} · {len(frame.free_queue)} in the free queue"

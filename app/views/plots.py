@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QSpinBox, QVBoxLayout, QWidget
 
 from app.palette import Theme
 from core.view_model import Frame
@@ -43,12 +43,14 @@ class KernelPanel(QWidget):
         self.frame: Frame | None = None
         self.backend_label = QLabel("backend: starting…")
         self.backend_label.setToolTip("The kernel backend and device every step runs on")
+        self.backend_label.setWordWrap(True)
         self.head_box = QSpinBox()
         self.head_box.setPrefix("head ")
         self.head_box.setToolTip("Query head to plot (GQA: several query heads share one KV head)")
         self.head_box.valueChanged.connect(lambda _: self._redraw())
         self.verdict = QLabel("no sequence")
         self.verdict.setTextFormat(Qt.TextFormat.RichText)
+        self.verdict.setWordWrap(True)
         self.verdict.setToolTip(
             "Max abs difference between the paged kernel and dense attention (torch SDPA, fp32) on the same "
             "tokens, against the tolerance for the cache dtype"
@@ -82,7 +84,14 @@ class KernelPanel(QWidget):
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(self.backend_label)
         layout.addLayout(top)
-        layout.addWidget(self.plots, 1)
+        # Three plots need room: below it they scroll rather than squash to nothing.
+        self.plots.setMinimumHeight(430)
+        self.plots.setMinimumWidth(260)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setWidget(self.plots)
+        layout.addWidget(scroll, 1)
         self.set_theme(theme)
 
     def set_theme(self, theme: Theme) -> None:
@@ -196,6 +205,7 @@ class MemoryPanel(QWidget):
         self.frag_curve = self.util_plot.plot(name="internal fragmentation (% of slots)")
         self._view: tuple[int, int] | None = None
         self.summary = QLabel()
+        self.summary.setWordWrap(True)
         self.summary.setToolTip(
             "Utilisation: slots holding tokens / slots allocated. Internal fragmentation: allocated slots left "
             "empty at the end of each sequence's last block. Contiguous: what reserving max_model_len per "
@@ -204,6 +214,7 @@ class MemoryPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(self.summary)
+        self.plots.setMinimumHeight(130)
         layout.addWidget(self.plots, 1)
         self.set_theme(theme)
 

@@ -83,7 +83,8 @@ class BlockItem(QGraphicsItem):
                 painter.fillRect(QRectF(2, 2, (BLOCK_W - 4) * self.fill / bs, BLOCK_H - 4), colours[0])
         else:
             self._paint_slots(painter, theme, colours, bs)
-            self._paint_labels(painter, theme, detail)
+            if detail >= 0.6:  # smaller, the labels would only blur into each other
+                self._paint_labels(painter, theme, detail)
         if self.glow is not None and self.glow_strength > 0:
             glow = QColor(self.glow)
             glow.setAlphaF(min(1.0, self.glow_strength))

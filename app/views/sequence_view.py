@@ -81,7 +81,7 @@ class SequenceView(QTreeWidget):
             "the number under it the physical block holding them. * marks a block shared with another sequence.",
         )
         self.setRootIsDecorated(False)
-        self.setMinimumWidth(340)
+        self.setMinimumWidth(220)
         self.setUniformRowHeights(True)
         self.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.setHorizontalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
