@@ -103,8 +103,7 @@ def bench_kernel_case(case: KernelCase, backend: Backend, repeats: int, gather_r
     context_lens = np.full(case.batch, case.context, dtype=np.int32)
     scale = default_scale(case.head_dim)
 
-    xp = backend.xp
-    kc, vc, q = xp.asarray(key_cache), xp.asarray(value_cache), xp.asarray(query)
+    kc, vc, q = backend.to_device(key_cache), backend.to_device(value_cache), backend.to_device(query)
 
     def contiguous(cache: np.ndarray) -> torch.Tensor:
         gathered = cache[block_tables].reshape(case.batch, -1, kv_heads, case.head_dim)[:, : case.context]

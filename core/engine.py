@@ -146,7 +146,7 @@ class Simulator:
     def warm_up(self) -> None:
         """Compile (or load from the on-disk cache) the kernel for this cache's dtype."""
         c = self.config
-        query = self.backend.xp.zeros((1, c.num_heads, c.head_dim), dtype=self.cache.dtype)
+        query = self.backend.to_device(np.zeros((1, c.num_heads, c.head_dim), dtype=self.cache.dtype))
         tables, lens = np.zeros((1, 1), np.int32), np.ones(1, np.int32)
         self.backend.paged_attention(query, self.cache.key_cache, self.cache.value_cache, tables, lens, 1.0)
 
@@ -306,7 +306,7 @@ class Simulator:
         ids, query, block_tables, context_lens = self.attention_inputs()
         scale = default_scale(self.config.head_dim)
         backend = self.backend
-        xp_query = backend.xp.asarray(query)
+        xp_query = backend.to_device(query)
         started = time.perf_counter()
         output = backend.paged_attention(
             xp_query, self.cache.key_cache, self.cache.value_cache, block_tables, context_lens, scale

@@ -22,8 +22,6 @@ from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 
-import tomli_w
-
 from core.config import CacheConfig
 from core.errors import PagesimError, ScenarioError
 from core.operations import Add, Fork, Free, Grow, Operation
@@ -49,6 +47,8 @@ class Scenario:
     source: str = "<memory>"
 
     def to_toml(self) -> str:
+        import tomli_w  # only saving needs it
+
         doc: dict = {"name": self.name, "description": self.description}
         for f in fields(CacheConfig):
             doc[f.name] = getattr(self.config, f.name)

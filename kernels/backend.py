@@ -83,18 +83,31 @@ class Backend(ABC):
         """
         block_tables = np.ascontiguousarray(block_tables, dtype=np.int32)
         context_lens = np.ascontiguousarray(context_lens, dtype=np.int32)
-        validate_kernel_inputs(query, key_cache, value_cache, block_tables, context_lens)
+        validate_kernel_inputs(query, key_cache, value_cache, block_tables, context_lens, self.kv_dtype_name)
         return self._paged_attention(query, key_cache, value_cache, block_tables, context_lens, float(scale))
 
     def to_numpy(self, array: Any) -> np.ndarray:
         return np.asarray(array)
+
+    def to_device(self, array: np.ndarray) -> Any:
+        """A host array in this backend's array module."""
+        return self.xp.asarray(array)
+
+    def kv_dtype_name(self, dtype) -> str:
+        """The storage dtype's name (``float32``, ``float16``, ``bfloat16``) for an array dtype."""
+        return dtype_name(dtype)
 
     def synchronize(self) -> None:  # noqa: B027 - a default no-op, overridden on devices
         """Wait for queued device work; a no-op on the CPU."""
 
 
 def validate_kernel_inputs(
-    query: Any, key_cache: Any, value_cache: Any, block_tables: np.ndarray, context_lens: np.ndarray
+    query: Any,
+    key_cache: Any,
+    value_cache: Any,
+    block_tables: np.ndarray,
+    context_lens: np.ndarray,
+    kv_dtype_name=dtype_name,
 ) -> None:
     """Check shapes, dtypes and every block id a kernel would dereference, on the host."""
     if key_cache.ndim != 4 or key_cache.shape != value_cache.shape:
@@ -107,7 +120,7 @@ def validate_kernel_inputs(
             f"query, key_cache and value_cache must share one dtype; got {query.dtype}, "
             f"{key_cache.dtype}, {value_cache.dtype}"
         )
-    dtype_name(key_cache.dtype)
+    kv_dtype_name(key_cache.dtype)
     num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
     if query.ndim != 3 or query.shape[2] != head_dim:
         raise KernelInputError(f"query must be (num_seqs, num_heads, {head_dim}); got {tuple(query.shape)}")

@@ -17,7 +17,6 @@ from numba import types
 from numba.extending import intrinsic
 
 from kernels.backend import Backend
-from kernels.dtypes import dtype_name
 
 KIND_FLOAT32 = 0
 KIND_FLOAT16 = 1
@@ -160,7 +159,7 @@ class CpuBackend(Backend):
         value_cache[mapping[:, 1]] = value_cache[mapping[:, 0]]
 
     def _paged_attention(self, query, key_cache, value_cache, block_tables, context_lens, scale):
-        kind = _KINDS[dtype_name(key_cache.dtype)]
+        kind = _KINDS[self.kv_dtype_name(key_cache.dtype)]
         out = np.empty(query.shape, dtype=np.float32)
         _paged_attention_kernel(
             out,

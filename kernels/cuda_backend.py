@@ -1,7 +1,38 @@
-"""The CUDA backend (CuPy). Its kernels arrive with the GPU-path issue; until then it
-reports itself unavailable so ``auto`` falls back to the CPU kernel."""
+"""The CUDA backend: CuPy launches the kernels in ``paged_attention.cu``; the KV cache
+lives on the device and changes there (writes and copy-on-write copies included)."""
 
 from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from kernels.backend import Backend, KernelInputError
+from kernels.cuda_build import (
+    NUM_THREADS,
+    OPTIONS,
+    PARTITION_SIZE,
+    Instantiation,
+    check_head_dim,
+    instantiation_for,
+    kernel_source,
+)
+from kernels.dtypes import dtype_name
+
+# vLLM's rule: v1 when the longest context fits one pass (≤ 8192) and either it is a
+# single partition or there are enough (sequence, head) pairs to fill the GPU.
+V1_MAX_CONTEXT = 8192
+V1_MIN_WORK = 512
+
+
+def choose_variant(max_context_len: int, num_seqs: int, num_heads: int) -> str:
+    partitions = math.ceil(max_context_len / PARTITION_SIZE)
+    if max_context_len <= V1_MAX_CONTEXT and (partitions == 1 or num_seqs * num_heads > V1_MIN_WORK):
+        return "v1"
+    return "v2"
 
 
 def unavailable_reason() -> str | None:
@@ -14,9 +45,178 @@ def unavailable_reason() -> str | None:
             return "CuPy sees no CUDA device"
     except Exception as exc:  # the driver can fail in many ways; say how
         return f"CUDA runtime error: {exc}"
-    return "the CUDA paged-attention kernels are not built yet"
+    return None
 
 
-class CudaBackend:  # pragma: no cover - replaced by the GPU-path issue
-    def __init__(self) -> None:
-        raise NotImplementedError(unavailable_reason())
+# Compiled modules, one per (dtype, head_dim) with every block-size variant, per process.
+_MODULES: dict[tuple[int, int], Any] = {}
+_MODULES_LOCK = threading.Lock()
+
+
+def compiled_module(inst: Instantiation):
+    import cupy
+
+    with _MODULES_LOCK:
+        module = _MODULES.get(inst.module_key)
+        if module is None:
+            module = cupy.RawModule(code=kernel_source(), options=OPTIONS, name_expressions=inst.module_names())
+            module.compile()
+            _MODULES[inst.module_key] = module
+        return module
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+
+    def __init__(self, device_id: int = 0, variant: str = "auto") -> None:
+        import cupy
+
+        reason = unavailable_reason()
+        if reason is not None:
+            raise RuntimeError(reason)
+        if variant not in ("auto", "v1", "v2"):
+            raise ValueError(f"variant must be auto, v1 or v2; got {variant!r}")
+        self.xp = cupy
+        self.variant = variant
+        self.device_id = device_id
+        self._device = cupy.cuda.Device(device_id)
+        props = cupy.cuda.runtime.getDeviceProperties(device_id)
+        self._device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        self.last_variant: str | None = None
+
+    @property
+    def device(self) -> str:
+        return f"CUDA · {self._device_name}"
+
+    # -- dtypes: CuPy has no bfloat16, so bf16 caches live as uint16 bit patterns --------
+    def array_dtype(self, dtype: np.dtype) -> np.dtype:
+        return np.dtype(np.uint16) if np.dtype(dtype) == np.dtype(ml_dtypes.bfloat16) else np.dtype(dtype)
+
+    def kv_dtype_name(self, dtype) -> str:
+        return "bfloat16" if np.dtype(dtype) == np.uint16 else dtype_name(dtype)
+
+    def allocate_cache(self, num_blocks, block_size, num_kv_heads, head_dim, dtype):
+        check_head_dim(head_dim)
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        with self._device:
+            zeros = self.xp.zeros(shape, dtype=self.array_dtype(dtype))
+            return zeros, zeros.copy()
+
+    def to_device(self, array: np.ndarray):
+        host = np.ascontiguousarray(array)
+        if host.dtype == np.dtype(ml_dtypes.bfloat16):
+            host = host.view(np.uint16)
+        with self._device:
+            return self.xp.asarray(host)
+
+    def to_numpy(self, array) -> np.ndarray:
+        if isinstance(array, np.ndarray):
+            return array
+        host = self.xp.asnumpy(array)
+        return host.view(ml_dtypes.bfloat16) if host.dtype == np.uint16 else host
+
+    def synchronize(self) -> None:
+        self.xp.cuda.get_current_stream().synchronize()
+
+    def _module_for(self, cache) -> tuple[Instantiation, Any]:
+        _, block_size, _, head_dim = cache.shape
+        inst = instantiation_for(self.kv_dtype_name(cache.dtype), head_dim, block_size)
+        return inst, compiled_module(inst)
+
+    # -- cache writes ------------------------------------------------------------------
+    def write_kv(self, key_cache, value_cache, slot_mapping, keys, values) -> None:
+        slots = np.asarray(slot_mapping, dtype=np.int64)
+        if slots.size == 0:
+            return
+        num_slots = key_cache.shape[0] * key_cache.shape[1]
+        if slots.max() >= num_slots:
+            raise KernelInputError(f"slot {int(slots.max())} is out of range for a pool of {num_slots} slots")
+        inst, module = self._module_for(key_cache)
+        token_size = key_cache.shape[2] * key_cache.shape[3]
+        k, v = self.to_device(keys), self.to_device(values)
+        if k.shape != (slots.size, key_cache.shape[2], key_cache.shape[3]) or k.dtype != key_cache.dtype:
+            raise KernelInputError(f"keys must be ({slots.size}, num_kv_heads, head_dim) in the cache dtype")
+        kernel = module.get_function(inst.names["write"])
+        with self._device:
+            kernel(
+                (slots.size,),
+                (min(token_size, 256),),
+                (k, v, key_cache, value_cache, self.xp.asarray(slots), np.int32(token_size)),
+            )
+
+    def copy_blocks(self, key_cache, value_cache, block_mapping) -> None:
+        mapping = np.asarray(block_mapping, dtype=np.int64).reshape(-1, 2)
+        if mapping.size == 0:
+            return
+        if mapping.min() < 0 or mapping.max() >= key_cache.shape[0]:
+            raise KernelInputError(f"block mapping {mapping.tolist()} is out of range for {key_cache.shape[0]} blocks")
+        inst, module = self._module_for(key_cache)
+        block_elems = key_cache.shape[1] * key_cache.shape[2] * key_cache.shape[3]
+        kernel = module.get_function(inst.names["copy"])
+        with self._device:
+            kernel(
+                (mapping.shape[0],),
+                (256,),
+                (key_cache, value_cache, self.xp.asarray(mapping.reshape(-1)), np.int64(block_elems)),
+            )
+
+    # -- attention ---------------------------------------------------------------------
+    def _paged_attention(self, query, key_cache, value_cache, block_tables, context_lens, scale):
+        return self.to_numpy(
+            self.paged_attention_device(query, key_cache, value_cache, block_tables, context_lens, scale)
+        )
+
+    def paged_attention_device(self, query, key_cache, value_cache, block_tables, context_lens, scale, variant=None):
+        """Launch v1 or v2; inputs validated by :meth:`paged_attention` (or the caller).
+        Returns the (num_seqs, num_heads, head_dim) float32 output on the device."""
+        xp = self.xp
+        num_seqs, num_heads, head_dim = query.shape
+        _, block_size, num_kv_heads, _ = key_cache.shape
+        inst, module = self._module_for(key_cache)
+        max_context = int(np.max(context_lens)) if num_seqs else 0
+        variant = variant or (self.variant if self.variant != "auto" else None)
+        variant = variant or choose_variant(max_context, num_seqs, num_heads)
+        self.last_variant = variant
+        with self._device:
+            q = xp.ascontiguousarray(query if not isinstance(query, np.ndarray) else self.to_device(query))
+            tables = xp.asarray(np.ascontiguousarray(block_tables, dtype=np.int32))
+            lens = xp.asarray(np.ascontiguousarray(context_lens, dtype=np.int32))
+            out = xp.empty((num_seqs, num_heads, head_dim), dtype=xp.float32)
+            if num_seqs == 0:
+                return out
+            common = (np.float32(scale), np.int32(num_heads), np.int32(num_kv_heads), np.int32(block_size))
+            max_blocks = np.int32(tables.shape[1])
+            if variant == "v1":
+                module.get_function(inst.names["v1"])(
+                    (num_heads, num_seqs),
+                    (NUM_THREADS,),
+                    (out, q, key_cache, value_cache, tables, lens, *common, max_blocks),
+                )
+                return out
+            partitions = math.ceil(max_context / PARTITION_SIZE)
+            partial = xp.empty((num_seqs, num_heads, partitions, head_dim), dtype=xp.float32)
+            maxes = xp.empty((num_seqs, num_heads, partitions), dtype=xp.float32)
+            sums = xp.empty_like(maxes)
+            module.get_function(inst.names["v2"])(
+                (num_heads, num_seqs, partitions),
+                (NUM_THREADS,),
+                (
+                    partial,
+                    maxes,
+                    sums,
+                    q,
+                    key_cache,
+                    value_cache,
+                    tables,
+                    lens,
+                    *common,
+                    max_blocks,
+                    np.int32(partitions),
+                ),
+            )
+            module.get_function(inst.names["reduce"])(
+                (num_heads, num_seqs),
+                (NUM_THREADS,),
+                (out, partial, maxes, sums, lens, np.int32(num_heads), np.int32(partitions)),
+            )
+            return out

@@ -1,0 +1,211 @@
+"""Building the CUDA kernels: source, template instantiations, NVRTC and ptxas.
+
+Everything here works without a GPU: NVRTC (through CuPy's low-level bindings) turns
+the source into PTX and ``ptxas -v`` reports registers, shared memory and spills for a
+real architecture. The CuPy backend compiles through the same names at run time.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+SOURCE_NAME = "paged_attention.cu"
+KINDS = {"float32": 0, "float16": 1, "bfloat16": 2}
+STORAGE_CTYPE = {0: "float", 1: "unsigned short", 2: "unsigned short"}
+FAST_BLOCK_SIZES = (8, 16, 32, 64, 128, 256)  # compile-time block sizes; others run generic
+PARTITION_SIZE = 512  # must match PARTITION_SIZE in the .cu
+NUM_THREADS = 128
+OPTIONS = ("--std=c++17",)
+ARCHES = ("sm_80", "sm_90")
+
+
+def kernel_source() -> str:
+    """The .cu text with a #line directive, so compiler errors name the real file."""
+    text = (resources.files("kernels") / SOURCE_NAME).read_text(encoding="utf-8")
+    return f'#line 1 "{SOURCE_NAME}"\n{text}'
+
+
+def template_block_size(block_size: int) -> int:
+    return block_size if block_size in FAST_BLOCK_SIZES else 0
+
+
+def check_head_dim(head_dim: int) -> None:
+    if head_dim % 8 or not 8 <= head_dim <= 256:
+        raise ValueError(f"the CUDA kernels take head_dim a multiple of 8 in 8..256; got {head_dim}")
+
+
+@dataclass(frozen=True)
+class Instantiation:
+    kind: int
+    head_dim: int
+    block_size: int  # template value: 0 = read at run time
+
+    @property
+    def names(self) -> dict[str, str]:
+        k, d, b = self.kind, self.head_dim, self.block_size
+        ctype = STORAGE_CTYPE[k]
+        return {
+            "v1": f"pagesim::paged_attention_v1<{k}, {d}, {b}>",
+            "v2": f"pagesim::paged_attention_v2<{k}, {d}, {b}>",
+            "reduce": f"pagesim::paged_attention_v2_reduce<{d}>",
+            "write": f"pagesim::reshape_and_cache<{ctype}>",
+            "copy": f"pagesim::copy_blocks<{ctype}>",
+        }
+
+    @property
+    def module_key(self) -> tuple[int, int]:
+        """One compiled module per (dtype, head_dim) holds every block-size variant."""
+        return self.kind, self.head_dim
+
+    def module_names(self) -> list[str]:
+        names = {
+            name
+            for block_size in (0, *FAST_BLOCK_SIZES)
+            for name in Instantiation(self.kind, self.head_dim, block_size).names.values()
+        }
+        return sorted(names)
+
+
+def instantiation_for(dtype: str, head_dim: int, block_size: int) -> Instantiation:
+    check_head_dim(head_dim)
+    return Instantiation(KINDS[dtype], head_dim, template_block_size(block_size))
+
+
+def representative_instantiations() -> list[Instantiation]:
+    """What the compile checks build: every dtype, small to large heads, fast and generic block sizes."""
+    out = []
+    for kind in KINDS.values():
+        for head_dim in (8, 64, 128, 256):
+            for block_size in (16, 0):
+                out.append(Instantiation(kind, head_dim, block_size))
+    out += [Instantiation(1, 24, 0), Instantiation(0, 96, 32), Instantiation(2, 80, 8), Instantiation(1, 128, 256)]
+    return out
+
+
+class CompileError(RuntimeError):
+    pass
+
+
+def nvrtc_ptx(names: list[str], arch: str = "compute_80") -> tuple[str, dict[str, str]]:
+    """Compile the source with NVRTC (no GPU needed); returns PTX and the lowered names."""
+    from cupy.cuda import nvrtc
+
+    prog = nvrtc.createProgram(kernel_source(), SOURCE_NAME, [], [])
+    try:
+        for name in names:
+            nvrtc.addNameExpression(prog, name)
+        try:
+            nvrtc.compileProgram(prog, [*OPTIONS, f"-arch={arch}"])
+        except nvrtc.NVRTCError as exc:
+            raise CompileError(f"NVRTC failed ({exc}):\n{nvrtc.getProgramLog(prog)}") from None
+        ptx = nvrtc.getPTX(prog)
+        lowered = {name: nvrtc.getLoweredName(prog, name) for name in names}
+        return ptx.decode() if isinstance(ptx, bytes) else ptx, lowered
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+@dataclass(frozen=True)
+class ResourceUsage:
+    entry: str
+    arch: str
+    registers: int
+    shared_bytes: int
+    stack_bytes: int
+    spill_stores: int
+    spill_loads: int
+
+
+_ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+
+
+def parse_ptxas(log: str) -> list[ResourceUsage]:
+    out, entry, arch, frame = [], None, None, (0, 0, 0)
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            entry, arch, frame = m.group(1), m.group(2), (0, 0, 0)
+        elif (m := _FRAME.search(line)) and entry:
+            frame = tuple(int(g) for g in m.groups())
+        elif (m := _USED.search(line)) and entry:
+            out.append(ResourceUsage(entry, arch, int(m.group(1)), int(m.group(2) or 0), *frame))
+            entry = None
+    return out
+
+
+def find_ptxas() -> str | None:
+    found = shutil.which("ptxas")
+    if found:
+        return found
+    try:  # the nvidia-cuda-nvcc-cu12 wheel ships one
+        import nvidia.cuda_nvcc
+
+        candidate = Path(nvidia.cuda_nvcc.__path__[0]) / "bin" / "ptxas"
+        return str(candidate) if candidate.exists() else None
+    except ImportError:
+        return None
+
+
+def ptxas_usage(ptx: str, arch: str) -> tuple[list[ResourceUsage], str]:
+    """Assemble PTX for a real GPU (``sm_80``, ``sm_90``) and report what each kernel uses."""
+    ptxas = find_ptxas()
+    if ptxas is None:
+        raise CompileError("ptxas not found: install the CUDA toolkit or pip install nvidia-cuda-nvcc-cu12")
+    with tempfile.TemporaryDirectory() as folder:
+        src = Path(folder) / "kernels.ptx"
+        src.write_text(ptx, encoding="utf-8")
+        done = subprocess.run(
+            [ptxas, "-v", f"-arch={arch}", str(src), "-o", str(Path(folder) / "kernels.cubin")],
+            capture_output=True,
+            text=True,
+        )
+    if done.returncode:
+        raise CompileError(f"ptxas -arch={arch} failed:\n{done.stderr}")
+    return parse_ptxas(done.stderr), done.stderr
+
+
+def nvcc_usage(instantiations: list[Instantiation], arch: str) -> tuple[list[ResourceUsage], str]:
+    """The same source through nvcc (explicit instantiations), as a second compiler's check."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        raise CompileError("nvcc not found")
+    lines = [kernel_source()]
+    for inst in instantiations:
+        t = STORAGE_CTYPE[inst.kind]
+        n = inst.names
+        lines.append(
+            f"template __global__ void {n['v1']}(float*, const {t}*, const {t}*, const {t}*, const int*, "
+            "const int*, float, int, int, int, int);"
+        )
+        lines.append(
+            f"template __global__ void {n['v2']}(float*, float*, float*, const {t}*, const {t}*, const {t}*, "
+            "const int*, const int*, float, int, int, int, int, int);"
+        )
+    with tempfile.TemporaryDirectory() as folder:
+        src = Path(folder) / "instantiations.cu"
+        src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        done = subprocess.run(
+            [nvcc, *OPTIONS, "-cubin", f"-arch={arch}", "-Xptxas", "-v", str(src), "-o", str(Path(folder) / "k.cubin")],
+            capture_output=True,
+            text=True,
+        )
+    if done.returncode:
+        raise CompileError(f"nvcc -arch={arch} failed:\n{done.stderr}")
+    return parse_ptxas(done.stderr), done.stderr
+
+
+def demangled(entry: str) -> str:
+    """A readable kernel name from a mangled one, e.g. ``paged_attention_v1<1, 128, 16>``."""
+    m = re.match(r"_ZN7pagesim\d+(\w+?)I(.*?)EEv", entry)
+    if not m:
+        return entry
+    args = re.findall(r"Li(\d+)E|(t)E?|(f)E?", m.group(2) + "E")
+    values = [a or ("unsigned short" if b else "float") for a, b, c in args for _ in [0] if a or b or c]
+    return f"{m.group(1)}<{', '.join(values)}>"

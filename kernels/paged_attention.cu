@@ -1,0 +1,313 @@
+// pagesim: paged-attention decode kernels, the KV-cache write and the block copy.
+//
+// Reimplemented from the ideas of vLLM's csrc/attention and the seed article's outline:
+// one thread block per (query head, sequence) [v1] or per (head, sequence, partition)
+// [v2, split-K], the block table read inside the loop, keys and values read in place
+// from key_cache/value_cache of shape (num_blocks, block_size, num_kv_heads, head_dim),
+// an online softmax in fp32, and slots past the context never read.
+//
+// Built by NVRTC (through CuPy) at run time and by nvcc in the compile checks. It uses
+// no headers at all: NVRTC has no host headers (and no INFINITY), and half/bfloat16
+// values are widened with one PTX instruction or a shift instead of cuda_fp16.h.
+
+namespace pagesim {
+
+constexpr int WARP = 32;
+constexpr int NUM_THREADS = 128;
+constexpr int NUM_WARPS = NUM_THREADS / WARP;
+constexpr int PARTITION_SIZE = 512;  // tokens per v2 partition (vLLM's choice)
+constexpr unsigned FULL_MASK = 0xffffffffu;
+
+// Storage kinds: 0 = float32, 1 = float16, 2 = bfloat16 (held as raw 16-bit patterns).
+template <int KIND> struct Storage { typedef unsigned short type; };
+template <> struct Storage<0> { typedef float type; };
+
+__device__ __forceinline__ float negative_infinity() { return __int_as_float(0xff800000); }
+
+// Widen one 16-bit pattern (low bits of `bits`) to fp32.
+template <int KIND> __device__ __forceinline__ float widen16(unsigned int bits);
+template <> __device__ __forceinline__ float widen16<1>(unsigned int bits) {
+  float f;
+  unsigned short h = static_cast<unsigned short>(bits & 0xffffu);
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+template <> __device__ __forceinline__ float widen16<2>(unsigned int bits) {
+  return __uint_as_float((bits & 0xffffu) << 16);
+}
+
+// Elements in one 16-byte vector load.
+template <int KIND> struct Vec { static constexpr int N = 16 / sizeof(typename Storage<KIND>::type); };
+
+// One 16-byte coalesced load, widened to fp32.
+template <int KIND>
+__device__ __forceinline__ void load_vec(const typename Storage<KIND>::type* p, float* out) {
+  const uint4 v = *reinterpret_cast<const uint4*>(p);
+  const unsigned int w[4] = {v.x, v.y, v.z, v.w};
+  if constexpr (KIND == 0) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out[i] = __uint_as_float(w[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      out[2 * i] = widen16<KIND>(w[i]);
+      out[2 * i + 1] = widen16<KIND>(w[i] >> 16);
+    }
+  }
+}
+
+__host__ __device__ constexpr int next_pow2(int x) { return x <= 1 ? 1 : 2 * next_pow2((x + 1) / 2); }
+__host__ __device__ constexpr int min_int(int a, int b) { return a < b ? a : b; }
+
+// Thread-group geometry: a group of GROUP lanes reads one token's head slice with
+// 16-byte loads, so a warp reads TOKENS_PER_WARP tokens at once.
+template <int KIND, int HEAD_DIM> struct Geometry {
+  static constexpr int VEC = Vec<KIND>::N;
+  static constexpr int CHUNKS = HEAD_DIM / VEC;
+  static constexpr int GROUP = min_int(WARP, next_pow2(CHUNKS));
+  static constexpr int CHUNKS_PER_LANE = (CHUNKS + GROUP - 1) / GROUP;
+  static constexpr int ELEMS = CHUNKS_PER_LANE * VEC;
+  static constexpr int TOKENS_PER_WARP = WARP / GROUP;
+  static_assert(HEAD_DIM % 8 == 0, "head_dim must be a multiple of 8");
+  static_assert(HEAD_DIM <= 256, "head_dim must be at most 256");
+};
+
+// Merge two online-softmax states (max m, sum l, unnormalised accumulator acc).
+template <int ELEMS>
+__device__ __forceinline__ void merge_state(float& m, float& l, float* acc, float m_o, float l_o, const float* acc_o) {
+  const float m_new = fmaxf(m, m_o);
+  if (m_new == negative_infinity()) return;  // both empty
+  const float a = __expf(m - m_new), b = __expf(m_o - m_new);
+  l = l * a + l_o * b;
+#pragma unroll
+  for (int i = 0; i < ELEMS; ++i) acc[i] = acc[i] * a + acc_o[i] * b;
+  m = m_new;
+}
+
+// Attend one query head over tokens [token_begin, token_end) of one sequence.
+// Writes the normalised output (HEAD_DIM floats) and, if asked, the partition's max and sum.
+template <int KIND, int HEAD_DIM, int BLOCK_SIZE>
+__device__ void attend_range(float* __restrict__ out, float* __restrict__ out_max, float* __restrict__ out_sum,
+                             const typename Storage<KIND>::type* __restrict__ q_ptr,
+                             const typename Storage<KIND>::type* __restrict__ key_cache,
+                             const typename Storage<KIND>::type* __restrict__ value_cache,
+                             const int* __restrict__ block_table, int token_begin, int token_end, int block_size_rt,
+                             int num_kv_heads, int kv_head, float scale) {
+  typedef Geometry<KIND, HEAD_DIM> G;
+  const int block_size = BLOCK_SIZE > 0 ? BLOCK_SIZE : block_size_rt;
+  const int tid = threadIdx.x;
+  const int warp = tid / WARP, lane = tid % WARP;
+  const int group = lane / G::GROUP, lane_in_group = lane % G::GROUP;
+
+  // This lane's slice of the head: chunks lane_in_group, lane_in_group + GROUP, ...
+  float q[G::ELEMS];
+#pragma unroll
+  for (int c = 0; c < G::CHUNKS_PER_LANE; ++c) {
+    const int chunk = lane_in_group + c * G::GROUP;
+    if (chunk < G::CHUNKS) {
+      load_vec<KIND>(q_ptr + chunk * G::VEC, q + c * G::VEC);
+#pragma unroll
+      for (int i = 0; i < G::VEC; ++i) q[c * G::VEC + i] *= scale;
+    } else {
+#pragma unroll
+      for (int i = 0; i < G::VEC; ++i) q[c * G::VEC + i] = 0.f;
+    }
+  }
+
+  float acc[G::ELEMS];
+#pragma unroll
+  for (int i = 0; i < G::ELEMS; ++i) acc[i] = 0.f;
+  float m = negative_infinity(), l = 0.f;
+  const long long token_stride = static_cast<long long>(num_kv_heads) * HEAD_DIM;
+
+  // Every lane of a warp runs the same iterations so the shuffles stay converged.
+  for (int first = token_begin + warp * G::TOKENS_PER_WARP; first < token_end;
+       first += NUM_WARPS * G::TOKENS_PER_WARP) {
+    const int t = first + group;
+    const bool valid = t < token_end;
+    long long base = 0;
+    if (valid) {
+      // The block-table lookup: logical block -> physical block, widened before the multiply.
+      const long long physical = static_cast<long long>(block_table[t / block_size]);
+      base = (physical * block_size + t % block_size) * token_stride + static_cast<long long>(kv_head) * HEAD_DIM;
+    }
+    float k[G::ELEMS];
+    float s = 0.f;
+#pragma unroll
+    for (int c = 0; c < G::CHUNKS_PER_LANE; ++c) {
+      const int chunk = lane_in_group + c * G::GROUP;
+      if (valid && chunk < G::CHUNKS) {
+        load_vec<KIND>(key_cache + base + chunk * G::VEC, k + c * G::VEC);
+#pragma unroll
+        for (int i = 0; i < G::VEC; ++i) s += q[c * G::VEC + i] * k[c * G::VEC + i];
+      }
+    }
+#pragma unroll
+    for (int mask = G::GROUP / 2; mask > 0; mask /= 2) s += __shfl_xor_sync(FULL_MASK, s, mask);
+    if (!valid) continue;  // after the shuffles: masked slots never touch the state
+
+    const float m_new = fmaxf(m, s);
+    const float correction = __expf(m - m_new);  // 0 while m is still -inf
+    const float p = __expf(s - m_new);
+    l = l * correction + p;
+#pragma unroll
+    for (int c = 0; c < G::CHUNKS_PER_LANE; ++c) {
+      const int chunk = lane_in_group + c * G::GROUP;
+      float v[G::VEC];
+      if (chunk < G::CHUNKS) {
+        load_vec<KIND>(value_cache + base + chunk * G::VEC, v);
+      } else {
+#pragma unroll
+        for (int i = 0; i < G::VEC; ++i) v[i] = 0.f;
+      }
+#pragma unroll
+      for (int i = 0; i < G::VEC; ++i) acc[c * G::VEC + i] = acc[c * G::VEC + i] * correction + p * v[i];
+    }
+    m = m_new;
+  }
+
+  // Merge the groups of each warp (lanes lane_in_group, +GROUP, ... hold the same dims).
+#pragma unroll
+  for (int mask = G::GROUP; mask < WARP; mask *= 2) {
+    const float m_o = __shfl_xor_sync(FULL_MASK, m, mask);
+    const float l_o = __shfl_xor_sync(FULL_MASK, l, mask);
+    float acc_o[G::ELEMS];
+#pragma unroll
+    for (int i = 0; i < G::ELEMS; ++i) acc_o[i] = __shfl_xor_sync(FULL_MASK, acc[i], mask);
+    merge_state<G::ELEMS>(m, l, acc, m_o, l_o, acc_o);
+  }
+
+  // Then the warps, through shared memory.
+  __shared__ float s_max[NUM_WARPS], s_sum[NUM_WARPS];
+  __shared__ float s_acc[NUM_WARPS][HEAD_DIM];
+  if (group == 0) {
+#pragma unroll
+    for (int c = 0; c < G::CHUNKS_PER_LANE; ++c) {
+      const int chunk = lane_in_group + c * G::GROUP;
+      if (chunk < G::CHUNKS) {
+#pragma unroll
+        for (int i = 0; i < G::VEC; ++i) s_acc[warp][chunk * G::VEC + i] = acc[c * G::VEC + i];
+      }
+    }
+    if (lane == 0) {
+      s_max[warp] = m;
+      s_sum[warp] = l;
+    }
+  }
+  __syncthreads();
+  float global_max = negative_infinity();
+#pragma unroll
+  for (int w = 0; w < NUM_WARPS; ++w) global_max = fmaxf(global_max, s_max[w]);
+  float weights[NUM_WARPS];
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < NUM_WARPS; ++w) {
+    weights[w] = s_max[w] == negative_infinity() ? 0.f : __expf(s_max[w] - global_max);
+    total += s_sum[w] * weights[w];
+  }
+  const float inv_total = total > 0.f ? 1.f / total : 0.f;
+  for (int d = tid; d < HEAD_DIM; d += NUM_THREADS) {
+    float a = 0.f;
+#pragma unroll
+    for (int w = 0; w < NUM_WARPS; ++w) a += s_acc[w][d] * weights[w];
+    out[d] = a * inv_total;
+  }
+  if (tid == 0 && out_max != nullptr) {
+    *out_max = global_max;
+    *out_sum = total;
+  }
+}
+
+// v1: grid (num_heads, num_seqs), one thread block attends the whole context.
+template <int KIND, int HEAD_DIM, int BLOCK_SIZE>
+__global__ void __launch_bounds__(NUM_THREADS)
+    paged_attention_v1(float* __restrict__ out, const typename Storage<KIND>::type* __restrict__ query,
+                       const typename Storage<KIND>::type* __restrict__ key_cache,
+                       const typename Storage<KIND>::type* __restrict__ value_cache,
+                       const int* __restrict__ block_tables, const int* __restrict__ context_lens, float scale,
+                       int num_heads, int num_kv_heads, int block_size, int max_blocks_per_seq) {
+  const int head = blockIdx.x, seq = blockIdx.y;
+  const long long row = static_cast<long long>(seq) * num_heads + head;
+  const int kv_head = head / (num_heads / num_kv_heads);
+  attend_range<KIND, HEAD_DIM, BLOCK_SIZE>(out + row * HEAD_DIM, nullptr, nullptr, query + row * HEAD_DIM, key_cache,
+                                           value_cache, block_tables + static_cast<long long>(seq) * max_blocks_per_seq,
+                                           0, context_lens[seq], block_size, num_kv_heads, kv_head, scale);
+}
+
+// v2 (split-K / flash-decoding): grid (num_heads, num_seqs, max_partitions); each thread
+// block attends one PARTITION_SIZE slice and leaves its max, sum and normalised output.
+template <int KIND, int HEAD_DIM, int BLOCK_SIZE>
+__global__ void __launch_bounds__(NUM_THREADS)
+    paged_attention_v2(float* __restrict__ partial_out, float* __restrict__ max_logits, float* __restrict__ exp_sums,
+                       const typename Storage<KIND>::type* __restrict__ query,
+                       const typename Storage<KIND>::type* __restrict__ key_cache,
+                       const typename Storage<KIND>::type* __restrict__ value_cache,
+                       const int* __restrict__ block_tables, const int* __restrict__ context_lens, float scale,
+                       int num_heads, int num_kv_heads, int block_size, int max_blocks_per_seq, int max_partitions) {
+  const int head = blockIdx.x, seq = blockIdx.y, partition = blockIdx.z;
+  const int context_len = context_lens[seq];
+  const int begin = partition * PARTITION_SIZE;
+  if (begin >= context_len) return;  // the whole thread block leaves together
+  const int end = min_int(begin + PARTITION_SIZE, context_len);
+  const long long row = static_cast<long long>(seq) * num_heads + head;
+  const long long slot = row * max_partitions + partition;
+  const int kv_head = head / (num_heads / num_kv_heads);
+  attend_range<KIND, HEAD_DIM, BLOCK_SIZE>(partial_out + slot * HEAD_DIM, max_logits + slot, exp_sums + slot,
+                                           query + row * HEAD_DIM, key_cache, value_cache,
+                                           block_tables + static_cast<long long>(seq) * max_blocks_per_seq, begin,
+                                           end, block_size, num_kv_heads, kv_head, scale);
+}
+
+// v2 reduce: grid (num_heads, num_seqs); rescales each partition by exp(max_i - global_max).
+template <int HEAD_DIM>
+__global__ void __launch_bounds__(NUM_THREADS)
+    paged_attention_v2_reduce(float* __restrict__ out, const float* __restrict__ partial_out,
+                              const float* __restrict__ max_logits, const float* __restrict__ exp_sums,
+                              const int* __restrict__ context_lens, int num_heads, int max_partitions) {
+  const int head = blockIdx.x, seq = blockIdx.y;
+  const long long row = static_cast<long long>(seq) * num_heads + head;
+  const int partitions = (context_lens[seq] + PARTITION_SIZE - 1) / PARTITION_SIZE;
+  const float* maxes = max_logits + row * max_partitions;
+  const float* sums = exp_sums + row * max_partitions;
+  float global_max = negative_infinity();
+  for (int p = 0; p < partitions; ++p) global_max = fmaxf(global_max, maxes[p]);
+  float total = 0.f;
+  for (int p = 0; p < partitions; ++p) total += sums[p] * __expf(maxes[p] - global_max);
+  const float inv_total = total > 0.f ? 1.f / total : 0.f;
+  for (int d = threadIdx.x; d < HEAD_DIM; d += NUM_THREADS) {
+    float a = 0.f;
+    for (int p = 0; p < partitions; ++p)
+      a += partial_out[(row * max_partitions + p) * HEAD_DIM + d] * sums[p] * __expf(maxes[p] - global_max);
+    out[row * HEAD_DIM + d] = a * inv_total;
+  }
+}
+
+// vLLM's reshape_and_cache: token i's K/V (num_kv_heads * head_dim values) go to flat
+// slot slot_mapping[i] = block * block_size + offset. Negative slots are skipped.
+template <typename T>
+__global__ void reshape_and_cache(const T* __restrict__ key, const T* __restrict__ value, T* __restrict__ key_cache,
+                                  T* __restrict__ value_cache, const long long* __restrict__ slot_mapping,
+                                  int token_size) {
+  const long long slot = slot_mapping[blockIdx.x];
+  if (slot < 0) return;
+  const long long src = static_cast<long long>(blockIdx.x) * token_size;
+  const long long dst = slot * token_size;
+  for (int i = threadIdx.x; i < token_size; i += blockDim.x) {
+    key_cache[dst + i] = key[src + i];
+    value_cache[dst + i] = value[src + i];
+  }
+}
+
+// Copy whole blocks for copy-on-write: block_mapping holds (src, dst) pairs.
+template <typename T>
+__global__ void copy_blocks(T* __restrict__ key_cache, T* __restrict__ value_cache,
+                            const long long* __restrict__ block_mapping, long long block_elems) {
+  const long long src = block_mapping[2 * blockIdx.x] * block_elems;
+  const long long dst = block_mapping[2 * blockIdx.x + 1] * block_elems;
+  for (long long i = threadIdx.x; i < block_elems; i += blockDim.x) {
+    key_cache[dst + i] = key_cache[src + i];
+    value_cache[dst + i] = value_cache[src + i];
+  }
+}
+
+}  // namespace pagesim

@@ -1,0 +1,142 @@
+"""The CUDA kernels on a real device: against dense attention (torch, fp32, on the GPU)."""
+
+import numpy as np
+import pytest
+
+from core.config import CacheConfig
+from core.engine import Simulator
+from core.operations import Add, Fork, Grow
+from core.scenario import load_shipped
+from core.timeline import Timeline
+from kernels.backend import KernelInputError, default_scale
+from kernels.dtypes import tolerance
+from tests.core.helpers import check_invariants
+from tests.kernels.test_cpu_kernel import dense_for, make_case
+
+pytestmark = pytest.mark.gpu
+
+
+def on_device(backend, case):
+    query, kc, vc, tables, lens = case
+    return backend.to_device(query), backend.to_device(kc), backend.to_device(vc), tables, lens
+
+
+def dense_on_gpu(case, scale):
+    """Dense fp32 SDPA on the GPU, K/V gathered token by token from the host copy of the pool."""
+    import torch
+
+    query, kc, vc, tables, lens = case
+    out = []
+    bs = kc.shape[1]
+    for s, n in enumerate(lens):
+        slots = [(tables[s, p // bs], p % bs) for p in range(n)]
+        k = torch.from_numpy(np.stack([kc[b, o] for b, o in slots]).astype(np.float32)).cuda()
+        v = torch.from_numpy(np.stack([vc[b, o] for b, o in slots]).astype(np.float32)).cuda()
+        q = torch.from_numpy(query[s].astype(np.float32)).cuda()
+        qh = q[:, None, :]
+        kh, vh = k.permute(1, 0, 2), v.permute(1, 0, 2)
+        res = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, scale=scale, enable_gqa=True)
+        out.append(res[:, 0, :].cpu().numpy())
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("variant", ["v1", "v2"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("gqa", [1, 2, 8])
+@pytest.mark.parametrize("head_dim", [8, 24, 64, 128, 256])
+@pytest.mark.parametrize("block_size", [1, 3, 8, 16, 32, 64])
+def test_kernel_matches_dense_attention(cuda_backend, block_size, head_dim, gqa, dtype, variant):
+    rng = np.random.default_rng(block_size * 7 + head_dim + gqa)
+    num_kv_heads = 2 if gqa < 8 else 1
+    lens = sorted({1, block_size, block_size + 1, 2 * block_size - 1, 67, 513 if variant == "v2" else 130})
+    case = make_case(
+        rng,
+        num_seqs=len(lens),
+        context_lens=lens,
+        block_size=block_size,
+        num_heads=num_kv_heads * gqa,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+    )
+    scale = default_scale(head_dim)
+    q, kc, vc, tables, ctx = on_device(cuda_backend, case)
+    out = cuda_backend.paged_attention_device(q, kc, vc, tables, ctx, scale, variant)
+    got = cuda_backend.to_numpy(out)
+    assert np.isfinite(got).all(), "a masked or unused slot leaked into the output"
+    np.testing.assert_allclose(got, dense_on_gpu(case, scale), atol=tolerance(dtype), rtol=0)
+
+
+@pytest.mark.parametrize("context", [511, 512, 513, 3000, 9000])
+def test_v1_and_v2_agree(cuda_backend, context):
+    rng = np.random.default_rng(context)
+    case = make_case(
+        rng,
+        num_seqs=3,
+        context_lens=[context, context // 2 + 1, 5],
+        block_size=16,
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=128,
+        dtype="float16",
+    )
+    q, kc, vc, tables, ctx = on_device(cuda_backend, case)
+    v1 = cuda_backend.to_numpy(cuda_backend.paged_attention_device(q, kc, vc, tables, ctx, 0.1, "v1"))
+    v2 = cuda_backend.to_numpy(cuda_backend.paged_attention_device(q, kc, vc, tables, ctx, 0.1, "v2"))
+    np.testing.assert_allclose(v1, v2, atol=1e-5)
+    np.testing.assert_allclose(v1, dense_for(*case, 0.1), atol=1e-3)
+
+
+def test_gpu_and_cpu_kernels_agree(cuda_backend, cpu_backend):
+    rng = np.random.default_rng(9)
+    case = make_case(
+        rng,
+        num_seqs=4,
+        context_lens=[1, 17, 64, 200],
+        block_size=16,
+        num_heads=8,
+        num_kv_heads=8,
+        head_dim=64,
+        dtype="float32",
+    )
+    cpu = cpu_backend.paged_attention(*case, 0.125)
+    gpu = cuda_backend.paged_attention(*on_device(cuda_backend, case), 0.125)
+    np.testing.assert_allclose(cpu, gpu, atol=1e-5)
+
+
+def test_bad_tables_are_refused_on_the_host(cuda_backend):
+    rng = np.random.default_rng(2)
+    case = make_case(
+        rng, num_seqs=2, context_lens=[5, 8], block_size=4, num_heads=2, num_kv_heads=2, head_dim=8, dtype="float32"
+    )
+    q, kc, vc, tables, ctx = on_device(cuda_backend, case)
+    tables = tables.copy()
+    tables[0, 1] = 10_000
+    with pytest.raises(KernelInputError, match="out of range"):
+        cuda_backend.paged_attention(q, kc, vc, tables, ctx, 0.3)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_engine_on_the_device_with_copy_on_write(cuda_backend, dtype):
+    config = CacheConfig(num_blocks=16, block_size=4, num_heads=4, num_kv_heads=2, head_dim=32, dtype=dtype)
+    sim = Simulator(config, cuda_backend)
+    sim.apply(Add("a", 6))
+    sim.apply(Fork("a", "b"))
+    result = sim.apply(Grow("b", 3))  # copy-on-write on the device
+    assert any(type(e).__name__ == "BlockCopied" for e in result.events)
+    assert result.attention.passed and result.attention.backend == "cuda"
+    check_invariants(sim)
+
+
+@pytest.mark.parametrize("name", ["seed_demo", "default", "stress"])
+def test_shipped_scenarios_run_on_the_device(cuda_backend, name):
+    results = Timeline(load_shipped(name), cuda_backend).run_to_end()
+    assert all(r.attention is None or r.attention.passed for r in results)
+
+
+def test_cli_run_with_the_cuda_backend(cuda_backend, capsys):
+    from core.cli import main
+
+    if main(["run", "default", "--backend", "cuda"]) != 0:
+        pytest.fail(capsys.readouterr().err)
+    assert "CUDA" in capsys.readouterr().out

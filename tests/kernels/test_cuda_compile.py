@@ -1,0 +1,79 @@
+"""The CUDA kernels compile without a GPU: NVRTC to PTX, ptxas to sm_80/sm_90 cubins."""
+
+import shutil
+
+import pytest
+
+from kernels import cuda_build
+from kernels.cuda_backend import choose_variant
+from kernels.cuda_build import (
+    ARCHES,
+    CompileError,
+    Instantiation,
+    instantiation_for,
+    nvcc_usage,
+    nvrtc_ptx,
+    ptxas_usage,
+    representative_instantiations,
+)
+
+
+@pytest.fixture(scope="module")
+def nvrtc_build():
+    insts = representative_instantiations()
+    names = sorted({name for inst in insts for name in inst.names.values()})
+    ptx, lowered = nvrtc_ptx(names)
+    return insts, names, ptx, lowered
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_every_kernel_assembles_for_a_real_gpu(nvrtc_build, arch, capsys):
+    _, names, ptx, lowered = nvrtc_build
+    usage, _ = ptxas_usage(ptx, arch)
+    entries = {u.entry: u for u in usage}
+    missing = [name for name in names if lowered[name] not in entries]
+    assert not missing, f"not in the {arch} cubin: {missing}"
+    for u in usage:
+        assert u.registers <= 128, f"{cuda_build.demangled(u.entry)} uses {u.registers} registers"
+        assert u.shared_bytes <= 48 * 1024
+    # The fast paths the benchmark targets must not spill.
+    for inst in (Instantiation(1, 128, 16), Instantiation(2, 128, 16), Instantiation(1, 64, 16)):
+        for role in ("v1", "v2"):
+            u = entries[lowered[inst.names[role]]]
+            assert u.spill_stores == u.spill_loads == 0, f"{inst.names[role]} spills on {arch}"
+    with capsys.disabled():
+        print(
+            f"\n{arch}: {len(usage)} kernels, max {max(u.registers for u in usage)} registers, "
+            f"{sum(u.spill_stores for u in usage)} bytes of spill stores in total"
+        )
+
+
+def test_nvcc_builds_the_same_source():
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed; the NVRTC checks above cover the same source")
+    usage, _ = nvcc_usage(representative_instantiations()[:6], "sm_90")
+    assert len(usage) == 12
+
+
+def test_a_compile_error_names_the_source_file(monkeypatch):
+    source = cuda_build.kernel_source()
+    broken = source.replace("constexpr int WARP = 32;", "constexpr int WARP = 32 oops;")
+    monkeypatch.setattr(cuda_build, "kernel_source", lambda: broken)
+    with pytest.raises(CompileError, match=r"paged_attention\.cu\(\d+\)"):
+        nvrtc_ptx(["pagesim::paged_attention_v1<0, 8, 0>"])
+
+
+def test_block_sizes_map_to_fast_paths_or_the_generic_kernel():
+    assert instantiation_for("float16", 128, 16) == Instantiation(1, 128, 16)
+    assert instantiation_for("bfloat16", 64, 3) == Instantiation(2, 64, 0)
+    assert instantiation_for("float32", 8, 1) == Instantiation(0, 8, 0)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        instantiation_for("float16", 12, 16)
+
+
+@pytest.mark.parametrize(
+    "max_context, seqs, heads, expected",
+    [(512, 1, 8, "v1"), (4096, 64, 32, "v1"), (4096, 4, 8, "v2"), (8192, 64, 32, "v1"), (8193, 64, 32, "v2")],
+)
+def test_v1_v2_selection_follows_vllms_rule(max_context, seqs, heads, expected):
+    assert choose_variant(max_context, seqs, heads) == expected
