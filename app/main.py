@@ -54,6 +54,8 @@ def main(args: argparse.Namespace) -> int:
         scratch = tempfile.mkdtemp(prefix="pagesim-settings-")
         settings = QSettings(os.path.join(scratch, "pagesim.ini"), QSettings.Format.IniFormat)
     window = MainWindow(args.backend, settings=settings, speed=0.0 if headless else None)
+    if args.theme:
+        window.apply_theme(args.theme)
     if args.size:
         width, height = args.size
         window.resize(width, height)

@@ -99,6 +99,7 @@ class MainWindow(QMainWindow):
         self.scenario_description = QLabel()
         self.scenario_description.setObjectName("scenarioDescription")
         self.scenario_description.setWordWrap(True)
+        self.scenario_description.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
         # Three lines at most: the pool is the picture; the full text is in the tooltip.
         lines = self.scenario_description.fontMetrics().lineSpacing()
         self.scenario_description.setMaximumHeight(3 * lines + 4)

@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     gui.add_argument("--steps", type=int, default=0, help="run this many steps first")
     gui.add_argument("--screenshot", type=Path, help="save a PNG of the window after --steps, then exit")
     gui.add_argument("--size", type=_size, metavar="WxH", help="window size, e.g. 1400x860")
+    gui.add_argument("--theme", choices=["dark", "light"], help="colour theme (default: the last one used)")
     return parser
 
 

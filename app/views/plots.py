@@ -68,7 +68,9 @@ class KernelPanel(QWidget):
         self.weights_plot.addItem(self.weight_bars)
         self.error_bars = pg.BarGraphItem(x=[], height=[], width=0.6)
         self.error_plot.addItem(self.error_bars)
-        self.tolerance_line = pg.InfiniteLine(angle=0, movable=False, label="tolerance", labelOpts={"position": 0.9})
+        self.tolerance_line = pg.InfiniteLine(
+            angle=0, movable=False, label="tolerance", labelOpts={"position": 0.05, "anchors": [(0, 1), (0, 1)]}
+        )
         self.error_plot.addItem(self.tolerance_line)
         self.error_plot.setLogMode(y=True)
         self.error_plot.getAxis("bottom").setTickSpacing(1, 1)
@@ -89,6 +91,7 @@ class KernelPanel(QWidget):
         self.plots.setMinimumWidth(260)
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         scroll.setFrameShape(QFrame.Shape.NoFrame)
         scroll.setWidget(self.plots)
         layout.addWidget(scroll, 1)
@@ -100,18 +103,18 @@ class KernelPanel(QWidget):
         _style_plot(
             self.output_plot,
             theme,
-            f"Output vector: {_key(KERNEL_COLOUR, '●─ paged kernel')} vs {_key(DENSE_COLOUR, '× dense SDPA')}",
+            f"Output: {_key(KERNEL_COLOUR, '●─ paged kernel')} vs {_key(DENSE_COLOUR, '× dense SDPA')}",
             "value",
             "dimension",
         )
         _style_plot(
             self.weights_plot,
             theme,
-            "Attention weights over the context (colour = physical block)",
+            "Attention weights (colour = physical block)",
             "weight",
-            "token position",
+            "token",
         )
-        _style_plot(self.error_plot, theme, "Max |kernel − dense| per head", "abs error", "head")
+        _style_plot(self.error_plot, theme, "Max |kernel − dense| per head", "error", "head")
         self.kernel_curve.setPen(pg.mkPen(KERNEL_COLOUR, width=2))
         self.kernel_curve.setSymbolBrush(KERNEL_COLOUR)
         self.dense_curve.setSymbolPen(pg.mkPen(DENSE_COLOUR, width=2))
@@ -254,8 +257,10 @@ class MemoryPanel(QWidget):
         view = (max(1, frame.length), peak)
         if view != self._view:
             self._view = view
+            spacing = max(1, round(view[0] / 10))  # whole steps only
             for plot in (self.blocks_plot, self.util_plot):
                 plot.setXRange(0, view[0] + 0.5, padding=0)
+                plot.getAxis("bottom").setTickSpacing(spacing, spacing)
             self.blocks_plot.setYRange(0, peak * 1.1, padding=0)
             self.util_plot.setYRange(0, 105, padding=0)
         self.util_curve.setData(steps, [100 * m.utilisation for m in history])
