@@ -85,6 +85,7 @@ def time_steps(app, window, scenario, num_seqs: int, steps: int) -> tuple[list[f
 
 def main(args: argparse.Namespace) -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the app sets it (app/main.py)
     from PySide6.QtCore import QSettings
     from PySide6.QtWidgets import QApplication
 
@@ -92,7 +93,7 @@ def main(args: argparse.Namespace) -> int:
     from kernels.backend import select_backend
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
-    num_seqs, steps = (32, 10) if args.quick else (256, 60)
+    num_seqs, steps = (32, 10) if args.quick else (256, 120)
     scratch = tempfile.mkdtemp(prefix="pagesim-bench-")
     settings = QSettings(os.path.join(scratch, "bench.ini"), QSettings.Format.IniFormat)
     window = MainWindow("cpu", settings=settings, speed=0.0)

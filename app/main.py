@@ -15,6 +15,10 @@ from app.main_window import MainWindow
 from core.errors import PagesimError
 from core.scenario import load_scenario
 
+# The GUI shares the cores with the kernel's and torch's thread pools: threads that
+# spin while idle (OpenMP's default) would take the time the GUI needs to repaint.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 def _application() -> QApplication:
     app = QApplication.instance() or QApplication(sys.argv[:1])

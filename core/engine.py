@@ -82,6 +82,7 @@ class SimulatorSnapshot:
     block_fill: tuple[int, ...]
     cache: tuple[object, object]
     dense: ContiguousKVCache
+    last_query: dict[str, np.ndarray]
     last_attention: AttentionReport | None
 
 
@@ -102,6 +103,8 @@ class Simulator:
         self._shared_blocks = 0
         self._logical_tokens = 0
         self._contiguous_blocks = 0
+        self._holders: dict[int, tuple[tuple[str, int], ...]] = {}  # block -> (seq, logical index)
+        self._last_query: dict[str, np.ndarray] = {}  # q of each sequence's newest token (float32)
 
     # -- queries ----------------------------------------------------------------
     def sequence(self, seq_id: str) -> Sequence:
@@ -118,7 +121,14 @@ class Simulator:
 
     def holders(self, block_id: int) -> list[tuple[str, int]]:
         """(sequence, logical index) pairs whose tables hold ``block_id``."""
-        return [(s.seq_id, i) for s in self.sequences.values() for i, b in enumerate(s.block_table) if b == block_id]
+        return list(self._holders.get(block_id, ()))
+
+    def holders_map(self) -> dict[int, tuple[tuple[str, int], ...]]:
+        """Every held block -> its (sequence, logical index) pairs."""
+        return dict(self._holders)
+
+    def _hold(self, block: int, seq_id: str, index: int) -> None:
+        self._holders[block] = (*self._holders.get(block, ()), (seq_id, index))
 
     def _contiguous_reservation(self, num_tokens: int) -> int:
         return self.config.blocks_for(max(self.config.max_model_len, num_tokens))
@@ -194,6 +204,7 @@ class Simulator:
         events.append(ev.SequenceAdded(op.seq, len(token_ids)))
         for index, block in enumerate(blocks):
             seq.block_table.append(block)
+            self._hold(block, op.seq, index)
             events.append(ev.BlockAllocated(block, op.seq, index))
         self._write_tokens(seq, token_ids, events)
 
@@ -217,6 +228,7 @@ class Simulator:
         for _ in range(new_blocks):
             (block,) = self.pool.allocate(1)
             seq.block_table.append(block)
+            self._hold(block, seq.seq_id, len(seq.block_table) - 1)
             events.append(ev.BlockAllocated(block, seq.seq_id, len(seq.block_table) - 1))
         self._write_tokens(seq, token_ids, events)
 
@@ -228,6 +240,7 @@ class Simulator:
         self._block_fill[dst] = self._block_fill[src]
         self._slots_filled += self._block_fill[src]
         seq.block_table[index] = dst
+        self._hold(dst, seq.seq_id, index)
         events.append(ev.BlockAllocated(dst, seq.seq_id, index))
         events.append(ev.BlockCopied(src, dst, seq.seq_id, index))
         self._release(src, seq.seq_id, events)
@@ -238,11 +251,13 @@ class Simulator:
         child = parent.copy(op.new_seq)
         self.sequences[op.new_seq] = child
         self._dense.fork(op.seq, op.new_seq)
+        self._last_query[op.new_seq] = self._last_query[op.seq]
         self._logical_tokens += child.num_tokens
         self._contiguous_blocks += self._contiguous_reservation(child.num_tokens)
         events.append(ev.SequenceForked(op.seq, op.new_seq))
         for index, block in enumerate(child.block_table):
             ref_count = self.pool.share(block)
+            self._hold(block, op.new_seq, index)
             self._shared_blocks += ref_count == 2
             events.append(ev.BlockShared(block, op.new_seq, index, ref_count))
 
@@ -252,12 +267,18 @@ class Simulator:
             self._release(block, op.seq, events)
         del self.sequences[op.seq]
         self._dense.free(op.seq)
+        del self._last_query[op.seq]
         self._logical_tokens -= seq.num_tokens
         self._contiguous_blocks -= self._contiguous_reservation(seq.num_tokens)
         events.append(ev.SequenceFreed(op.seq))
 
     def _release(self, block: int, seq_id: str, events: list) -> None:
         ref_count = self.pool.release(block)
+        remaining = tuple(h for h in self._holders[block] if h[0] != seq_id)
+        if remaining:
+            self._holders[block] = remaining
+        else:
+            del self._holders[block]
         if ref_count == 0:
             self._slots_filled -= self._block_fill[block]
             self._block_fill[block] = 0
@@ -271,7 +292,8 @@ class Simulator:
         bs = self.config.block_size
         start = seq.num_tokens
         positions = np.arange(start, start + len(token_ids))
-        _, keys, values = self.model.qkv(token_ids, positions)
+        queries, keys, values = self.model.qkv(token_ids, positions)
+        self._last_query[seq.seq_id] = queries[-1]  # the decode query until the next write
         keys, values = keys.astype(self.cache.dtype), values.astype(self.cache.dtype)
         blocks = [seq.block_table[p // bs] for p in range(start, start + len(token_ids))]
         slots = np.array([b * bs + p % bs for b, p in zip(blocks, positions.tolist(), strict=True)], np.int64)
@@ -296,8 +318,8 @@ class Simulator:
         for row, s in enumerate(seqs):
             block_tables[row, : len(s.block_table)] = s.block_table
         context_lens = np.array([s.num_tokens for s in seqs], dtype=np.int32)
-        last_tokens = [s.token_ids[-1] for s in seqs]
-        query, _, _ = self.model.qkv(last_tokens, context_lens.astype(np.int64) - 1)
+        c = self.config
+        query = np.stack([self._last_query[i] for i in ids]) if ids else np.empty((0, c.num_heads, c.head_dim))
         return ids, query.astype(self.cache.dtype), block_tables, context_lens
 
     def _attend(self, events: list) -> AttentionReport | None:
@@ -358,6 +380,7 @@ class Simulator:
             block_fill=tuple(self._block_fill),
             cache=self.cache.snapshot(),
             dense=self._dense.snapshot(),
+            last_query=dict(self._last_query),
             last_attention=self.last_attention,
         )
 
@@ -369,6 +392,11 @@ class Simulator:
         self._slots_filled = sum(snap.block_fill)
         self._shared_blocks = sum(1 for r in snap.pool.ref_counts if r > 1)
         self._logical_tokens = sum(s.num_tokens for s in self.sequences.values())
+        self._last_query = dict(snap.last_query)
+        self._holders = {}
+        for seq in self.sequences.values():
+            for index, block in enumerate(seq.block_table):
+                self._hold(block, seq.seq_id, index)
         self._contiguous_blocks = sum(self._contiguous_reservation(s.num_tokens) for s in self.sequences.values())
         self.cache.restore(snap.cache)
         self._dense.restore(snap.dense)

@@ -119,7 +119,7 @@ _STATE_EVENTS = (
 )
 
 
-def touched_by(result: StepResult, holders: dict[int, list[tuple[str, int]]]) -> tuple[frozenset, frozenset]:
+def touched_by(result: StepResult, holders: dict[int, tuple[tuple[str, int], ...]]) -> tuple[frozenset, frozenset]:
     """Blocks and sequences whose picture one step changed (from its events)."""
     blocks: set[int] = set()
     seqs: set[str] = set()
@@ -140,10 +140,7 @@ def touched_by(result: StepResult, holders: dict[int, list[tuple[str, int]]]) ->
 
 def build_frame(timeline: Timeline, focus_seq: str | None, result: StepResult | None = None) -> Frame:
     sim = timeline.sim
-    holders: dict[int, list[tuple[str, int]]] = {}
-    for seq in sim.sequences.values():
-        for index, block in enumerate(seq.block_table):
-            holders.setdefault(block, []).append((seq.seq_id, index))
+    holders = sim.holders_map()
     history = tuple(r.metrics for k in range(1, timeline.position + 1) if (r := timeline.result(k)) is not None)
     current = timeline.current
     if focus_seq not in sim.sequences:
@@ -158,7 +155,7 @@ def build_frame(timeline: Timeline, focus_seq: str | None, result: StepResult | 
         label=current.op.describe() if current is not None else "start",
         ref_counts=np.array(sim.pool.ref_counts(), dtype=np.int32),
         block_fill=np.array(sim.block_fills(), dtype=np.int32),
-        holders={b: tuple(h) for b, h in holders.items()},
+        holders=holders,
         free_queue=tuple(sim.pool.free_blocks()),
         sequences=tuple(SequenceState(s.seq_id, s.num_tokens, tuple(s.block_table)) for s in sim.sequences.values()),
         history=history,

@@ -23,11 +23,11 @@ def _key(colour: str, text: str) -> str:
     return f"<span style='color:{colour}'>{text}</span>"
 
 
-def _style_plot(plot: pg.PlotItem, theme: Theme, title: str, left: str, bottom: str) -> None:
+def _style_plot(plot: pg.PlotItem, theme: Theme, title: str, left: str, bottom: str, grid: bool = True) -> None:
     plot.setTitle(title, color=theme.text, size="9pt")
     plot.setLabel("left", left, color=theme.muted)
     plot.setLabel("bottom", bottom, color=theme.muted)
-    plot.showGrid(x=True, y=True, alpha=0.15)
+    plot.showGrid(x=grid, y=grid, alpha=0.15)
     for axis in ("left", "bottom"):
         plot.getAxis(axis).setTextPen(theme.muted)
         plot.getAxis(axis).setPen(theme.muted)
@@ -231,6 +231,7 @@ class MemoryPanel(QWidget):
             f"{_key(DENSE_COLOUR, '- - contiguous max-length reservation')}",
             "blocks",
             "step",
+            grid=False,  # redrawn every step; a grid costs more than the curves
         )
         _style_plot(
             self.util_plot,
@@ -239,6 +240,7 @@ class MemoryPanel(QWidget):
             "(% of allocated)",
             "%",
             "step",
+            grid=False,
         )
         self.used_curve.setPen(pg.mkPen(KERNEL_COLOUR, width=2))
         self.contiguous_curve.setPen(pg.mkPen(DENSE_COLOUR, width=2, style=Qt.PenStyle.DashLine))

@@ -19,10 +19,13 @@ def state_fingerprint(sim: Simulator):
 def check_invariants(sim: Simulator) -> None:
     pool = sim.pool
     holders = [0] * pool.num_blocks
+    expected_map: dict[int, set] = {}
     for seq in sim.sequences.values():
         assert len(seq.block_table) == sim.config.blocks_for(seq.num_tokens)
-        for block in seq.block_table:
+        for index, block in enumerate(seq.block_table):
             holders[block] += 1
+            expected_map.setdefault(block, set()).add((seq.seq_id, index))
+    assert {b: set(h) for b, h in sim.holders_map().items()} == expected_map
     free = set(pool.free_blocks())
     for block in range(pool.num_blocks):
         assert (block in free) != (holders[block] > 0), f"block {block} must be free xor referenced"
