@@ -24,6 +24,13 @@ def _add_backend_option(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="kernel backend: auto picks CUDA when CuPy sees a device, else the compiled CPU kernel",
     )
+    parser.add_argument(
+        "--cuda-kernel",
+        choices=["auto", "v1", "v2"],
+        default="auto",
+        help="CUDA only: force v1 or split-K v2 (auto: v1 when the longest context is ≤ 8192 and either "
+        "it fits one 512-token partition or there are more than 512 (sequence, head) pairs)",
+    )
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -68,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    backend = select_backend(args.backend)
+    backend = select_backend(args.backend, args.cuda_kernel)
     timeline = Timeline(load_scenario(args.scenario), backend)
     say = (lambda *_: None) if args.quiet else print
     say(f"pagesim run · {timeline.scenario.name} ({timeline.scenario.source})")

@@ -121,6 +121,9 @@ def validate_kernel_inputs(
             f"{key_cache.dtype}, {value_cache.dtype}"
         )
     kv_dtype_name(key_cache.dtype)
+    for name, array in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
+        if not array.flags.c_contiguous:
+            raise KernelInputError(f"{name} must be C-contiguous (the kernels index it by its shape)")
     num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
     if query.ndim != 3 or query.shape[2] != head_dim:
         raise KernelInputError(f"query must be (num_seqs, num_heads, {head_dim}); got {tuple(query.shape)}")
@@ -168,8 +171,9 @@ def available_backends() -> dict[str, str]:
     return {"cpu": "available", "cuda": "available" if reason is None else reason}
 
 
-def select_backend(name: str = "auto") -> Backend:
-    """``auto`` picks CUDA when CuPy sees a device, else the compiled CPU kernel."""
+def select_backend(name: str = "auto", cuda_variant: str = "auto") -> Backend:
+    """``auto`` picks CUDA when CuPy sees a device, else the compiled CPU kernel.
+    ``cuda_variant`` forces the CUDA kernel (v1, v2) instead of vLLM's selection rule."""
     from kernels import cuda_backend
     from kernels.cpu_backend import CpuBackend
 
@@ -178,7 +182,7 @@ def select_backend(name: str = "auto") -> Backend:
     if name in ("cuda", "auto"):
         reason = cuda_backend.unavailable_reason()
         if reason is None:
-            return cuda_backend.CudaBackend()
+            return cuda_backend.CudaBackend(variant=cuda_variant)
         if name == "cuda":
             raise BackendUnavailableError(f"--backend cuda is not usable here: {reason}")
         return CpuBackend()

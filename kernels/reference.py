@@ -29,7 +29,9 @@ def to_torch(array) -> torch.Tensor:
         if array.dtype.name == "bfloat16":
             return torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16)
         return torch.from_numpy(array)  # strided views stay views
-    return torch.from_dlpack(array)
+    tensor = torch.from_dlpack(array)  # CuPy: zero-copy on the device
+    # CuPy has no bfloat16: the CUDA backend keeps bf16 caches as uint16 bit patterns.
+    return tensor.view(torch.bfloat16) if tensor.dtype == torch.uint16 else tensor
 
 
 def dense_attention(query, keys, values, scale: float) -> torch.Tensor:

@@ -21,23 +21,22 @@ def on_device(backend, case):
     return backend.to_device(query), backend.to_device(kc), backend.to_device(vc), tables, lens
 
 
-def dense_on_gpu(case, scale):
-    """Dense fp32 SDPA on the GPU, K/V gathered token by token from the host copy of the pool."""
+def dense_on_gpu(device_case, scale):
+    """Dense fp32 SDPA on the GPU, on zero-copy DLPack views of the device cache."""
     import torch
 
-    query, kc, vc, tables, lens = case
-    out = []
+    from kernels.reference import dense_attention, to_torch
+
+    query, kc, vc, tables, lens = device_case
+    kc_t, vc_t, q_t = to_torch(kc), to_torch(vc), to_torch(query)
     bs = kc.shape[1]
+    out = []
     for s, n in enumerate(lens):
-        slots = [(tables[s, p // bs], p % bs) for p in range(n)]
-        k = torch.from_numpy(np.stack([kc[b, o] for b, o in slots]).astype(np.float32)).cuda()
-        v = torch.from_numpy(np.stack([vc[b, o] for b, o in slots]).astype(np.float32)).cuda()
-        q = torch.from_numpy(query[s].astype(np.float32)).cuda()
-        qh = q[:, None, :]
-        kh, vh = k.permute(1, 0, 2), v.permute(1, 0, 2)
-        res = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, scale=scale, enable_gqa=True)
-        out.append(res[:, 0, :].cpu().numpy())
-    return np.stack(out)
+        positions = torch.arange(int(n), device=kc_t.device)
+        blocks = torch.as_tensor(tables[s], device=kc_t.device).long()[positions // bs]
+        keys, values = kc_t[blocks, positions % bs], vc_t[blocks, positions % bs]
+        out.append(dense_attention(q_t[s], keys, values, scale))
+    return torch.stack(out).cpu().numpy()
 
 
 @pytest.mark.parametrize("variant", ["v1", "v2"])
@@ -64,7 +63,7 @@ def test_kernel_matches_dense_attention(cuda_backend, block_size, head_dim, gqa,
     out = cuda_backend.paged_attention_device(q, kc, vc, tables, ctx, scale, variant)
     got = cuda_backend.to_numpy(out)
     assert np.isfinite(got).all(), "a masked or unused slot leaked into the output"
-    np.testing.assert_allclose(got, dense_on_gpu(case, scale), atol=tolerance(dtype), rtol=0)
+    np.testing.assert_allclose(got, dense_on_gpu((q, kc, vc, tables, ctx), scale), atol=tolerance(dtype), rtol=0)
 
 
 @pytest.mark.parametrize("context", [511, 512, 513, 3000, 9000])
@@ -85,6 +84,19 @@ def test_v1_and_v2_agree(cuda_backend, context):
     v2 = cuda_backend.to_numpy(cuda_backend.paged_attention_device(q, kc, vc, tables, ctx, 0.1, "v2"))
     np.testing.assert_allclose(v1, v2, atol=1e-5)
     np.testing.assert_allclose(v1, dense_for(*case, 0.1), atol=1e-3)
+
+
+def test_shared_blocks_read_identically(cuda_backend):
+    rng = np.random.default_rng(4)
+    kc = rng.standard_normal((6, 16, 2, 64), dtype=np.float32).astype(np.float16)
+    vc = rng.standard_normal((6, 16, 2, 64), dtype=np.float32).astype(np.float16)
+    query = np.repeat(rng.standard_normal((1, 4, 64), dtype=np.float32).astype(np.float16), 2, axis=0)
+    tables = np.array([[4, 2, 0], [4, 2, 0]], dtype=np.int32)  # two tables, the same blocks
+    lens = np.array([40, 40], np.int32)
+    dev = (cuda_backend.to_device(query), cuda_backend.to_device(kc), cuda_backend.to_device(vc), tables, lens)
+    out = cuda_backend.paged_attention(*dev, 0.125)
+    np.testing.assert_array_equal(out[0], out[1])
+    np.testing.assert_allclose(out, dense_on_gpu(dev, 0.125), atol=1e-3)
 
 
 def test_gpu_and_cpu_kernels_agree(cuda_backend, cpu_backend):
