@@ -26,7 +26,10 @@ class BlockTableDelegate(QStyledItemDelegate):
 
     def paint(self, painter: QPainter, option, index) -> None:
         if option.state & QStyle.StateFlag.State_Selected:
-            painter.fillRect(option.rect, option.palette.highlight().color().darker(150))
+            # A light wash, so the boxes stay readable on the selected row.
+            wash = QColor(option.palette.highlight().color())
+            wash.setAlpha(70)
+            painter.fillRect(option.rect, wash)
         table = index.data(Qt.ItemDataRole.UserRole) or ()
         seq_id = index.data(Qt.ItemDataRole.UserRole + 1)
         refs = index.data(Qt.ItemDataRole.UserRole + 2) or ()
