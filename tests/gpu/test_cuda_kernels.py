@@ -11,7 +11,7 @@ from core.timeline import Timeline
 from kernels.backend import KernelInputError, default_scale
 from kernels.dtypes import tolerance
 from tests.core.helpers import check_invariants
-from tests.kernels.test_cpu_kernel import dense_for, make_case
+from tests.kernels.test_cpu_kernel import boundary_case, dense_for, make_case
 
 pytestmark = pytest.mark.gpu
 
@@ -46,18 +46,7 @@ def dense_on_gpu(device_case, scale):
 @pytest.mark.parametrize("block_size", [1, 3, 8, 16, 32, 64])
 def test_kernel_matches_dense_attention(cuda_backend, block_size, head_dim, gqa, dtype, variant):
     rng = np.random.default_rng(block_size * 7 + head_dim + gqa)
-    num_kv_heads = 2 if gqa < 8 else 1
-    lens = sorted({1, block_size, block_size + 1, 2 * block_size - 1, 67, 513 if variant == "v2" else 130})
-    case = make_case(
-        rng,
-        num_seqs=len(lens),
-        context_lens=lens,
-        block_size=block_size,
-        num_heads=num_kv_heads * gqa,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        dtype=dtype,
-    )
+    case = boundary_case(rng, block_size, head_dim, gqa, dtype, longest=1100 if variant == "v2" else 130)
     scale = default_scale(head_dim)
     q, kc, vc, tables, ctx = on_device(cuda_backend, case)
     out = cuda_backend.paged_attention_device(q, kc, vc, tables, ctx, scale, variant)

@@ -34,6 +34,23 @@ def make_case(rng, *, num_seqs, context_lens, block_size, num_heads, num_kv_head
     return query, key_cache, value_cache, block_tables, np.array(context_lens, dtype=np.int32)
 
 
+def boundary_case(rng, block_size, head_dim, gqa, dtype, longest):
+    """Lengths at, just under and just over block boundaries, a single token and ``longest``;
+    GQA ratio ``gqa`` over 2 KV heads (1 for ratio 8, i.e. MQA-like)."""
+    num_kv_heads = 2 if gqa < 8 else 1
+    lens = sorted({1, block_size, block_size + 1, 2 * block_size - 1, 3 * block_size, 67, longest})
+    return make_case(
+        rng,
+        num_seqs=len(lens),
+        context_lens=lens,
+        block_size=block_size,
+        num_heads=num_kv_heads * gqa,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+    )
+
+
 def dense_for(query, key_cache, value_cache, block_tables, context_lens, scale):
     block_size = key_cache.shape[1]
     out = []
@@ -51,19 +68,7 @@ def dense_for(query, key_cache, value_cache, block_tables, context_lens, scale):
 @pytest.mark.parametrize("block_size", [1, 3, 4, 16, 64])
 def test_kernel_matches_dense_attention(cpu_backend, block_size, head_dim, gqa, dtype):
     rng = np.random.default_rng(block_size * 1000 + head_dim * 10 + gqa)
-    num_kv_heads = 2 if gqa < 8 else 1
-    # Lengths at, just under and just over block boundaries, and a single token.
-    lens = sorted({1, block_size, block_size + 1, 2 * block_size - 1, 3 * block_size, 67})
-    case = make_case(
-        rng,
-        num_seqs=len(lens),
-        context_lens=lens,
-        block_size=block_size,
-        num_heads=num_kv_heads * gqa,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        dtype=dtype,
-    )
+    case = boundary_case(rng, block_size, head_dim, gqa, dtype, longest=100)
     scale = default_scale(head_dim)
     out = cpu_backend.paged_attention(*case, scale)
     expected = dense_for(*case, scale)
