@@ -3,6 +3,13 @@
 The free queue is an intrusive doubly linked list over block ids (as in vLLM v1's
 ``FreeKVCacheBlockQueue``): allocation pops the head, a freed block joins the tail,
 and a block named by an explicit placement leaves from the middle, all in O(1).
+
+Prefix caching: a full block may carry the hash of its tokens (chained with its
+parent's). A freed block keeps its hash and its data, so a later prompt with the same
+prefix can take it back from the middle of the queue; the head of the queue is the
+least recently used block, and allocating it evicts its hash. A block is therefore
+free-uncached, free-cached or referenced, and a hash maps only to a block that holds
+exactly those tokens.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ class PoolSnapshot:
     head: int
     tail: int
     num_free: int
+    hashes: tuple[tuple[int, int, tuple[int, ...]], ...] = ()  # (block, hash, token ids)
 
 
 class BlockPool:
@@ -36,6 +44,9 @@ class BlockPool:
         self._head = 0
         self._tail = num_blocks - 1
         self._num_free = num_blocks
+        self._hash_of: dict[int, int] = {}  # block -> its registered hash
+        self._tokens_of: dict[int, tuple[int, ...]] = {}  # block -> the token ids it holds
+        self._block_of: dict[int, int] = {}  # hash -> block
 
     # -- queries -------------------------------------------------------------
     @property
@@ -64,6 +75,54 @@ class BlockPool:
             block = self._next[block]
         return out
 
+    # -- prefix cache ---------------------------------------------------------------
+    def cached_block(self, block_hash: int, token_ids: tuple[int, ...]) -> int | None:
+        """The block cached under ``block_hash`` if it holds exactly ``token_ids``."""
+        block = self._block_of.get(block_hash)
+        if block is None or self._tokens_of[block] != token_ids:  # never trust a hash alone
+            return None
+        return block
+
+    def hash_of(self, block_id: int) -> int | None:
+        return self._hash_of.get(block_id)
+
+    def is_cached(self, block_id: int) -> bool:
+        return block_id in self._hash_of
+
+    def num_cached_free(self) -> int:
+        return sum(1 for b in self._hash_of if self._ref_counts[b] == 0)
+
+    def cached_blocks(self) -> list[int]:
+        return list(self._hash_of)
+
+    def register(self, block_id: int, block_hash: int, token_ids: tuple[int, ...]) -> bool:
+        """Cache a full, referenced block under its hash (unless another block has it)."""
+        if self.ref_count(block_id) == 0:
+            raise ValueError(f"block {block_id} is free and cannot be cached")
+        if block_hash in self._block_of or block_id in self._hash_of:
+            return False
+        self._block_of[block_hash] = block_id
+        self._hash_of[block_id] = block_hash
+        self._tokens_of[block_id] = token_ids
+        return True
+
+    def reuse(self, block_id: int) -> int:
+        """A prefix-cache hit: take a cached block back from the free queue, or share it."""
+        if not self.is_cached(block_id):
+            raise ValueError(f"block {block_id} is not cached")
+        if self._ref_counts[block_id] == 0:
+            self._take(block_id)
+            return 1
+        return self.share(block_id)
+
+    def _evict(self, block_id: int) -> bool:
+        block_hash = self._hash_of.pop(block_id, None)
+        if block_hash is None:
+            return False
+        del self._block_of[block_hash]
+        del self._tokens_of[block_id]
+        return True
+
     def check_placement(self, block_ids: Iterable[int]) -> list[int]:
         """Validate an explicit placement without changing anything."""
         ids = list(block_ids)
@@ -82,14 +141,26 @@ class BlockPool:
         return ids
 
     # -- mutations (the engine validates before calling these) -------------------
-    def allocate(self, count: int) -> list[int]:
+    def allocate(self, count: int, evicted: list[int] | None = None) -> list[int]:
+        """Take ``count`` blocks from the head of the free queue (least recently used
+        first); cached blocks among them lose their hash and are listed in ``evicted``."""
         if count > self._num_free:
             raise PoolExhaustedError(count, self._num_free, "allocation")
-        return [self._take(self._head) for _ in range(count)]
+        out = []
+        for _ in range(count):
+            block = self._take(self._head)
+            if self._evict(block) and evicted is not None:
+                evicted.append(block)
+            out.append(block)
+        return out
 
-    def allocate_specific(self, block_ids: Iterable[int]) -> list[int]:
+    def allocate_specific(self, block_ids: Iterable[int], evicted: list[int] | None = None) -> list[int]:
         ids = self.check_placement(block_ids)
-        return [self._take(b) for b in ids]
+        for b in ids:
+            self._take(b)
+            if self._evict(b) and evicted is not None:
+                evicted.append(b)
+        return ids
 
     def share(self, block_id: int) -> int:
         """One more block table holds ``block_id``; returns the new ref count."""
@@ -109,14 +180,24 @@ class BlockPool:
 
     # -- snapshots -------------------------------------------------------------
     def snapshot(self) -> PoolSnapshot:
+        hashes = tuple((b, h, self._tokens_of[b]) for b, h in self._hash_of.items())
         return PoolSnapshot(
-            tuple(self._ref_counts), tuple(self._next), tuple(self._prev), self._head, self._tail, self._num_free
+            tuple(self._ref_counts),
+            tuple(self._next),
+            tuple(self._prev),
+            self._head,
+            self._tail,
+            self._num_free,
+            hashes,
         )
 
     def restore(self, snap: PoolSnapshot) -> None:
         self._ref_counts = list(snap.ref_counts)
         self._next, self._prev = list(snap.next_free), list(snap.prev_free)
         self._head, self._tail, self._num_free = snap.head, snap.tail, snap.num_free
+        self._hash_of = {b: h for b, h, _ in snap.hashes}
+        self._tokens_of = {b: t for b, _, t in snap.hashes}
+        self._block_of = {h: b for b, h, _ in snap.hashes}
 
     # -- internals -------------------------------------------------------------
     def _check_id(self, block_id: int) -> None:

@@ -22,6 +22,8 @@ class CacheConfig:
     # The length a contiguous allocator would reserve per sequence (Orca-Max style);
     # None: 2048 tokens, capped at what the whole pool holds.
     max_model_len: int | None = None
+    # Reuse full blocks of identical prefixes (vLLM's automatic prefix caching).
+    prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         if self.num_kv_heads is None:
@@ -40,6 +42,8 @@ class CacheConfig:
             raise ValueError(f"dtype must be one of {', '.join(STORAGE_DTYPES)}; got {self.dtype!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed must be an integer; got {self.seed!r}")
+        if not isinstance(self.prefix_caching, bool):
+            raise ValueError(f"prefix_caching must be true or false; got {self.prefix_caching!r}")
 
     @property
     def tolerance(self) -> float:

@@ -25,7 +25,7 @@ from core.errors import (
 from core.kv_cache import ContiguousKVCache, PagedKVCache
 from core.metrics import Metrics
 from core.operations import Add, Fork, Free, Grow, Operation
-from core.sequence import Sequence
+from core.sequence import Sequence, block_hash
 from core.token_model import VOCAB_SIZE, TokenModel
 from kernels.backend import Backend, default_scale, select_backend
 from kernels.reference import dense_attention_rows
@@ -83,6 +83,7 @@ class SimulatorSnapshot:
     cache: tuple[object, object]
     dense: ContiguousKVCache
     last_query: dict[str, np.ndarray]
+    prefix_counts: tuple[int, int]
     last_attention: AttentionReport | None
 
 
@@ -105,6 +106,8 @@ class Simulator:
         self._contiguous_blocks = 0
         self._holders: dict[int, tuple[tuple[str, int], ...]] = {}  # block -> (seq, logical index)
         self._last_query: dict[str, np.ndarray] = {}  # q of each sequence's newest token (float32)
+        self._prefix_lookups = 0  # full prompt blocks looked up in the prefix cache
+        self._prefix_hits = 0  # ... and found there
 
     # -- queries ----------------------------------------------------------------
     def sequence(self, seq_id: str) -> Sequence:
@@ -146,6 +149,9 @@ class Simulator:
             slots_allocated=used * c.block_size,
             slots_filled=self._slots_filled,
             contiguous_blocks=self._contiguous_blocks,
+            prefix_lookup_blocks=self._prefix_lookups,
+            prefix_hit_blocks=self._prefix_hits,
+            cached_free_blocks=self.pool.num_cached_free() if c.prefix_caching else 0,
         )
 
     def dense_kv(self, seq_id: str) -> tuple[np.ndarray, np.ndarray]:
@@ -182,11 +188,29 @@ class Simulator:
         if bad:
             raise InvalidOperationError(f"{field}: token id {bad[0]} is outside the vocabulary [0, {VOCAB_SIZE})")
 
+    def _cached_prefix(self, token_ids: list[int]) -> list[tuple[int, int]]:
+        """(block, hash) of the cached full blocks this prompt starts with. The block of the
+        last prompt token is never reused: its query must be computed."""
+        bs = self.config.block_size
+        hits: list[tuple[int, int]] = []
+        parent = None
+        for i in range((len(token_ids) - 1) // bs):
+            chunk = tuple(token_ids[i * bs : (i + 1) * bs])
+            h = block_hash(parent, chunk)
+            block = self.pool.cached_block(h, chunk)
+            if block is None:
+                break
+            hits.append((block, h))
+            parent = h
+        return hits
+
     def _add(self, op: Add, events: list) -> None:
         self._check_new_id(op.seq)
         token_ids = list(op.prompt) if op.prompt is not None else self.model.token_ids(op.seq, 0, op.num_tokens)
         self._check_vocab(token_ids, "prompt")
-        needed = self.config.blocks_for(len(token_ids))
+        caching = self.config.prefix_caching and op.blocks is None
+        hits = self._cached_prefix(token_ids) if caching else []
+        needed = self.config.blocks_for(len(token_ids)) - len(hits)
         if op.blocks is not None:
             blocks = self.pool.check_placement(op.blocks)
             if len(blocks) != needed:
@@ -194,19 +218,47 @@ class Simulator:
                     f"{len(token_ids)} tokens at block size {self.config.block_size} need exactly "
                     f"{needed} block(s); placement names {len(blocks)}"
                 )
-        elif needed > self.pool.num_free:
-            raise PoolExhaustedError(needed, self.pool.num_free, f"add {op.seq} ({len(token_ids)} tokens)")
+        else:
+            # A hit on a free cached block takes it out of the free queue too.
+            taken = needed + sum(1 for block, _ in hits if self.pool.ref_count(block) == 0)
+            if taken > self.pool.num_free:
+                raise PoolExhaustedError(taken, self.pool.num_free, f"add {op.seq} ({len(token_ids)} tokens)")
         # -- validated; mutate --
-        blocks = self.pool.allocate_specific(op.blocks) if op.blocks is not None else self.pool.allocate(needed)
         seq = Sequence(op.seq)
         self.sequences[op.seq] = seq
         self._dense.add(op.seq)
         events.append(ev.SequenceAdded(op.seq, len(token_ids)))
-        for index, block in enumerate(blocks):
+        for index, (block, h) in enumerate(hits):
+            was_free = self.pool.ref_count(block) == 0
+            ref_count = self.pool.reuse(block)
+            if was_free:
+                self._slots_filled += self._block_fill[block]
+            self._shared_blocks += ref_count == 2
+            seq.block_table.append(block)
+            seq.block_hashes.append(h)
+            self._hold(block, op.seq, index)
+            events.append(ev.BlockReused(block, op.seq, index, ref_count, was_free))
+        if caching:
+            self._prefix_lookups += (len(token_ids) - 1) // self.config.block_size
+            self._prefix_hits += len(hits)
+        blocks = self._allocate(needed, events, op.blocks)
+        for index, block in enumerate(blocks, start=len(hits)):
             seq.block_table.append(block)
             self._hold(block, op.seq, index)
             events.append(ev.BlockAllocated(block, op.seq, index))
-        self._write_tokens(seq, token_ids, events)
+        self._write_tokens(seq, token_ids, events, cached=len(hits) * self.config.block_size)
+
+    def _allocate(self, count: int, events: list, placement=None) -> list[int]:
+        evicted: list[int] = []
+        if placement is not None:
+            blocks = self.pool.allocate_specific(placement, evicted)
+        else:
+            blocks = self.pool.allocate(count, evicted)
+        for block in evicted:
+            events.append(ev.BlockEvicted(block))
+        for block in blocks:
+            self._block_fill[block] = 0  # an evicted block's old tokens no longer count
+        return blocks
 
     def _grow(self, op: Grow, events: list) -> None:
         seq = self.sequence(op.seq)
@@ -226,7 +278,7 @@ class Simulator:
         if needs_copy:
             self._copy_on_write(seq, events)
         for _ in range(new_blocks):
-            (block,) = self.pool.allocate(1)
+            (block,) = self._allocate(1, events)
             seq.block_table.append(block)
             self._hold(block, seq.seq_id, len(seq.block_table) - 1)
             events.append(ev.BlockAllocated(block, seq.seq_id, len(seq.block_table) - 1))
@@ -235,7 +287,7 @@ class Simulator:
     def _copy_on_write(self, seq: Sequence, events: list) -> None:
         index = len(seq.block_table) - 1
         src = seq.block_table[index]
-        (dst,) = self.pool.allocate(1)
+        (dst,) = self._allocate(1, events)
         self.cache.copy_block(src, dst)
         self._block_fill[dst] = self._block_fill[src]
         self._slots_filled += self._block_fill[src]
@@ -281,32 +333,50 @@ class Simulator:
             del self._holders[block]
         if ref_count == 0:
             self._slots_filled -= self._block_fill[block]
-            self._block_fill[block] = 0
+            if not self.pool.is_cached(block):  # a cached block keeps its tokens for reuse
+                self._block_fill[block] = 0
             events.append(ev.BlockFreed(block, seq_id))
         else:
             self._shared_blocks -= ref_count == 1
             events.append(ev.BlockReleased(block, seq_id, ref_count))
 
     # -- KV writes --------------------------------------------------------------
-    def _write_tokens(self, seq: Sequence, token_ids: list[int], events: list) -> None:
+    def _write_tokens(self, seq: Sequence, token_ids: list[int], events: list, cached: int = 0) -> None:
+        """Append tokens: every one to the dense reference, all but the first ``cached``
+        (already in reused prefix blocks) to the paged cache."""
         bs = self.config.block_size
         start = seq.num_tokens
         positions = np.arange(start, start + len(token_ids))
         queries, keys, values = self.model.qkv(token_ids, positions)
         self._last_query[seq.seq_id] = queries[-1]  # the decode query until the next write
         keys, values = keys.astype(self.cache.dtype), values.astype(self.cache.dtype)
-        blocks = [seq.block_table[p // bs] for p in range(start, start + len(token_ids))]
-        slots = np.array([b * bs + p % bs for b, p in zip(blocks, positions.tolist(), strict=True)], np.int64)
-        self.cache.write(slots, keys, values)
+        written = range(cached, len(token_ids))
+        blocks = [seq.block_table[(start + i) // bs] for i in written]
+        slots = np.array([b * bs + (start + i) % bs for b, i in zip(blocks, written, strict=True)], np.int64)
+        if len(slots):
+            self.cache.write(slots, keys[cached:], values[cached:])
         self._dense.append(seq.seq_id, keys, values)
         self._contiguous_blocks += self._contiguous_reservation(start + len(token_ids))
         self._contiguous_blocks -= self._contiguous_reservation(start) if start else 0
         self._logical_tokens += len(token_ids)
         seq.token_ids.extend(token_ids)
-        for block, position, token_id in zip(blocks, positions.tolist(), token_ids, strict=True):
+        for block, i in zip(blocks, written, strict=True):
             self._block_fill[block] += 1
-            events.append(ev.TokenWritten(seq.seq_id, position, token_id, block, position % bs))
-        self._slots_filled += len(token_ids)
+            position = start + i
+            events.append(ev.TokenWritten(seq.seq_id, position, token_ids[i], block, position % bs))
+        self._slots_filled += len(blocks)
+        if self.config.prefix_caching:
+            self._cache_full_blocks(seq, events)
+
+    def _cache_full_blocks(self, seq: Sequence, events: list) -> None:
+        bs = self.config.block_size
+        for index in range(len(seq.block_hashes), seq.num_tokens // bs):
+            chunk = tuple(seq.token_ids[index * bs : (index + 1) * bs])
+            h = block_hash(seq.block_hashes[-1] if seq.block_hashes else None, chunk)
+            seq.block_hashes.append(h)
+            block = seq.block_table[index]
+            if self.pool.register(block, h, chunk):
+                events.append(ev.BlockCached(block, seq.seq_id, h))
 
     # -- attention --------------------------------------------------------------
     def attention_inputs(self) -> tuple[tuple[str, ...], np.ndarray, np.ndarray, np.ndarray]:
@@ -381,6 +451,7 @@ class Simulator:
             cache=self.cache.snapshot(),
             dense=self._dense.snapshot(),
             last_query=dict(self._last_query),
+            prefix_counts=(self._prefix_lookups, self._prefix_hits),
             last_attention=self.last_attention,
         )
 
@@ -393,6 +464,7 @@ class Simulator:
         self._shared_blocks = sum(1 for r in snap.pool.ref_counts if r > 1)
         self._logical_tokens = sum(s.num_tokens for s in self.sequences.values())
         self._last_query = dict(snap.last_query)
+        self._prefix_lookups, self._prefix_hits = snap.prefix_counts
         self._holders = {}
         for seq in self.sequences.values():
             for index, block in enumerate(seq.block_table):

@@ -69,6 +69,34 @@ class BlockCopied:
 
 
 @dataclass(frozen=True, slots=True)
+class BlockReused:
+    """Prefix-cache hit: ``seq``'s logical block ``logical_index`` is the cached ``block``
+    (taken back from the free queue if ``was_free``); its tokens are not computed again."""
+
+    block: int
+    seq: str
+    logical_index: int
+    ref_count: int
+    was_free: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BlockCached:
+    """A full block's tokens were hashed: a later identical prefix can reuse it."""
+
+    block: int
+    seq: str
+    block_hash: int
+
+
+@dataclass(frozen=True, slots=True)
+class BlockEvicted:
+    """A free cached block was reallocated: its hash (and cached data) are gone."""
+
+    block: int
+
+
+@dataclass(frozen=True, slots=True)
 class TokenWritten:
     seq: str
     position: int
@@ -121,6 +149,9 @@ Event = (
     | BlockReleased
     | BlockFreed
     | BlockCopied
+    | BlockReused
+    | BlockCached
+    | BlockEvicted
     | TokenWritten
     | LookupPerformed
     | AttentionComputed

@@ -16,6 +16,13 @@ class Metrics:
     slots_allocated: int  # used_blocks * block_size
     slots_filled: int  # physical slots holding a token
     contiguous_blocks: int  # what per-sequence max-length reservations would hold
+    prefix_lookup_blocks: int = 0  # full prompt blocks looked up in the prefix cache, so far
+    prefix_hit_blocks: int = 0  # ... found there: blocks neither allocated nor computed
+    cached_free_blocks: int = 0  # free blocks still holding a cached prefix
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hit_blocks / self.prefix_lookup_blocks if self.prefix_lookup_blocks else 0.0
 
     @property
     def utilisation(self) -> float:
@@ -35,4 +42,5 @@ class Metrics:
         out = {name: getattr(self, name) for name in self.__slots__}
         out["utilisation"] = round(self.utilisation, 6)
         out["internal_fragmentation"] = self.internal_fragmentation
+        out["prefix_hit_rate"] = round(self.prefix_hit_rate, 6)
         return out

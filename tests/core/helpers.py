@@ -31,6 +31,15 @@ def check_invariants(sim: Simulator) -> None:
         assert (block in free) != (holders[block] > 0), f"block {block} must be free xor referenced"
         assert pool.ref_count(block) == holders[block], f"block {block}: ref count != tables holding it"
     assert pool.num_free + pool.num_used == pool.num_blocks
+    # Prefix cache: a cached block holds exactly the tokens of every table that holds it.
+    bs = sim.config.block_size
+    for seq in sim.sequences.values():
+        assert len(seq.block_hashes) == (seq.num_tokens // bs if sim.config.prefix_caching else 0)
+        for index, h in enumerate(seq.block_hashes):
+            block = seq.block_table[index]
+            if pool.is_cached(block):
+                assert pool.hash_of(block) == h
+                assert pool.cached_block(h, tuple(seq.token_ids[index * bs : (index + 1) * bs])) == block
     # A sequence's K/V, read through its table, are exactly what its own tokens wrote.
     for seq in sim.sequences.values():
         keys, values = sim.cache.read_sequence(seq.block_table, seq.num_tokens)
@@ -41,7 +50,10 @@ def check_invariants(sim: Simulator) -> None:
         np.testing.assert_array_equal(keys, k_expected.astype(sim.cache.dtype))
         np.testing.assert_array_equal(values, v_expected.astype(sim.cache.dtype))
     m = sim.metrics()
-    assert m.slots_filled == sum(sim.block_fill(b) for b in range(pool.num_blocks))
+    assert m.slots_filled == sum(sim.block_fill(b) for b in range(pool.num_blocks) if pool.ref_count(b))
+    assert all(
+        sim.block_fill(b) == 0 for b in range(pool.num_blocks) if not pool.ref_count(b) and not pool.is_cached(b)
+    )
     assert m.logical_tokens == sum(s.num_tokens for s in sim.sequences.values())
     reserve = sim.config.max_model_len
     assert m.contiguous_blocks == sum(sim.config.blocks_for(max(reserve, s.num_tokens)) for s in sim.sequences.values())

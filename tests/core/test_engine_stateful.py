@@ -16,9 +16,21 @@ BACKEND = CpuBackend()
 
 
 class EngineMachine(RuleBasedStateMachine):
-    @initialize(block_size=st.sampled_from([1, 3, 4]), dtype=st.sampled_from(["float32", "bfloat16"]))
-    def start(self, block_size, dtype):
-        config = CacheConfig(num_blocks=12, block_size=block_size, num_heads=2, num_kv_heads=1, head_dim=8, dtype=dtype)
+    @initialize(
+        block_size=st.sampled_from([1, 3, 4]),
+        dtype=st.sampled_from(["float32", "bfloat16"]),
+        prefix_caching=st.booleans(),
+    )
+    def start(self, block_size, dtype, prefix_caching):
+        config = CacheConfig(
+            num_blocks=12,
+            block_size=block_size,
+            num_heads=2,
+            num_kv_heads=1,
+            head_dim=8,
+            dtype=dtype,
+            prefix_caching=prefix_caching,
+        )
         self.sim = Simulator(config, BACKEND)
 
     def _try(self, op):
@@ -34,6 +46,12 @@ class EngineMachine(RuleBasedStateMachine):
     @rule(seq=NAMES, tokens=st.integers(1, 14))
     def add(self, seq, tokens):
         self._try(Add(seq, tokens))
+
+    @rule(
+        seq=NAMES, prefix=st.sampled_from([(7, 8, 9, 10, 11, 12), (7, 8, 9, 1, 2, 3), (5,)]), suffix=st.integers(0, 5)
+    )
+    def add_shared_prefix(self, seq, prefix, suffix):
+        self._try(Add(seq, prompt=(*prefix, *range(300, 300 + suffix))))
 
     @rule(seq=NAMES, tokens=st.integers(1, 6))
     def grow(self, seq, tokens):
