@@ -28,7 +28,15 @@ class Beat:
     lookup: tuple[str, int] | None = None  # (seq, logical index) lit in the table
 
 
-def beats_for(frame: Frame, focus_seq: str | None, colour_of, freed_colour: QColor, speed: float) -> list[Beat]:
+def beats_for(
+    frame: Frame,
+    focus_seq: str | None,
+    colour_of,
+    freed_colour: QColor,
+    speed: float,
+    hit_colour: QColor | None = None,
+    evicted_colour: QColor | None = None,
+) -> list[Beat]:
     if frame.result is None or speed <= 0:
         return []
     scale = 1.0 / speed
@@ -39,6 +47,10 @@ def beats_for(frame: Frame, focus_seq: str | None, colour_of, freed_colour: QCol
             change.glows[event.block] = colour_of(event.seq)
         elif isinstance(event, ev.BlockFreed | ev.BlockReleased):
             change.glows[event.block] = freed_colour
+        elif isinstance(event, ev.BlockReused):  # a prefix-cache hit
+            change.glows[event.block] = hit_colour or colour_of(event.seq)
+        elif isinstance(event, ev.BlockEvicted):
+            change.glows[event.block] = evicted_colour or freed_colour
         elif isinstance(event, ev.BlockCopied):
             change.arrows.append((event.src, event.dst, colour_of(event.seq)))
             change.glows[event.dst] = colour_of(event.seq)

@@ -14,6 +14,13 @@ copy, ref counts go up, and the tile shows one band per holder.</p>
 <p><b>Copy-on-write</b>: when a sequence writes a new token into a <i>shared</i>, partly
 filled last block, it first gets its own copy (the arrow) and the ref count of the
 original drops. Full shared blocks stay shared for ever.</p>
+<p><b>Prefix caching</b> (scenarios with <code>prefix_caching = true</code>): a full
+block is hashed together with the hash of the block before it, so a hash names a whole
+prefix. A new prompt that starts with cached blocks takes them (a green flash) instead
+of allocating and computing them — only the block of its last token is always
+computed. A freed block keeps its tokens and hash (dashed outline, grey cells) until
+allocation reaches it at the head of the free queue, which is least recently used
+first; that eviction flashes red.</p>
 <p><b>Sequences and block tables</b> (left): a sequence's tokens are split into
 <b>logical blocks</b> — token <i>t</i> lives in logical block <i>t // block_size</i>, slot
 <i>t % block_size</i>. The <b>block table</b> maps each logical block (L0, L1, …) to the

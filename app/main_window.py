@@ -522,7 +522,8 @@ class MainWindow(QMainWindow):
         stale_focus = frame.focus is None or frame.focus.seq_id != self.selected_seq
         if stale_focus and attended:
             self.controller.set_focus(self.selected_seq)
-        self.director.play(beats_for(frame, self.selected_seq, self.colours, QColor(self.theme.muted), self.speed))
+        muted, good, bad = (QColor(c) for c in (self.theme.muted, self.theme.good, self.theme.bad))
+        self.director.play(beats_for(frame, self.selected_seq, self.colours, muted, self.speed, good, bad))
 
     def _sync_timeline(self, frame: Frame) -> None:
         self._syncing = True

@@ -61,6 +61,7 @@ class Frame:
     # What this frame's step changed, so views can redraw only that; None: anything.
     touched_blocks: frozenset[int] | None = None
     touched_sequences: frozenset[str] | None = None
+    cached_blocks: frozenset[int] = frozenset()  # blocks holding a reusable prefix (free or not)
 
     @property
     def metrics(self) -> Metrics | None:
@@ -115,6 +116,9 @@ _STATE_EVENTS = (
     ev.BlockReleased,
     ev.BlockFreed,
     ev.BlockCopied,
+    ev.BlockReused,
+    ev.BlockCached,
+    ev.BlockEvicted,
     ev.TokenWritten,
 )
 
@@ -167,4 +171,5 @@ def build_frame(timeline: Timeline, focus_seq: str | None, result: StepResult | 
         operations=tuple(timeline.operations),
         touched_blocks=touched_blocks,
         touched_sequences=touched_sequences,
+        cached_blocks=frozenset(sim.pool.cached_blocks()),
     )

@@ -137,7 +137,12 @@ class KernelPanel(QWidget):
         for label in self._block_labels:
             label.setVisible(False)
         if focus is None:
-            self.verdict.setText("Select a sequence to compare its kernel output with dense attention.")
+            live = self.frame is not None and bool(self.frame.sequences)
+            self.verdict.setText(
+                "Select a sequence to compare its kernel output with dense attention."
+                if live
+                else "No live sequence at this step: nothing to attend."
+            )
             self.kernel_curve.setData([], [])
             self.dense_curve.setData([], [])
             self.weight_bars.setOpts(x=[], height=[])
@@ -204,8 +209,8 @@ class MemoryPanel(QWidget):
         self.contiguous_curve = self.blocks_plot.plot(name="contiguous max-length reservation")
         self.pool_line = pg.InfiniteLine(angle=0, movable=False, label="pool size", labelOpts={"position": 0.95})
         self.blocks_plot.addItem(self.pool_line)
-        self.util_curve = self.util_plot.plot(name="utilisation (% of allocated slots)")
-        self.frag_curve = self.util_plot.plot(name="internal fragmentation (% of slots)")
+        self.util_curve = self.util_plot.plot(name="utilisation (% of allocated slots)", connect="finite")
+        self.frag_curve = self.util_plot.plot(name="internal fragmentation (% of slots)", connect="finite")
         self._view: tuple[int, int] | None = None
         self.summary = QLabel()
         self.summary.setWordWrap(True)
@@ -265,18 +270,29 @@ class MemoryPanel(QWidget):
                 plot.getAxis("bottom").setTickSpacing(spacing, spacing)
             self.blocks_plot.setYRange(0, peak * 1.1, padding=0)
             self.util_plot.setYRange(0, 105, padding=0)
-        self.util_curve.setData(steps, [100 * m.utilisation for m in history])
+        # Nothing allocated: no utilisation to speak of (a gap, not a jump to 100 %).
+        nan = float("nan")
+        self.util_curve.setData(steps, [100 * m.utilisation if m.slots_allocated else nan for m in history])
         self.frag_curve.setData(
-            steps, [100 * m.internal_fragmentation / m.slots_allocated if m.slots_allocated else 0 for m in history]
+            steps, [100 * m.internal_fragmentation / m.slots_allocated if m.slots_allocated else nan for m in history]
         )
         m = frame.metrics
         if m is None:
             self.summary.setText(f"{frame.config.num_blocks} blocks free · nothing allocated yet")
             return
         saving = f", {m.contiguous_blocks / m.used_blocks:.1f}× what paging uses" if m.used_blocks else ""
+        prefix = ""
+        if frame.config.prefix_caching:
+            prefix = (
+                f" · prefix cache: {m.prefix_hit_blocks}/{m.prefix_lookup_blocks} blocks hit "
+                f"({m.prefix_hit_rate:.0%}), {m.cached_free_blocks} cached while free"
+            )
+        if not m.slots_allocated:
+            self.summary.setText(f"<b>0</b>/{m.total_blocks} blocks used · nothing allocated{prefix}")
+            return
         self.summary.setText(
             f"<b>{m.used_blocks}</b>/{m.total_blocks} blocks used · {m.free_blocks} free · "
             f"{m.shared_blocks} shared · utilisation {m.utilisation:.1%} · "
             f"internal fragmentation {m.internal_fragmentation} slots · contiguous would hold "
-            f"{m.contiguous_blocks} blocks{saving}"
+            f"{m.contiguous_blocks} blocks{saving}{prefix}"
         )

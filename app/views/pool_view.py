@@ -30,6 +30,7 @@ class BlockItem(QGraphicsItem):
         self.ref_count = 0
         self.fill = 0
         self.holders: tuple[tuple[str, int], ...] = ()
+        self.cached = False
         self.selected_seq = False
         self.glow: QColor | None = None  # an animation's highlight; never model state
         self.glow_strength = 0.0
@@ -40,11 +41,11 @@ class BlockItem(QGraphicsItem):
     def boundingRect(self) -> QRectF:
         return QRectF(-2, -2, BLOCK_W + 4, BLOCK_H + 4)
 
-    def set_state(self, ref_count: int, fill: int, holders, selected: bool) -> bool:
-        state = (ref_count, fill, holders, selected)
-        if state == (self.ref_count, self.fill, self.holders, self.selected_seq):
+    def set_state(self, ref_count: int, fill: int, holders, selected: bool, cached: bool = False) -> bool:
+        state = (ref_count, fill, holders, selected, cached)
+        if state == (self.ref_count, self.fill, self.holders, self.selected_seq, self.cached):
             return False
-        self.ref_count, self.fill, self.holders, self.selected_seq = state
+        self.ref_count, self.fill, self.holders, self.selected_seq, self.cached = state
         self.setToolTip(self.describe())
         self.update()
         return True
@@ -55,10 +56,18 @@ class BlockItem(QGraphicsItem):
 
     def describe(self) -> str:
         bs = self.view.block_size
+        if self.ref_count == 0 and self.cached:
+            return (
+                f"Physical block {self.block_id}\nfree but cached: it still holds {self.fill}/{bs} tokens of a "
+                "prefix that a new prompt can reuse without computing them;\nevicted when allocation reaches it "
+                "at the head of the (least recently used) free queue"
+            )
         if self.ref_count == 0:
             return f"Physical block {self.block_id}\nfree (in the free queue)\n0/{bs} slots hold tokens"
         owners = ", ".join(f"{seq} (logical block {index})" for seq, index in self.holders)
         shared = " — shared, copy-on-write on the next write" if self.ref_count > 1 else ""
+        if self.cached:
+            shared += "\nin the prefix cache (full block, hashed with its prefix)"
         return (
             f"Physical block {self.block_id}\nref count {self.ref_count}{shared}\n"
             f"held by {owners}\n{self.fill}/{bs} slots hold tokens"
@@ -76,6 +85,8 @@ class BlockItem(QGraphicsItem):
             background = QColor(colours[0])
             background.setAlpha(60)
         painter.setBrush(background)
+        if self.cached and not colours:  # free but still holding a reusable prefix
+            painter.setPen(QPen(QColor(theme.muted), 1.2, Qt.PenStyle.DashLine))
         painter.drawRoundedRect(rect, 4, 4)
         bs = self.view.block_size
         if detail < 0.35:  # far away: a fill bar is all one can see
@@ -106,6 +117,8 @@ class BlockItem(QGraphicsItem):
                 band = cell.height() / len(colours)
                 for i, colour in enumerate(colours):
                     painter.fillRect(QRectF(cell.x(), cell.y() + i * band, cell.width(), band), colour)
+            elif slot < self.fill and self.cached:
+                painter.fillRect(cell, QColor(theme.muted))  # cached tokens nobody holds
             else:
                 painter.fillRect(cell, QColor(theme.empty_slot))
 
@@ -196,7 +209,9 @@ class PoolView(QGraphicsView):
         for block in blocks:
             owners = holders.get(block, ())
             selected = selected_seq is not None and any(seq == selected_seq for seq, _ in owners)
-            changed += self.items[block].set_state(int(ref_counts[block]), int(fills[block]), owners, selected)
+            cached = block in frame.cached_blocks
+            item = self.items[block]
+            changed += item.set_state(int(ref_counts[block]), int(fills[block]), owners, selected, cached)
         return changed
 
     def item_at_block(self, block: int) -> BlockItem:
