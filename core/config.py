@@ -24,6 +24,14 @@ class CacheConfig:
     max_model_len: int | None = None
     # Reuse full blocks of identical prefixes (vLLM's automatic prefix caching).
     prefix_caching: bool = False
+    # The scheduler (submit/schedule operations): preemption mode, CPU pool for swapping,
+    # the free-block watermark kept for decoding, the running batch limit, and the
+    # host<->device bandwidth that prices a swap in simulated time.
+    preemption: str = "recompute"
+    num_cpu_blocks: int = 0
+    watermark: float = 0.01
+    max_num_seqs: int = 256
+    swap_bandwidth_gbs: float = 25.0
 
     def __post_init__(self) -> None:
         if self.num_kv_heads is None:
@@ -42,12 +50,29 @@ class CacheConfig:
             raise ValueError(f"dtype must be one of {', '.join(STORAGE_DTYPES)}; got {self.dtype!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed must be an integer; got {self.seed!r}")
+        if self.preemption not in ("recompute", "swap"):
+            raise ValueError(f"preemption must be recompute or swap; got {self.preemption!r}")
+        if not isinstance(self.num_cpu_blocks, int) or isinstance(self.num_cpu_blocks, bool) or self.num_cpu_blocks < 0:
+            raise ValueError(f"num_cpu_blocks must be a non-negative integer; got {self.num_cpu_blocks!r}")
+        if not isinstance(self.watermark, int | float) or not 0 <= self.watermark < 1:
+            raise ValueError(f"watermark must be a fraction in [0, 1); got {self.watermark!r}")
+        if not isinstance(self.max_num_seqs, int) or isinstance(self.max_num_seqs, bool) or self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be a positive integer; got {self.max_num_seqs!r}")
+        if not isinstance(self.swap_bandwidth_gbs, int | float) or self.swap_bandwidth_gbs <= 0:
+            raise ValueError(f"swap_bandwidth_gbs must be positive; got {self.swap_bandwidth_gbs!r}")
         if not isinstance(self.prefix_caching, bool):
             raise ValueError(f"prefix_caching must be true or false; got {self.prefix_caching!r}")
 
     @property
     def tolerance(self) -> float:
         return tolerance(self.dtype)
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of K and V one block holds."""
+        from kernels.dtypes import storage_dtype
+
+        return 2 * self.block_size * self.num_kv_heads * self.head_dim * storage_dtype(self.dtype).itemsize
 
     @property
     def num_slots(self) -> int:

@@ -24,7 +24,7 @@ from core.errors import (
 )
 from core.kv_cache import ContiguousKVCache, PagedKVCache
 from core.metrics import Metrics
-from core.operations import Add, Fork, Free, Grow, Operation
+from core.operations import Add, Fork, Free, Grow, Operation, Schedule, Submit
 from core.sequence import Sequence, block_hash
 from core.token_model import VOCAB_SIZE, TokenModel
 from kernels.backend import Backend, default_scale, select_backend
@@ -108,6 +108,12 @@ class Simulator:
         self._last_query: dict[str, np.ndarray] = {}  # q of each sequence's newest token (float32)
         self._prefix_lookups = 0  # full prompt blocks looked up in the prefix cache
         self._prefix_hits = 0  # ... and found there
+        self._scheduler = None
+        # Preemption by swap: sequences whose blocks wait in a CPU pool, off the GPU.
+        self.swapped: dict[str, Sequence] = {}
+        self.cpu_pool: BlockPool | None = None
+        self._cpu_key: np.ndarray | None = None
+        self._cpu_value: np.ndarray | None = None
 
     # -- queries ----------------------------------------------------------------
     def sequence(self, seq_id: str) -> Sequence:
@@ -169,14 +175,31 @@ class Simulator:
     # -- operations -------------------------------------------------------------
     def apply(self, op: Operation, attend: bool = True) -> StepResult:
         """Validate ``op``, apply it, then (if ``attend``) run decode attention for every sequence."""
-        handler = {Add: self._add, Grow: self._grow, Fork: self._fork, Free: self._free}.get(type(op))
-        if handler is None:
-            raise InvalidOperationError(f"not an operation: {op!r}")
         events: list[ev.Event] = []
-        handler(op, events)
+        self.execute(op, events)
         self.step += 1
         self.last_attention = self._attend(events) if attend else None
         return StepResult(self.step, op, tuple(events), self.metrics(), self.last_attention)
+
+    def execute(self, op: Operation, events: list) -> None:
+        """Validate and apply one operation, appending its events; no attention, no step.
+        The scheduler drives the engine through this."""
+        if isinstance(op, Submit | Schedule):
+            self.scheduler.execute(op, events)
+            return
+        handler = {Add: self._add, Grow: self._grow, Fork: self._fork, Free: self._free}.get(type(op))
+        if handler is None:
+            raise InvalidOperationError(f"not an operation: {op!r}")
+        handler(op, events)
+
+    @property
+    def scheduler(self):
+        """The request scheduler (created on first use; its state is part of this engine's)."""
+        if self._scheduler is None:
+            from core.scheduler import Scheduler
+
+            self._scheduler = Scheduler(self)
+        return self._scheduler
 
     def _check_new_id(self, seq_id: str) -> None:
         if seq_id in self.sequences:
@@ -378,6 +401,98 @@ class Simulator:
             if self.pool.register(block, h, chunk):
                 events.append(ev.BlockCached(block, seq.seq_id, h))
 
+    # -- swapping ---------------------------------------------------------------
+    def _ensure_cpu_pool(self) -> BlockPool:
+        if self.cpu_pool is None:
+            c = self.config
+            if c.num_cpu_blocks < 1:
+                raise InvalidOperationError("preemption by swap needs num_cpu_blocks ≥ 1 in the scenario header")
+            self.cpu_pool = BlockPool(c.num_cpu_blocks)
+            shape = (c.num_cpu_blocks, c.block_size, c.num_kv_heads, c.head_dim)
+            self._cpu_key = np.zeros(shape, self.cache.dtype)
+            self._cpu_value = np.zeros(shape, self.cache.dtype)
+        return self.cpu_pool
+
+    @staticmethod
+    def _distinct_blocks(tables) -> list[int]:
+        return list(dict.fromkeys(b for table in tables for b in table))
+
+    def swap_out_blocks(self, seq_ids: list[str]) -> int:
+        return len(self._distinct_blocks(self.sequence(s).block_table for s in seq_ids))
+
+    def swap_in_blocks(self, seq_ids: list[str]) -> int:
+        return len(self._distinct_blocks(self.swapped[s].block_table for s in seq_ids))
+
+    def swap_out(self, seq_ids: list[str], events: list) -> int:
+        """Move a group's blocks to the CPU pool (shared blocks once) and free them on the GPU."""
+        seqs = [self.sequence(s) for s in seq_ids]
+        gpu_blocks = self._distinct_blocks(s.block_table for s in seqs)
+        cpu_pool = self._ensure_cpu_pool()
+        if len(gpu_blocks) > cpu_pool.num_free:
+            raise PoolExhaustedError(len(gpu_blocks), cpu_pool.num_free, "swap to the CPU pool")
+        cpu_blocks = cpu_pool.allocate(len(gpu_blocks))
+        keys, values = self.backend.read_blocks(self.cache.key_cache, self.cache.value_cache, gpu_blocks)
+        self._cpu_key[cpu_blocks], self._cpu_value[cpu_blocks] = keys, values
+        to_cpu = dict(zip(gpu_blocks, cpu_blocks, strict=True))
+        for gpu, cpu in to_cpu.items():
+            events.append(ev.BlockSwappedOut(gpu, cpu))
+        first_use = set()
+        for seq in seqs:
+            for block in seq.block_table:  # one CPU reference per table entry, like the GPU's
+                if to_cpu[block] in first_use:
+                    cpu_pool.share(to_cpu[block])
+                first_use.add(to_cpu[block])
+            for block in reversed(seq.block_table):
+                self._release(block, seq.seq_id, events)
+            del self.sequences[seq.seq_id]
+            self._logical_tokens -= seq.num_tokens
+            self._contiguous_blocks -= self._contiguous_reservation(seq.num_tokens)
+            seq.block_table = [to_cpu[b] for b in seq.block_table]
+            self.swapped[seq.seq_id] = seq
+        return len(gpu_blocks)
+
+    def swap_in(self, seq_ids: list[str], events: list) -> int:
+        """Bring a swapped group back: new GPU blocks, bit-identical K/V, the same sharing."""
+        seqs = [self.swapped[s] for s in seq_ids]
+        cpu_blocks = self._distinct_blocks(s.block_table for s in seqs)
+        if len(cpu_blocks) > self.pool.num_free:
+            raise PoolExhaustedError(len(cpu_blocks), self.pool.num_free, "swap in")
+        gpu_blocks = self._allocate(len(cpu_blocks), events)
+        self.backend.write_blocks(
+            self.cache.key_cache,
+            self.cache.value_cache,
+            gpu_blocks,
+            self._cpu_key[cpu_blocks],
+            self._cpu_value[cpu_blocks],
+        )
+        to_gpu = dict(zip(cpu_blocks, gpu_blocks, strict=True))
+        for cpu, gpu in to_gpu.items():
+            events.append(ev.BlockSwappedIn(cpu, gpu))
+        bs = self.config.block_size
+        placed = set()
+        for seq in seqs:
+            for block in seq.block_table:
+                self.cpu_pool.release(block)
+            seq.block_table = [to_gpu[b] for b in seq.block_table]
+            for index, block in enumerate(seq.block_table):
+                if block in placed:
+                    self._shared_blocks += self.pool.share(block) == 2
+                else:
+                    placed.add(block)
+                    self._block_fill[block] = min(bs, seq.num_tokens - index * bs)
+                    self._slots_filled += self._block_fill[block]
+                self._hold(block, seq.seq_id, index)
+            del self.swapped[seq.seq_id]
+            self.sequences[seq.seq_id] = seq
+            self._logical_tokens += seq.num_tokens
+            self._contiguous_blocks += self._contiguous_reservation(seq.num_tokens)
+            if self.config.prefix_caching:
+                for index, h in enumerate(seq.block_hashes):
+                    chunk = tuple(seq.token_ids[index * bs : (index + 1) * bs])
+                    if self.pool.register(seq.block_table[index], h, chunk):
+                        events.append(ev.BlockCached(seq.block_table[index], seq.seq_id, h))
+        return len(gpu_blocks)
+
     # -- attention --------------------------------------------------------------
     def attention_inputs(self) -> tuple[tuple[str, ...], np.ndarray, np.ndarray, np.ndarray]:
         """(seq ids, query, block_tables, context_lens) for a decode step over every sequence."""
@@ -453,6 +568,11 @@ class Simulator:
             last_query=dict(self._last_query),
             prefix_counts=(self._prefix_lookups, self._prefix_hits),
             last_attention=self.last_attention,
+            swapped=tuple(s.copy() for s in self.swapped.values()),
+            cpu=None
+            if self.cpu_pool is None
+            else (self.cpu_pool.snapshot(), self._cpu_key.copy(), self._cpu_value.copy()),
+            scheduler=None if self._scheduler is None else self._scheduler.snapshot(),
         )
 
     def restore(self, snap: SimulatorSnapshot) -> None:
@@ -460,7 +580,7 @@ class Simulator:
         self.pool.restore(snap.pool)
         self.sequences = {s.seq_id: s.copy() for s in snap.sequences}
         self._block_fill = list(snap.block_fill)
-        self._slots_filled = sum(snap.block_fill)
+        self._slots_filled = sum(f for f, r in zip(snap.block_fill, snap.pool.ref_counts, strict=True) if r)
         self._shared_blocks = sum(1 for r in snap.pool.ref_counts if r > 1)
         self._logical_tokens = sum(s.num_tokens for s in self.sequences.values())
         self._last_query = dict(snap.last_query)
@@ -473,3 +593,13 @@ class Simulator:
         self.cache.restore(snap.cache)
         self._dense.restore(snap.dense)
         self.last_attention = snap.last_attention
+        self.swapped = {s.seq_id: s.copy() for s in snap.swapped}
+        if snap.cpu is None:
+            self.cpu_pool = self._cpu_key = self._cpu_value = None
+        else:
+            self._ensure_cpu_pool().restore(snap.cpu[0])
+            self._cpu_key, self._cpu_value = snap.cpu[1].copy(), snap.cpu[2].copy()
+        if snap.scheduler is None:
+            self._scheduler = None
+        else:
+            self.scheduler.restore(snap.scheduler)

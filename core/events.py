@@ -97,6 +97,67 @@ class BlockEvicted:
 
 
 @dataclass(frozen=True, slots=True)
+class BlockSwappedOut:
+    """Preemption by swap: GPU ``block``'s K/V moved to ``cpu_block`` of the CPU pool."""
+
+    block: int
+    cpu_block: int
+
+
+@dataclass(frozen=True, slots=True)
+class BlockSwappedIn:
+    cpu_block: int
+    block: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSubmitted:
+    request: str
+    prompt_len: int
+    output_len: int
+    num_seqs: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestAdmitted:
+    request: str
+    seqs: tuple[str, ...]
+    resumed: bool  # after a preemption by recompute
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPreempted:
+    """``mode`` is "recompute" (blocks freed; ``tokens`` will be computed again) or
+    "swap" (``blocks`` moved to the CPU pool, taking ``swap_seconds`` of simulated time)."""
+
+    request: str
+    mode: str
+    seqs: tuple[str, ...]
+    blocks: int
+    tokens: int
+    swap_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSwappedIn:
+    request: str
+    blocks: int
+    swap_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFinished:
+    request: str
+    output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRejected:
+    request: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class TokenWritten:
     seq: str
     position: int
@@ -153,6 +214,14 @@ Event = (
     | BlockCached
     | BlockEvicted
     | TokenWritten
+    | BlockSwappedOut
+    | BlockSwappedIn
+    | RequestSubmitted
+    | RequestAdmitted
+    | RequestPreempted
+    | RequestSwappedIn
+    | RequestFinished
+    | RequestRejected
     | LookupPerformed
     | AttentionComputed
     | KernelLaunched

@@ -104,4 +104,66 @@ class Free:
         return f"free {self.seq}"
 
 
-Operation = Add | Grow | Fork | Free
+def _check_count(value, field: str, minimum: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise InvalidOperationError(f"{field} must be an integer ≥ {minimum}; got {value!r}")
+
+
+@dataclass(frozen=True)
+class Submit:
+    """A request for the scheduler: a prompt (``prompt_len`` synthetic tokens, the first
+    ``shared_prefix`` of them common to every request, or explicit ``prompt`` ids) and
+    ``output_len`` tokens to decode, as ``n`` parallel samples or ``beam_width`` beams."""
+
+    request: str
+    output_len: int
+    prompt_len: int | None = None
+    prompt: tuple[int, ...] | None = None
+    n: int = 1
+    beam_width: int = 0
+    shared_prefix: int = 0
+
+    def __post_init__(self) -> None:
+        _check_seq_id(self.request, "request")
+        if (self.prompt_len is None) == (self.prompt is None):
+            raise InvalidOperationError("submit needs exactly one of tokens (a count) or prompt (token ids)")
+        if self.prompt is not None:
+            object.__setattr__(self, "prompt", tuple(self.prompt))
+            _check_token_ids(self.prompt, "prompt")
+        else:
+            _check_count(self.prompt_len, "tokens")
+        _check_count(self.output_len, "output")
+        _check_count(self.n, "n")
+        _check_count(self.beam_width, "beam_width", 0)
+        _check_count(self.shared_prefix, "shared_prefix", 0)
+        if self.n > 1 and self.beam_width:
+            raise InvalidOperationError("a request samples n > 1 or searches with beams, not both")
+
+    @property
+    def length(self) -> int:
+        return self.prompt_len if self.prompt is None else len(self.prompt)
+
+    @property
+    def num_seqs(self) -> int:
+        return self.beam_width or self.n
+
+    def describe(self) -> str:
+        fan = f", n={self.n}" if self.n > 1 else f", beam={self.beam_width}" if self.beam_width else ""
+        return f"submit {self.request} ({self.length}+{self.output_len}{fan})"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Run ``steps`` scheduler iterations: admit, decode one token per running sequence,
+    preempt when a block cannot be had."""
+
+    steps: int = 1
+
+    def __post_init__(self) -> None:
+        _check_count(self.steps, "steps")
+
+    def describe(self) -> str:
+        return f"schedule ×{self.steps}"
+
+
+Operation = Add | Grow | Fork | Free | Submit | Schedule

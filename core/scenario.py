@@ -24,7 +24,7 @@ from pathlib import Path
 
 from core.config import CacheConfig
 from core.errors import PagesimError, ScenarioError
-from core.operations import Add, Fork, Free, Grow, Operation
+from core.operations import Add, Fork, Free, Grow, Operation, Schedule, Submit
 
 HEADER_FIELDS = {f.name for f in fields(CacheConfig)}
 REQUIRED_HEADER = ("num_blocks", "block_size", "num_heads", "head_dim")
@@ -34,6 +34,8 @@ STEP_FIELDS = {
     "grow": {"seq", "tokens", "token_ids"},
     "fork": {"seq", "as"},
     "free": {"seq"},
+    "submit": {"request", "tokens", "prompt", "output", "n", "beam_width", "shared_prefix"},
+    "schedule": {"steps"},
 }
 DEFAULT_SCENARIO = "default"
 
@@ -73,6 +75,15 @@ def operation_to_dict(op: Operation) -> dict:
         return {"op": "grow", "seq": op.seq, "tokens": op.num_tokens}
     if isinstance(op, Fork):
         return {"op": "fork", "seq": op.seq, "as": op.new_seq}
+    if isinstance(op, Submit):
+        out = {"op": "submit", "request": op.request, "output": op.output_len}
+        out.update({"tokens": op.prompt_len} if op.prompt is None else {"prompt": list(op.prompt)})
+        for name, default in (("n", 1), ("beam_width", 0), ("shared_prefix", 0)):
+            if getattr(op, name) != default:
+                out[name] = getattr(op, name)
+        return out
+    if isinstance(op, Schedule):
+        return {"op": "schedule", "steps": op.steps}
     return {"op": "free", "seq": op.seq}
 
 
@@ -105,6 +116,10 @@ def parse_step(raw: dict, source: str, step: int) -> Operation:
     if unknown:
         allowed = ", ".join(sorted(STEP_FIELDS[op]))
         raise ScenarioError(source, f"unknown field for op {op!r} (allowed: {allowed})", step, unknown[0])
+    if op == "schedule":
+        return Schedule(_positive_int(raw.get("steps", 1), source, step, "steps"))
+    if op == "submit":
+        return _parse_submit(raw, source, step)
     if "seq" not in raw:
         raise ScenarioError(source, "missing", step, "seq")
     seq = _seq_name(raw["seq"], source, step, "seq")
@@ -131,6 +146,30 @@ def parse_step(raw: dict, source: str, step: int) -> Operation:
             raise ScenarioError(source, "missing: the forked sequence's name", step, "as")
         return Fork(seq, _seq_name(raw["as"], source, step, "as"))
     return Free(seq)
+
+
+def _parse_submit(raw: dict, source: str, step: int) -> Submit:
+    if "request" not in raw:
+        raise ScenarioError(source, "missing: the request's name", step, "request")
+    request = _seq_name(raw["request"], source, step, "request")
+    if ("tokens" in raw) == ("prompt" in raw):
+        raise ScenarioError(source, "submit needs exactly one of tokens (a count) or prompt (ids)", step, "tokens")
+    if "output" not in raw:
+        raise ScenarioError(source, "missing: how many tokens to decode", step, "output")
+    output = _positive_int(raw["output"], source, step, "output")
+    count = _positive_int(raw["tokens"], source, step, "tokens") if "tokens" in raw else None
+    prompt = _int_list(raw["prompt"], source, step, "prompt") if "prompt" in raw else None
+    n = _positive_int(raw.get("n", 1), source, step, "n")
+    beam = raw.get("beam_width", 0)
+    if beam != 0:
+        beam = _positive_int(beam, source, step, "beam_width")
+    shared = raw.get("shared_prefix", 0)
+    if shared != 0:
+        shared = _positive_int(shared, source, step, "shared_prefix")
+    try:
+        return Submit(request, output, count, prompt, n, beam, shared)
+    except PagesimError as exc:
+        raise ScenarioError(source, str(exc), step) from None
 
 
 def parse_scenario(text: str, source: str = "<memory>") -> Scenario:

@@ -51,6 +51,17 @@ class Backend(ABC):
         """Write ``keys``/``values`` of shape (n, num_kv_heads, head_dim) to flat slots
         ``block * block_size + offset`` (vLLM's ``reshape_and_cache``)."""
 
+    def read_blocks(self, key_cache: Any, value_cache: Any, block_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Whole blocks' K/V to the host (swap out)."""
+        ids = self.xp.asarray(np.asarray(block_ids, dtype=np.int64))
+        return self.to_numpy(key_cache[ids]), self.to_numpy(value_cache[ids])
+
+    def write_blocks(self, key_cache: Any, value_cache: Any, block_ids: list[int], keys, values) -> None:
+        """Whole blocks' K/V from the host (swap in)."""
+        ids = self.xp.asarray(np.asarray(block_ids, dtype=np.int64))
+        key_cache[ids] = self.to_device(keys)
+        value_cache[ids] = self.to_device(values)
+
     @abstractmethod
     def copy_blocks(self, key_cache: Any, value_cache: Any, block_mapping: np.ndarray) -> None:
         """Copy whole blocks, ``block_mapping`` is (n, 2) of (src, dst) pairs."""

@@ -1,0 +1,304 @@
+"""A serving engine's scheduler: waiting, running and swapped queues (first come, first
+served), admission by free blocks with a watermark, and preemption when a decode step
+cannot get a block — by recompute (free the blocks, requeue at the front) or by swap
+(move the blocks to a CPU pool and back). A forked group (parallel samples, beams) is
+admitted, preempted and resumed together. Modelled on vLLM v0's scheduler.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+from core import events as ev
+from core.errors import DuplicateSequenceError, InvalidOperationError
+from core.operations import Add, Fork, Free, Grow, Schedule, Submit
+
+WAITING, RUNNING, SWAPPED, FINISHED, REJECTED = "waiting", "running", "swapped", "finished", "rejected"
+# vLLM v0's AllocStatus: admit now, later (not enough free blocks yet), or never (too big).
+OK, LATER, NEVER = "ok", "later", "never"
+SHARED_PREFIX_ID = "__shared_prefix__"  # the token stream every request's shared prefix comes from
+
+
+@dataclass
+class RequestState:
+    request: str
+    order: int  # submission order: the priority (lower first)
+    prompt: tuple[int, ...]
+    output_len: int
+    n: int = 1
+    beam_width: int = 0
+    status: str = WAITING
+    seqs: list[str] = field(default_factory=list)
+    generated: int = 0  # decode steps done (every sequence of the group advances together)
+    resume_tokens: dict[str, tuple[int, ...]] | None = None  # after preemption by recompute
+    beam_serial: int = 0
+    preemptions: int = 0
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.resume_tokens) if self.resume_tokens else (self.beam_width or self.n)
+
+    def copy(self) -> RequestState:
+        return replace(
+            self,
+            seqs=list(self.seqs),
+            resume_tokens=None if self.resume_tokens is None else dict(self.resume_tokens),
+        )
+
+
+@dataclass(frozen=True)
+class SchedulerSnapshot:
+    requests: tuple[RequestState, ...]
+    waiting: tuple[str, ...]
+    running: tuple[str, ...]
+    swapped: tuple[str, ...]
+    counters: tuple[int, int, int, float, int, int]
+
+
+class Scheduler:
+    def __init__(self, sim) -> None:
+        self.sim = sim
+        self.requests: dict[str, RequestState] = {}
+        self.waiting: deque[str] = deque()
+        self.running: list[str] = []
+        self.swapped: deque[str] = deque()
+        self.preemptions = 0
+        self.recomputed_tokens = 0
+        self.swapped_blocks = 0
+        self.swap_seconds = 0.0
+        self.finished = 0
+        self.rejected = 0
+
+    # -- operations ---------------------------------------------------------------
+    def execute(self, op, events: list) -> None:
+        if isinstance(op, Submit):
+            self.submit(op, events)
+        elif isinstance(op, Schedule):
+            for _ in range(op.steps):
+                self.step(events)
+        else:
+            raise InvalidOperationError(f"not a scheduler operation: {op!r}")
+
+    def submit(self, op: Submit, events: list) -> None:
+        if op.request in self.requests:
+            raise DuplicateSequenceError(op.request)
+        model = self.sim.model
+        if op.prompt is not None:
+            prompt = op.prompt
+        else:
+            shared = min(op.shared_prefix, op.prompt_len)
+            prompt = (
+                *model.token_ids(SHARED_PREFIX_ID, 0, shared),
+                *model.token_ids(op.request, shared, op.prompt_len - shared),
+            )
+        self.sim._check_vocab(prompt, "prompt")
+        state = RequestState(op.request, len(self.requests), tuple(prompt), op.output_len, op.n, op.beam_width)
+        self.requests[op.request] = state
+        self.waiting.append(op.request)
+        events.append(ev.RequestSubmitted(op.request, len(prompt), op.output_len, state.num_seqs))
+
+    # -- admission -----------------------------------------------------------------
+    @property
+    def watermark_blocks(self) -> int:
+        return int(self.sim.config.watermark * self.sim.config.num_blocks)
+
+    def admission_blocks(self, state: RequestState) -> int:
+        blocks_for = self.sim.config.blocks_for
+        if state.resume_tokens:
+            return sum(blocks_for(len(tokens)) for tokens in state.resume_tokens.values())
+        return blocks_for(len(state.prompt))  # samples and beams fork: they share the prompt
+
+    def alloc_status(self, state: RequestState) -> str:
+        needed = self.admission_blocks(state)
+        if needed > self.sim.config.num_blocks - self.watermark_blocks:
+            return NEVER
+        if self.sim.pool.num_free - needed < self.watermark_blocks:
+            return LATER
+        return OK
+
+    def _running_seqs(self) -> int:
+        return sum(len(self.requests[r].seqs) for r in self.running)
+
+    def _admit(self, state: RequestState, events: list) -> None:
+        execute = self.sim.execute
+        resumed = state.resume_tokens is not None
+        if resumed:
+            for seq_id, tokens in state.resume_tokens.items():
+                execute(Add(seq_id, prompt=tokens), events)
+            state.seqs = list(state.resume_tokens)
+            state.resume_tokens = None
+        else:
+            fan = state.beam_width or state.n
+            if fan == 1:
+                state.seqs = [state.request]
+            else:
+                tag = "b" if state.beam_width else "s"
+                state.seqs = [f"{state.request}/{tag}{i}" for i in range(fan)]
+                state.beam_serial = fan
+            execute(Add(state.seqs[0], prompt=state.prompt), events)
+            for seq_id in state.seqs[1:]:
+                execute(Fork(state.seqs[0], seq_id), events)
+        state.status = RUNNING
+        self.running.append(state.request)
+        events.append(ev.RequestAdmitted(state.request, tuple(state.seqs), resumed))
+
+    # -- preemption ------------------------------------------------------------------
+    def _swap_time(self, blocks: int) -> float:
+        return blocks * self.sim.config.block_bytes / (self.sim.config.swap_bandwidth_gbs * 1e9)
+
+    def preempt(self, request: str, events: list) -> None:
+        state = self.requests[request]
+        self.running.remove(request)
+        state.preemptions += 1
+        self.preemptions += 1
+        sim = self.sim
+        cpu_free = sim.config.num_cpu_blocks if sim.cpu_pool is None else sim.cpu_pool.num_free
+        if sim.config.preemption == "swap" and sim.swap_out_blocks(state.seqs) <= cpu_free:
+            blocks = sim.swap_out(state.seqs, events)
+            seconds = self._swap_time(blocks)
+            self.swapped_blocks += blocks
+            self.swap_seconds += seconds
+            state.status = SWAPPED
+            self.swapped.append(request)
+            self.swapped = deque(sorted(self.swapped, key=lambda r: self.requests[r].order))
+            events.append(ev.RequestPreempted(request, "swap", tuple(state.seqs), blocks, 0, seconds))
+            return
+        # Recompute: every token goes, and comes back through a new prefill.
+        tokens = {s: tuple(sim.sequence(s).token_ids) for s in state.seqs}
+        blocks = len(sim._distinct_blocks(sim.sequence(s).block_table for s in state.seqs))
+        for seq_id in state.seqs:
+            sim.execute(Free(seq_id), events)
+        state.resume_tokens = tokens
+        state.status = WAITING
+        self.waiting.appendleft(request)  # at the front: no starvation of the preempted
+        lost = sum(len(t) for t in tokens.values())
+        self.recomputed_tokens += lost
+        events.append(ev.RequestPreempted(request, "recompute", tuple(state.seqs), blocks, lost, 0.0))
+
+    # -- one iteration -----------------------------------------------------------------
+    def _decode_blocks(self, requests: list[str]) -> int:
+        """Blocks one decode token for every sequence of ``requests`` could need
+        (a new block at a boundary, or a copy of a shared last block)."""
+        sim, bs = self.sim, self.sim.config.block_size
+        need = 0
+        for request in requests:
+            for seq_id in self.requests[request].seqs:
+                seq = sim.sequences[seq_id]
+                if seq.num_tokens % bs == 0 or sim.pool.ref_count(seq.block_table[-1]) > 1:
+                    need += 1
+        return need
+
+    def step(self, events: list) -> None:
+        sim = self.sim
+        # 1. Swapped groups come back first, oldest first, while the watermark allows.
+        while self.swapped:
+            state = self.requests[self.swapped[0]]
+            blocks = sim.swap_in_blocks(state.seqs)
+            if sim.pool.num_free - blocks < self.watermark_blocks:
+                break
+            self.swapped.popleft()
+            sim.swap_in(state.seqs, events)
+            seconds = self._swap_time(blocks)
+            self.swap_seconds += seconds
+            state.status = RUNNING
+            self.running.append(state.request)
+            self.running.sort(key=lambda r: self.requests[r].order)
+            events.append(ev.RequestSwappedIn(state.request, blocks, seconds))
+        # 2. Admit waiting requests in order; a LATER at the head blocks the queue (FCFS).
+        decoding = list(self.running)
+        while self.waiting and not self.swapped:
+            state = self.requests[self.waiting[0]]
+            if self._running_seqs() + state.num_seqs > sim.config.max_num_seqs:
+                break
+            status = self.alloc_status(state)
+            if status == LATER:
+                break
+            self.waiting.popleft()
+            if status == NEVER:
+                state.status = REJECTED
+                self.rejected += 1
+                reason = (
+                    f"needs {self.admission_blocks(state)} blocks; the pool has {sim.config.num_blocks} "
+                    f"with {self.watermark_blocks} kept free"
+                )
+                events.append(ev.RequestRejected(state.request, reason))
+                continue
+            self._admit(state, events)
+        # 3. Decode one token for every sequence that was running, preempting from the back.
+        while decoding and self._decode_blocks(decoding) > sim.pool.num_free:
+            victim = max(self.running, key=lambda r: self.requests[r].order)
+            self.preempt(victim, events)
+            if victim in decoding:
+                decoding.remove(victim)
+        for request in decoding:
+            state = self.requests[request]
+            for seq_id in state.seqs:
+                sim.execute(Grow(seq_id, 1), events)
+            state.generated += 1
+            if state.beam_width > 1:
+                self._prune_beams(state, events)
+            if state.generated >= state.output_len:
+                for seq_id in state.seqs:
+                    sim.execute(Free(seq_id), events)
+                state.status = FINISHED
+                state.seqs = []
+                self.running.remove(request)
+                self.finished += 1
+                events.append(ev.RequestFinished(request, state.generated))
+
+    def _prune_beams(self, state: RequestState, events: list) -> None:
+        """Beam search's shape: the weakest beam is dropped, the strongest forked in its
+        place (scores are a stable hash of each beam's tokens)."""
+
+        def score(seq_id: str) -> int:
+            return zlib.crc32(repr(self.sim.sequences[seq_id].token_ids[-4:]).encode())
+
+        ranked = sorted(state.seqs, key=score)
+        worst, best = ranked[0], ranked[-1]
+        self.sim.execute(Free(worst), events)
+        state.seqs.remove(worst)
+        child = f"{state.request}/b{state.beam_serial}"
+        state.beam_serial += 1
+        self.sim.execute(Fork(best, child), events)
+        state.seqs.append(child)
+
+    # -- state ------------------------------------------------------------------------
+    def counts(self) -> dict[str, int]:
+        return {
+            "waiting": len(self.waiting),
+            "running": len(self.running),
+            "swapped": len(self.swapped),
+            "finished": self.finished,
+            "rejected": self.rejected,
+            "preemptions": self.preemptions,
+        }
+
+    def snapshot(self) -> SchedulerSnapshot:
+        return SchedulerSnapshot(
+            tuple(s.copy() for s in self.requests.values()),
+            tuple(self.waiting),
+            tuple(self.running),
+            tuple(self.swapped),
+            (
+                self.preemptions,
+                self.recomputed_tokens,
+                self.swapped_blocks,
+                self.swap_seconds,
+                self.finished,
+                self.rejected,
+            ),
+        )
+
+    def restore(self, snap: SchedulerSnapshot) -> None:
+        self.requests = {s.request: s.copy() for s in snap.requests}
+        self.waiting, self.running, self.swapped = deque(snap.waiting), list(snap.running), deque(snap.swapped)
+        (
+            self.preemptions,
+            self.recomputed_tokens,
+            self.swapped_blocks,
+            self.swap_seconds,
+            self.finished,
+            self.rejected,
+        ) = snap.counters

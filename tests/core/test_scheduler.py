@@ -1,0 +1,173 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core import events as ev
+from core.config import CacheConfig
+from core.engine import Simulator
+from core.errors import DuplicateSequenceError, InvalidOperationError
+from core.operations import Schedule, Submit
+from core.scheduler import LATER, NEVER, OK
+from tests.core.helpers import check_invariants
+
+
+def make_sim(cpu_backend, num_blocks=24, **kw):
+    config = CacheConfig(num_blocks=num_blocks, block_size=4, num_heads=2, num_kv_heads=1, head_dim=8, **kw)
+    return Simulator(config, cpu_backend)
+
+
+def run(sim, steps, attend=False):
+    found = []
+    for _ in range(steps):
+        result = sim.apply(Schedule(1), attend=attend)
+        found += result.events
+        check_invariants(sim)
+        check_cpu_pool(sim)
+        if attend and result.attention is not None:
+            assert result.attention.passed
+    return found
+
+
+def check_cpu_pool(sim):
+    if sim.cpu_pool is None:
+        return
+    holders = {}
+    for seq in sim.swapped.values():
+        for block in seq.block_table:
+            holders[block] = holders.get(block, 0) + 1
+    for block in range(sim.cpu_pool.num_blocks):
+        assert sim.cpu_pool.ref_count(block) == holders.get(block, 0)
+
+
+def of(found, kind):
+    return [e for e in found if isinstance(e, kind)]
+
+
+def test_requests_are_admitted_first_come_first_served(cpu_backend):
+    sim = make_sim(cpu_backend, num_blocks=12, watermark=0.0)
+    for name, prompt in (("a", 20), ("b", 32), ("c", 4)):  # a: 5 blocks, b: 8, c: 1
+        sim.apply(Submit(name, 2, prompt_len=prompt))
+    found = run(sim, 1)
+    # b does not fit next to a, so c waits behind it although c would fit.
+    assert [e.request for e in of(found, ev.RequestAdmitted)] == ["a"]
+    assert sim.scheduler.alloc_status(sim.scheduler.requests["b"]) == LATER
+    found = run(sim, 6)
+    assert [e.request for e in of(found, ev.RequestAdmitted)] == ["b", "c"]
+    assert [e.request for e in of(found, ev.RequestFinished)] == ["a", "b", "c"]
+
+
+def test_the_watermark_keeps_blocks_free_and_oversized_requests_are_rejected(cpu_backend):
+    sim = make_sim(cpu_backend, num_blocks=20, watermark=0.2)  # keep 4 blocks free
+    sim.apply(Submit("fits", 1, prompt_len=4 * 16))  # 16 blocks: 20 - 16 = 4 >= 4
+    sim.apply(Submit("huge", 1, prompt_len=4 * 17))  # 17 blocks > 20 - 4 ever
+    assert sim.scheduler.alloc_status(sim.scheduler.requests["fits"]) == OK
+    assert sim.scheduler.alloc_status(sim.scheduler.requests["huge"]) == NEVER
+    found = run(sim, 3)
+    assert [e.request for e in of(found, ev.RequestRejected)] == ["huge"]
+    assert "17 blocks" in of(found, ev.RequestRejected)[0].reason
+
+
+def test_preemption_by_recompute_frees_the_newest_and_resumes_it_first(cpu_backend):
+    sim = make_sim(cpu_backend, num_blocks=10, watermark=0.0)
+    sim.apply(Submit("old", 12, prompt_len=14))  # 4 blocks, grows to 26 tokens = 7 blocks
+    sim.apply(Submit("new", 12, prompt_len=14))
+    found = run(sim, 10)  # both need a fifth block at token 17 and a sixth at 21: 12 > 10
+    preempted = of(found, ev.RequestPreempted)
+    assert preempted and preempted[0].request == "new" and preempted[0].mode == "recompute"
+    assert preempted[0].tokens >= 14
+    sim.apply(Submit("later", 2, prompt_len=2))
+    found = run(sim, 40)
+    admitted = [e.request for e in of(found, ev.RequestAdmitted)]
+    assert admitted.index("new") < admitted.index("later")  # the preempted one is not starved
+    assert {e.request for e in of(found, ev.RequestFinished)} >= {"old", "new", "later"}
+
+
+def test_recomputed_requests_produce_the_same_tokens(cpu_backend):
+    def final_tokens(num_blocks):
+        sim = make_sim(cpu_backend, num_blocks=num_blocks, watermark=0.0)
+        for i in range(3):
+            sim.apply(Submit(f"r{i}", 10, prompt_len=9))
+        tokens = {}
+        for _ in range(60):
+            for seq_id, seq in sim.sequences.items():
+                tokens[seq_id] = list(seq.token_ids)
+            sim.apply(Schedule(1), attend=False)
+        return tokens, sim.scheduler.preemptions
+
+    roomy, roomy_preemptions = final_tokens(64)
+    tight, tight_preemptions = final_tokens(9)
+    assert roomy_preemptions == 0 and tight_preemptions > 0
+    assert tight == roomy
+
+
+def test_swap_moves_a_group_out_and_back_bit_for_bit(cpu_backend):
+    sim = make_sim(cpu_backend, num_blocks=14, watermark=0.0, preemption="swap", num_cpu_blocks=16)
+    sim.apply(Submit("first", 16, prompt_len=13))
+    sim.apply(Submit("pair", 16, prompt_len=9, n=2))
+    run(sim, 1)
+    before = {
+        s: [a.copy() for a in sim.cache.read_sequence(sim.sequence(s).block_table, sim.sequence(s).num_tokens)]
+        for s in sim.scheduler.requests["pair"].seqs
+    }
+    found = []
+    while not of(found, ev.RequestPreempted):
+        found += run(sim, 1, attend=True)
+    (preempted,) = of(found, ev.RequestPreempted)
+    assert preempted.request == "pair" and preempted.mode == "swap" and preempted.swap_seconds > 0
+    assert set(preempted.seqs) == set(sim.swapped)  # the group went together
+    swapped_tokens = {s: sim.swapped[s].num_tokens for s in sim.swapped}
+    found = []
+    while not of(found, ev.RequestSwappedIn):
+        found += run(sim, 1, attend=True)
+    for seq_id, (keys, values) in before.items():
+        seq = sim.sequence(seq_id)
+        got_k, got_v = sim.cache.read_sequence(seq.block_table, swapped_tokens[seq_id])
+        np.testing.assert_array_equal(got_k[: len(keys)], keys)
+        np.testing.assert_array_equal(got_v[: len(values)], values)
+    assert sim.cpu_pool.num_free == 16
+
+
+def test_beam_search_keeps_its_width_with_forks_and_frees(cpu_backend):
+    sim = make_sim(cpu_backend, num_blocks=40)
+    sim.apply(Submit("beam", 6, prompt_len=6, beam_width=3))
+    found = run(sim, 4, attend=True)
+    assert len(sim.scheduler.requests["beam"].seqs) == 3
+    assert of(found, ev.SequenceForked) and of(found, ev.SequenceFreed)
+    assert of(found, ev.BlockCopied)  # a forked beam writing into the shared last block
+    run(sim, 4)
+    assert sim.scheduler.requests["beam"].status == "finished" and not sim.sequences
+
+
+def test_bad_submissions_change_nothing(cpu_backend):
+    sim = make_sim(cpu_backend)
+    sim.apply(Submit("a", 2, prompt_len=3))
+    with pytest.raises(DuplicateSequenceError):
+        sim.apply(Submit("a", 2, prompt_len=3))
+    with pytest.raises(InvalidOperationError, match="vocabulary"):
+        sim.apply(Submit("b", 2, prompt=(1, 99_999)))
+    assert list(sim.scheduler.requests) == ["a"]
+    with pytest.raises(InvalidOperationError, match="not both"):
+        Submit("c", 2, prompt_len=3, n=2, beam_width=2)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    num_blocks=st.integers(6, 30),
+    mode=st.sampled_from(["recompute", "swap"]),
+    requests=st.lists(st.tuples(st.integers(1, 20), st.integers(1, 12), st.integers(1, 3)), min_size=1, max_size=6),
+    prefix=st.booleans(),
+)
+def test_every_request_ends_and_invariants_hold(cpu_backend, num_blocks, mode, requests, prefix):
+    sim = make_sim(
+        cpu_backend, num_blocks=num_blocks, watermark=0.0, preemption=mode, num_cpu_blocks=8, prefix_caching=prefix
+    )
+    for i, (prompt, output, n) in enumerate(requests):
+        sim.apply(Submit(f"r{i}", output, prompt_len=prompt, n=n, shared_prefix=4))
+    for _ in range(200):
+        if not (sim.scheduler.waiting or sim.scheduler.running or sim.scheduler.swapped):
+            break
+        run(sim, 1)
+    counts = sim.scheduler.counts()
+    assert counts["finished"] + counts["rejected"] == len(requests)
+    assert not sim.sequences and not sim.swapped and sim.pool.num_free == num_blocks
