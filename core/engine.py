@@ -85,6 +85,9 @@ class SimulatorSnapshot:
     last_query: dict[str, np.ndarray]
     prefix_counts: tuple[int, int]
     last_attention: AttentionReport | None
+    swapped: tuple[Sequence, ...] = ()
+    cpu: tuple | None = None  # (CPU pool snapshot, keys, values)
+    scheduler: object | None = None  # SchedulerSnapshot
 
 
 class Simulator:

@@ -228,6 +228,10 @@ class Scheduler:
             self._admit(state, events)
         # 3. Decode one token for every sequence that was running, preempting from the back.
         while decoding and self._decode_blocks(decoding) > sim.pool.num_free:
+            if self.running == decoding[:1] and len(decoding) == 1:
+                # Alone and still short: preempting it would only bring it back to this point.
+                self._abort(decoding.pop(), "grew past what the pool can hold", events)
+                break
             victim = max(self.running, key=lambda r: self.requests[r].order)
             self.preempt(victim, events)
             if victim in decoding:
@@ -247,6 +251,16 @@ class Scheduler:
                 self.running.remove(request)
                 self.finished += 1
                 events.append(ev.RequestFinished(request, state.generated))
+
+    def _abort(self, request: str, reason: str, events: list) -> None:
+        state = self.requests[request]
+        for seq_id in state.seqs:
+            self.sim.execute(Free(seq_id), events)
+        state.seqs = []
+        state.status = REJECTED
+        self.running.remove(request)
+        self.rejected += 1
+        events.append(ev.RequestRejected(request, f"{reason} ({self.sim.config.num_blocks} blocks)"))
 
     def _prune_beams(self, state: RequestState, events: list) -> None:
         """Beam search's shape: the weakest beam is dropped, the strongest forked in its

@@ -171,3 +171,39 @@ def test_every_request_ends_and_invariants_hold(cpu_backend, num_blocks, mode, r
     counts = sim.scheduler.counts()
     assert counts["finished"] + counts["rejected"] == len(requests)
     assert not sim.sequences and not sim.swapped and sim.pool.num_free == num_blocks
+
+
+def test_seeking_back_restores_the_scheduler_and_the_cpu_pool(cpu_backend):
+    from core.scenario import parse_scenario
+    from core.timeline import Timeline
+
+    steps = "".join(f'[[steps]]\nop = "submit"\nrequest = "r{i}"\ntokens = 9\noutput = 12\n' for i in range(3))
+    steps += '[[steps]]\nop = "schedule"\nsteps = 1\n' * 20
+    scenario = parse_scenario(
+        "num_blocks = 9\nblock_size = 4\nnum_heads = 2\nhead_dim = 8\nwatermark = 0.0\n"
+        'preemption = "swap"\nnum_cpu_blocks = 12\n' + steps,
+        "sched.toml",
+    )
+    timeline = Timeline(scenario, cpu_backend, snapshot_every=4)
+
+    def state():
+        s = timeline.sim.scheduler
+        return (
+            s.counts(),
+            tuple(s.waiting),
+            tuple(s.running),
+            tuple(s.swapped),
+            {k: (tuple(v.token_ids), tuple(v.block_table)) for k, v in timeline.sim.swapped.items()},
+            {k: tuple(v.token_ids) for k, v in timeline.sim.sequences.items()},
+        )
+
+    seen = {}
+    while not timeline.at_end:
+        timeline.forward()
+        seen[timeline.position] = state()
+    assert timeline.sim.scheduler.preemptions > 0
+    for step in (17, 6, 13, 23):
+        timeline.seek(step)
+        assert state() == seen[step]
+        check_invariants(timeline.sim)
+        check_cpu_pool(timeline.sim)
