@@ -196,7 +196,8 @@ class Scheduler:
         while self.swapped:
             state = self.requests[self.swapped[0]]
             blocks = sim.swap_in_blocks(state.seqs)
-            if sim.pool.num_free - blocks < self.watermark_blocks:
+            # Room for the group and its next token, or it would be swapped straight out again.
+            if sim.pool.num_free - blocks - len(state.seqs) < self.watermark_blocks:
                 break
             self.swapped.popleft()
             sim.swap_in(state.seqs, events)

@@ -62,6 +62,9 @@ class Frame:
     touched_blocks: frozenset[int] | None = None
     touched_sequences: frozenset[str] | None = None
     cached_blocks: frozenset[int] = frozenset()  # blocks holding a reusable prefix (free or not)
+    # The scheduler's queues (request ids, in order) and counters; None without one.
+    queues: dict[str, tuple[str, ...]] | None = None
+    scheduler_counts: dict[str, int] | None = None
 
     @property
     def metrics(self) -> Metrics | None:
@@ -172,4 +175,12 @@ def build_frame(timeline: Timeline, focus_seq: str | None, result: StepResult | 
         touched_blocks=touched_blocks,
         touched_sequences=touched_sequences,
         cached_blocks=frozenset(sim.pool.cached_blocks()),
+        queues=None
+        if sim._scheduler is None
+        else {
+            "waiting": tuple(sim.scheduler.waiting),
+            "running": tuple(sim.scheduler.running),
+            "swapped": tuple(sim.scheduler.swapped),
+        },
+        scheduler_counts=None if sim._scheduler is None else sim.scheduler.counts(),
     )

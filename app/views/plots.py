@@ -287,6 +287,13 @@ class MemoryPanel(QWidget):
                 f" · prefix cache: {m.prefix_hit_blocks}/{m.prefix_lookup_blocks} blocks hit "
                 f"({m.prefix_hit_rate:.0%}), {m.cached_free_blocks} cached while free"
             )
+        if frame.queues is not None:
+            q, c = frame.queues, frame.scheduler_counts
+            prefix += (
+                f"<br>scheduler · running {', '.join(q['running']) or '—'} · waiting {', '.join(q['waiting']) or '—'}"
+                f" · swapped {', '.join(q['swapped']) or '—'} · {c['preemptions']} preemptions · "
+                f"{c['finished']} finished · {c['rejected']} rejected"
+            )
         if not m.slots_allocated:
             self.summary.setText(f"<b>0</b>/{m.total_blocks} blocks used · nothing allocated{prefix}")
             return
