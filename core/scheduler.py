@@ -196,8 +196,10 @@ class Scheduler:
         while self.swapped:
             state = self.requests[self.swapped[0]]
             blocks = sim.swap_in_blocks(state.seqs)
-            # Room for the group and its next token, or it would be swapped straight out again.
-            if sim.pool.num_free - blocks - len(state.seqs) < self.watermark_blocks:
+            # Room for the group and its next token, or it would be swapped straight out again
+            # (alone, it comes back anyway: there is nobody to make room for).
+            headroom = len(state.seqs) if self.running else 0
+            if sim.pool.num_free - blocks - headroom < self.watermark_blocks:
                 break
             self.swapped.popleft()
             sim.swap_in(state.seqs, events)
