@@ -61,6 +61,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="small sizes and few repeats (a smoke run)")
     bench.add_argument("--gui", action="store_true", help="benchmark the app's step + redraw instead")
 
+    waste = sub.add_parser(
+        "waste", help="where KV memory goes: paging against contiguous reservations (the vLLM paper's Fig. 2)"
+    )
+    waste.add_argument("--workload", choices=["sharegpt", "alpaca", "uniform", "zipf"], default="sharegpt")
+    waste.add_argument("--requests", type=int, default=1000)
+    waste.add_argument("--rate", type=float, default=2000.0, help="Poisson arrivals per second (high: under load)")
+    waste.add_argument("--seed", type=int, default=0)
+    waste.add_argument("--slots", type=int, default=32768, help="KV-cache pool size in token slots")
+    waste.add_argument("--block-size", type=int, default=16)
+    waste.add_argument("--max-len", type=int, default=2048, help="the model's max length (Orca-Max reserves it)")
+    waste.add_argument("--json", type=Path, metavar="PATH", help="write the breakdown here")
+
     sub.add_parser("scenarios", help="list the shipped scenarios")
     sub.add_parser("backends", help="list the backends and whether each can run here")
 
@@ -126,6 +138,41 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return run_benchmarks(args)
 
 
+def cmd_waste(args: argparse.Namespace) -> int:
+    import json
+
+    from core.waste import CATEGORIES, compare
+    from core.workload import generate
+
+    workload = generate(args.workload, args.requests, rate=args.rate, seed=args.seed, max_len=args.max_len)
+    reports = compare(workload, args.slots, block_size=args.block_size, max_len=args.max_len)
+    mean_in = sum(r.prompt_len for r in workload) / max(1, len(workload))
+    mean_out = sum(r.output_len for r in workload) / max(1, len(workload))
+    print(
+        f"pagesim waste · {args.requests} {args.workload}-like requests (mean prompt {mean_in:.0f}, output "
+        f"{mean_out:.0f} tokens) · pool {args.slots} slots · block size {args.block_size} · max length {args.max_len}"
+    )
+    print("shares of the KV pool, averaged over the steps with a request waiting:")
+    names = {
+        "token_states": "tokens",
+        "reservation": "reserved",
+        "internal_fragmentation": "internal",
+        "external_fragmentation": "external",
+        "free": "free",
+    }
+    print(f"{'allocator':<12}" + "".join(f"{names[c]:>10}" for c in CATEGORIES) + f"{'steps':>8}{'batch':>7}")
+    for r in reports:
+        shares = r.shares
+        print(
+            f"{r.allocator:<12}" + "".join(f"{shares[c]:>10.1%}" for c in CATEGORIES) + f"{r.steps:>8}{r.peak_batch:>7}"
+        )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        report = {"workload": vars(args) | {"json": str(args.json)}, "allocators": [r.as_dict() for r in reports]}
+        args.json.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+    return 0
+
+
 def cmd_scenarios(_: argparse.Namespace) -> int:
     for name in sorted(shipped_scenarios()):
         scenario = load_scenario(name)
@@ -169,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         "run": cmd_run,
         "bench": cmd_bench,
         "scenarios": cmd_scenarios,
+        "waste": cmd_waste,
         "backends": cmd_backends,
         "gui": lambda a: _launch_app_module("app.main", a),
     }

@@ -1,0 +1,222 @@
+"""Where KV-cache memory goes: the paged allocator against contiguous ones.
+
+The vLLM paper (Kwon et al., SOSP 2023, §2.3 and Fig. 2) splits the KV memory of a
+serving system into token states (KV of tokens that exist), reservation (slots held for
+tokens a request will generate later), internal fragmentation (slots held that it will
+never use) and external fragmentation (free memory cut into holes too small to place
+the next request). It compares vLLM's paging with Orca under three reservation rules:
+
+- Orca-Max: every request reserves the model's max length;
+- Orca-Pow2: the prompt plus the next power of two of its output length;
+- Orca-Oracle: exactly its final length (it knows the future).
+
+This module replays one workload through a first-come-first-served batch scheduler for
+each allocator — contiguous ones place each reservation first-fit in a linear address
+space, the paged one takes whole blocks on demand — and accounts every slot at every
+step. Shares are of the whole pool, averaged over the steps where a request was waiting
+(the pool was the bottleneck), as in the paper's measurement under load.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+from core.workload import RequestSpec
+
+ALLOCATORS = ("paged", "orca-oracle", "orca-pow2", "orca-max")
+CATEGORIES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
+
+
+def next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def reservation(allocator: str, spec: RequestSpec, max_len: int) -> int:
+    final = spec.prompt_len + spec.output_len
+    if allocator == "orca-max":
+        return max_len
+    if allocator == "orca-pow2":
+        return min(max_len, spec.prompt_len + next_pow2(spec.output_len))
+    return final  # orca-oracle
+
+
+class FirstFit:
+    """A linear address space with first-fit placement; freed ranges merge with neighbours."""
+
+    def __init__(self, size: int) -> None:
+        self.starts, self.sizes = [0], [size]  # free holes, sorted by start
+
+    def allocate(self, size: int) -> int | None:
+        for i, hole in enumerate(self.sizes):
+            if hole >= size:
+                start = self.starts[i]
+                if hole == size:
+                    del self.starts[i], self.sizes[i]
+                else:
+                    self.starts[i] += size
+                    self.sizes[i] -= size
+                return start
+        return None
+
+    def free(self, start: int, size: int) -> None:
+        i = bisect.bisect(self.starts, start)
+        self.starts.insert(i, start)
+        self.sizes.insert(i, size)
+        if i + 1 < len(self.starts) and self.starts[i] + self.sizes[i] == self.starts[i + 1]:
+            self.sizes[i] += self.sizes.pop(i + 1)
+            self.starts.pop(i + 1)
+        if i > 0 and self.starts[i - 1] + self.sizes[i - 1] == self.starts[i]:
+            self.sizes[i - 1] += self.sizes.pop(i)
+            self.starts.pop(i)
+
+    @property
+    def largest_hole(self) -> int:
+        return max(self.sizes, default=0)
+
+
+@dataclass
+class WasteReport:
+    allocator: str
+    pool_slots: int
+    steps: int = 0  # all simulated steps
+    loaded_steps: int = 0  # steps with a request waiting: what the shares average over
+    totals: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
+    finished: int = 0
+    peak_batch: int = 0
+    per_step: list[dict[str, int]] = field(default_factory=list)
+
+    @property
+    def shares(self) -> dict[str, float]:
+        if not self.loaded_steps:
+            return dict.fromkeys(CATEGORIES, 0.0)
+        return {k: v / (self.loaded_steps * self.pool_slots) for k, v in self.totals.items()}
+
+    @property
+    def token_share_of_allocated(self) -> float:
+        """Token states as a share of the memory the allocator handed out (excluding free)."""
+        allocated = sum(v for k, v in self.totals.items() if k not in ("free", "external_fragmentation"))
+        return self.totals["token_states"] / allocated if allocated else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "allocator": self.allocator,
+            "pool_slots": self.pool_slots,
+            "steps": self.steps,
+            "loaded_steps": self.loaded_steps,
+            "finished": self.finished,
+            "peak_batch": self.peak_batch,
+            "shares": self.shares,
+            "token_share_of_allocated": self.token_share_of_allocated,
+        }
+
+
+def simulate(
+    allocator: str,
+    workload: list[RequestSpec],
+    pool_slots: int,
+    *,
+    block_size: int = 16,
+    max_len: int = 2048,
+    max_batch: int = 256,
+    keep_steps: bool = False,
+) -> WasteReport:
+    """Replay ``workload`` (all arrivals honoured, one decode token per running request per
+    step) through ``allocator`` and account each slot of a ``pool_slots`` pool."""
+    if allocator not in ALLOCATORS:
+        raise ValueError(f"unknown allocator {allocator!r}; expected one of {', '.join(ALLOCATORS)}")
+    report = WasteReport(allocator, pool_slots)
+    pending = deque(sorted(workload, key=lambda s: s.arrival))
+    waiting: deque[RequestSpec] = deque()
+    running: list[list] = []  # [spec, length, reserved slots, start (contiguous) or None]
+    space = FirstFit(pool_slots)
+    free_blocks = pool_slots // block_size
+    clock, step_seconds = 0.0, 0.02  # one decode iteration of a mid-sized model
+    paged = allocator == "paged"
+    counted: set[str] = set()
+    while pending or waiting or running:
+        while pending and pending[0].arrival <= clock:
+            waiting.append(pending.popleft())
+        # Admit first come, first served; the head blocks the queue when it does not fit.
+        while waiting and len(running) < max_batch:
+            spec = waiting[0]
+            if paged:
+                need = -(-spec.prompt_len // block_size)
+                if need > free_blocks:
+                    break
+                free_blocks -= need
+                running.append([spec, spec.prompt_len, need * block_size, None])
+            else:
+                size = reservation(allocator, spec, max_len)
+                start = space.allocate(size)
+                if start is None:
+                    break
+                running.append([spec, spec.prompt_len, size, start])
+            waiting.popleft()
+        report.peak_batch = max(report.peak_batch, len(running))
+        # Account this step's memory.
+        tokens = sum(r[1] for r in running)
+        if paged:
+            held = sum(r[2] for r in running)
+            parts = {
+                "token_states": tokens,
+                "reservation": 0,
+                "internal_fragmentation": held - tokens,
+                "external_fragmentation": 0,
+            }
+        else:
+            finals = [r[0].prompt_len + r[0].output_len for r in running]
+            future = sum(min(r[2], f) - r[1] for r, f in zip(running, finals, strict=True))
+            never = sum(max(0, r[2] - f) for r, f in zip(running, finals, strict=True))
+            held = sum(r[2] for r in running)
+            free_total = pool_slots - held
+            blocked = bool(waiting) and reservation(allocator, waiting[0], max_len) <= free_total
+            parts = {
+                "token_states": tokens,
+                "reservation": future,
+                "internal_fragmentation": never,
+                # Free memory the next request would fit in, were it not cut into holes.
+                "external_fragmentation": free_total if blocked else 0,
+            }
+        parts["free"] = pool_slots - sum(parts.values())
+        report.steps += 1
+        if waiting:
+            report.loaded_steps += 1
+            for k, v in parts.items():
+                report.totals[k] += v
+        if keep_steps:
+            report.per_step.append(parts)
+        # Paged: a decode step that cannot get its blocks preempts the newest requests
+        # (recompute: their tokens so far come back as a longer prompt).
+        if paged:
+            while running and sum(1 for r in running if r[1] + 1 > r[2]) > free_blocks:
+                victim = running.pop()
+                free_blocks += victim[2] // block_size
+                spec = victim[0]
+                done = victim[1] - spec.prompt_len
+                waiting.appendleft(replace(spec, prompt_len=victim[1], output_len=spec.output_len - done))
+        # Decode one token each; finish and release.
+        still = []
+        for r in running:
+            spec = r[0]
+            r[1] += 1
+            if paged and r[1] > r[2]:
+                free_blocks -= 1
+                r[2] += block_size
+            if r[1] >= spec.prompt_len + spec.output_len:
+                report.finished += spec.request_id not in counted
+                counted.add(spec.request_id)
+                if paged:
+                    free_blocks += r[2] // block_size
+                else:
+                    space.free(r[3], r[2])
+                continue
+            still.append(r)
+        running = still
+        clock += step_seconds
+    return report
+
+
+def compare(workload: list[RequestSpec], pool_slots: int, **kw) -> list[WasteReport]:
+    return [simulate(a, workload, pool_slots, **kw) for a in ALLOCATORS]
