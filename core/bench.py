@@ -26,6 +26,7 @@ from kernels.reference import dense_attention_batched, paged_attention_reference
 
 TARGET_VS_DENSE = 1.25  # paged kernel time / SDPA on contiguous K/V
 TARGET_OPS_SECONDS = 10.0  # 100k engine operations, one core
+TARGET_SCHEDULER_SECONDS = 10.0  # 10k ShareGPT-like requests through the scheduler, one core
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,43 @@ def bench_engine_ops(count: int) -> dict:
     }
 
 
+def bench_scheduler(count: int) -> dict:
+    """A seeded ShareGPT-like workload (Poisson arrivals, a 64-token shared system prompt)
+    through the scheduler with prefix caching, memory management only (no K/V, no attention)."""
+    from core.operations import Schedule, Submit
+    from core.workload import generate
+
+    specs = generate("sharegpt", count, rate=40.0, seed=1, shared_prefix=64)
+    config = CacheConfig(num_blocks=4096, block_size=16, num_heads=1, head_dim=8, prefix_caching=True, max_num_seqs=256)
+    sim = Simulator(config, kv_data=False)
+    scheduler = sim.scheduler
+    clock, step_seconds, index, steps = 0.0, 0.02, 0, 0
+    started = time.perf_counter()
+    while index < len(specs) or scheduler.waiting or scheduler.running or scheduler.swapped:
+        while index < len(specs) and specs[index].arrival <= clock:
+            spec = specs[index]
+            submit = Submit(spec.request_id, spec.output_len, prompt_len=spec.prompt_len, shared_prefix=64)
+            sim.apply(submit, attend=False, record=False)
+            index += 1
+        sim.apply(Schedule(1), attend=False, record=False)
+        steps += 1
+        clock += step_seconds
+    seconds = time.perf_counter() - started
+    metrics = sim.metrics()
+    return {
+        "requests": count,
+        "decode_tokens": sum(s.output_len for s in specs),
+        "scheduler_steps": steps,
+        "seconds": seconds,
+        "finished": scheduler.finished,
+        "preemptions": scheduler.preemptions,
+        "prefix_hit_rate": metrics.prefix_hit_rate,
+        "prefix_hit_blocks": metrics.prefix_hit_blocks,
+        "target_seconds": TARGET_SCHEDULER_SECONDS * count / 10_000,
+        "meets_target": seconds <= TARGET_SCHEDULER_SECONDS * count / 10_000,
+    }
+
+
 def run_benchmarks(args: argparse.Namespace) -> int:
     backend = select_backend(args.backend)
     if backend.name == "cuda":
@@ -208,6 +246,7 @@ def run_benchmarks(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     try:
         engine = bench_engine_ops(2_000 if args.quick else 100_000)
+        scheduler = bench_scheduler(200 if args.quick else 10_000)
     finally:
         numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
         torch.set_num_threads(threads)
@@ -216,7 +255,12 @@ def run_benchmarks(args: argparse.Namespace) -> int:
         f"({engine['ops_per_second']:.0f} ops/s; {engine['refused']} refused), "
         f"target ≤ {engine['target_seconds']:.1f} s"
     )
-    report = {"machine": info, "kernel": kernel_rows, "engine": engine, "quick": args.quick}
+    print(
+        f"scheduler: {scheduler['requests']} ShareGPT-like requests with prefix caching (no attention, one core) in "
+        f"{scheduler['seconds']:.2f} s ({scheduler['scheduler_steps']} steps, {scheduler['preemptions']} preemptions, "
+        f"prefix hit rate {scheduler['prefix_hit_rate']:.0%}), target ≤ {scheduler['target_seconds']:.1f} s"
+    )
+    report = {"machine": info, "kernel": kernel_rows, "engine": engine, "scheduler": scheduler, "quick": args.quick}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {args.json}")

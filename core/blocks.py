@@ -47,6 +47,7 @@ class BlockPool:
         self._hash_of: dict[int, int] = {}  # block -> its registered hash
         self._tokens_of: dict[int, tuple[int, ...]] = {}  # block -> the token ids it holds
         self._block_of: dict[int, int] = {}  # hash -> block
+        self._cached_free = 0  # free blocks that still hold a cached prefix
 
     # -- queries -------------------------------------------------------------
     @property
@@ -90,7 +91,7 @@ class BlockPool:
         return block_id in self._hash_of
 
     def num_cached_free(self) -> int:
-        return sum(1 for b in self._hash_of if self._ref_counts[b] == 0)
+        return self._cached_free
 
     def cached_blocks(self) -> list[int]:
         return list(self._hash_of)
@@ -176,6 +177,7 @@ class BlockPool:
         self._ref_counts[block_id] -= 1
         if self._ref_counts[block_id] == 0:
             self._append_free(block_id)
+            self._cached_free += block_id in self._hash_of
         return self._ref_counts[block_id]
 
     # -- snapshots -------------------------------------------------------------
@@ -198,6 +200,7 @@ class BlockPool:
         self._hash_of = {b: h for b, h, _ in snap.hashes}
         self._tokens_of = {b: t for b, _, t in snap.hashes}
         self._block_of = {h: b for b, h, _ in snap.hashes}
+        self._cached_free = sum(1 for b in self._hash_of if self._ref_counts[b] == 0)
 
     # -- internals -------------------------------------------------------------
     def _check_id(self, block_id: int) -> None:
@@ -205,6 +208,8 @@ class BlockPool:
             raise IndexError(f"block id {block_id} is out of range for a pool of {self.num_blocks} blocks")
 
     def _take(self, block_id: int) -> int:
+        if block_id in self._hash_of:
+            self._cached_free -= 1
         prev, nxt = self._prev[block_id], self._next[block_id]
         if prev == _NONE:
             self._head = nxt

@@ -31,6 +31,13 @@ from kernels.backend import Backend, default_scale, select_backend
 from kernels.reference import dense_attention_rows
 
 
+class DiscardedEvents(list):
+    """An event sink that keeps nothing."""
+
+    def append(self, event) -> None:
+        pass
+
+
 @dataclass(frozen=True)
 class AttentionReport:
     """One decode step over every live sequence: the kernel's inputs, its output and dense's."""
@@ -91,12 +98,16 @@ class SimulatorSnapshot:
 
 
 class Simulator:
-    def __init__(self, config: CacheConfig, backend: Backend | None = None) -> None:
+    def __init__(self, config: CacheConfig, backend: Backend | None = None, kv_data: bool = True) -> None:
+        """``kv_data=False`` simulates memory management only: token ids, blocks, tables and
+        the prefix cache, with no K/V computed or stored and no attention (for large
+        workloads through the scheduler)."""
         self.config = config
-        self.backend = backend or select_backend("auto")
+        self.kv_data = kv_data
+        self.backend = backend or select_backend("auto" if kv_data else "cpu")
         self.model = TokenModel(config)
         self.pool = BlockPool(config.num_blocks)
-        self.cache = PagedKVCache(config, self.backend)
+        self.cache = PagedKVCache(config, self.backend) if kv_data else None
         self.sequences: dict[str, Sequence] = {}
         self.step = 0
         self.last_attention: AttentionReport | None = None
@@ -107,7 +118,8 @@ class Simulator:
         self._shared_blocks = 0
         self._logical_tokens = 0
         self._contiguous_blocks = 0
-        self._holders: dict[int, tuple[tuple[str, int], ...]] = {}  # block -> (seq, logical index)
+        # block -> {seq: logical index}: O(1) to drop one holder of a widely shared block.
+        self._holders: dict[int, dict[str, int]] = {}
         self._last_query: dict[str, np.ndarray] = {}  # q of each sequence's newest token (float32)
         self._prefix_lookups = 0  # full prompt blocks looked up in the prefix cache
         self._prefix_hits = 0  # ... and found there
@@ -133,14 +145,14 @@ class Simulator:
 
     def holders(self, block_id: int) -> list[tuple[str, int]]:
         """(sequence, logical index) pairs whose tables hold ``block_id``."""
-        return list(self._holders.get(block_id, ()))
+        return list(self._holders.get(block_id, {}).items())
 
     def holders_map(self) -> dict[int, tuple[tuple[str, int], ...]]:
         """Every held block -> its (sequence, logical index) pairs."""
-        return dict(self._holders)
+        return {block: tuple(holders.items()) for block, holders in self._holders.items()}
 
     def _hold(self, block: int, seq_id: str, index: int) -> None:
-        self._holders[block] = (*self._holders.get(block, ()), (seq_id, index))
+        self._holders.setdefault(block, {})[seq_id] = index
 
     def _contiguous_reservation(self, num_tokens: int) -> int:
         return self.config.blocks_for(max(self.config.max_model_len, num_tokens))
@@ -176,12 +188,13 @@ class Simulator:
         self.backend.paged_attention(query, self.cache.key_cache, self.cache.value_cache, tables, lens, 1.0)
 
     # -- operations -------------------------------------------------------------
-    def apply(self, op: Operation, attend: bool = True) -> StepResult:
-        """Validate ``op``, apply it, then (if ``attend``) run decode attention for every sequence."""
-        events: list[ev.Event] = []
+    def apply(self, op: Operation, attend: bool = True, record: bool = True) -> StepResult:
+        """Validate ``op``, apply it, then (if ``attend``) run decode attention for every
+        sequence. ``record=False`` drops the step's events (large simulations)."""
+        events: list[ev.Event] = [] if record else DiscardedEvents()
         self.execute(op, events)
         self.step += 1
-        self.last_attention = self._attend(events) if attend else None
+        self.last_attention = self._attend(events) if attend and self.kv_data else None
         return StepResult(self.step, op, tuple(events), self.metrics(), self.last_attention)
 
     def execute(self, op: Operation, events: list) -> None:
@@ -314,7 +327,8 @@ class Simulator:
         index = len(seq.block_table) - 1
         src = seq.block_table[index]
         (dst,) = self._allocate(1, events)
-        self.cache.copy_block(src, dst)
+        if self.kv_data:
+            self.cache.copy_block(src, dst)
         self._block_fill[dst] = self._block_fill[src]
         self._slots_filled += self._block_fill[src]
         seq.block_table[index] = dst
@@ -329,7 +343,8 @@ class Simulator:
         child = parent.copy(op.new_seq)
         self.sequences[op.new_seq] = child
         self._dense.fork(op.seq, op.new_seq)
-        self._last_query[op.new_seq] = self._last_query[op.seq]
+        if self.kv_data:
+            self._last_query[op.new_seq] = self._last_query[op.seq]
         self._logical_tokens += child.num_tokens
         self._contiguous_blocks += self._contiguous_reservation(child.num_tokens)
         events.append(ev.SequenceForked(op.seq, op.new_seq))
@@ -345,17 +360,16 @@ class Simulator:
             self._release(block, op.seq, events)
         del self.sequences[op.seq]
         self._dense.free(op.seq)
-        del self._last_query[op.seq]
+        self._last_query.pop(op.seq, None)
         self._logical_tokens -= seq.num_tokens
         self._contiguous_blocks -= self._contiguous_reservation(seq.num_tokens)
         events.append(ev.SequenceFreed(op.seq))
 
     def _release(self, block: int, seq_id: str, events: list) -> None:
         ref_count = self.pool.release(block)
-        remaining = tuple(h for h in self._holders[block] if h[0] != seq_id)
-        if remaining:
-            self._holders[block] = remaining
-        else:
+        holders = self._holders[block]
+        del holders[seq_id]
+        if not holders:
             del self._holders[block]
         if ref_count == 0:
             self._slots_filled -= self._block_fill[block]
@@ -372,27 +386,78 @@ class Simulator:
         (already in reused prefix blocks) to the paged cache."""
         bs = self.config.block_size
         start = seq.num_tokens
-        positions = np.arange(start, start + len(token_ids))
-        queries, keys, values = self.model.qkv(token_ids, positions)
-        self._last_query[seq.seq_id] = queries[-1]  # the decode query until the next write
-        keys, values = keys.astype(self.cache.dtype), values.astype(self.cache.dtype)
         written = range(cached, len(token_ids))
         blocks = [seq.block_table[(start + i) // bs] for i in written]
-        slots = np.array([b * bs + (start + i) % bs for b, i in zip(blocks, written, strict=True)], np.int64)
-        if len(slots):
-            self.cache.write(slots, keys[cached:], values[cached:])
-        self._dense.append(seq.seq_id, keys, values)
+        if self.kv_data:
+            positions = np.arange(start, start + len(token_ids))
+            queries, keys, values = self.model.qkv(token_ids, positions)
+            self._last_query[seq.seq_id] = queries[-1]  # the decode query until the next write
+            keys, values = keys.astype(self.cache.dtype), values.astype(self.cache.dtype)
+            slots = np.array([b * bs + (start + i) % bs for b, i in zip(blocks, written, strict=True)], np.int64)
+            if len(slots):
+                self.cache.write(slots, keys[cached:], values[cached:])
+            self._dense.append(seq.seq_id, keys, values)
         self._contiguous_blocks += self._contiguous_reservation(start + len(token_ids))
         self._contiguous_blocks -= self._contiguous_reservation(start) if start else 0
         self._logical_tokens += len(token_ids)
         seq.token_ids.extend(token_ids)
+        emit = not isinstance(events, DiscardedEvents)
         for block, i in zip(blocks, written, strict=True):
             self._block_fill[block] += 1
-            position = start + i
-            events.append(ev.TokenWritten(seq.seq_id, position, token_ids[i], block, position % bs))
+            if emit:
+                position = start + i
+                events.append(ev.TokenWritten(seq.seq_id, position, token_ids[i], block, position % bs))
         self._slots_filled += len(blocks)
         if self.config.prefix_caching:
             self._cache_full_blocks(seq, events)
+
+    def decode_blocks_needed(self, seqs: list[Sequence]) -> int:
+        """Blocks a decode step of ``seqs`` may take: one at each block boundary, one for
+        each shared last block (copy-on-write); an upper bound when siblings share one."""
+        bs, refs = self.config.block_size, self.pool._ref_counts
+        return sum(1 for q in seqs if len(q.token_ids) % bs == 0 or refs[q.block_table[-1]] > 1)
+
+    def decode(self, seq_ids: list[str], events: list, checked: bool = False) -> None:
+        """One new token for each sequence at once (a decode step), validated as a whole:
+        a new block at a block boundary, copy-on-write into a shared last block.
+        ``checked``: the caller has just compared :meth:`decode_blocks_needed` with the pool."""
+        bs = self.config.block_size
+        seqs = [self.sequence(s) for s in seq_ids]
+        refs = self.pool._ref_counts
+        positions = [len(q.token_ids) for q in seqs]
+        if not checked and (need := self.decode_blocks_needed(seqs)) > self.pool.num_free:
+            raise PoolExhaustedError(need, self.pool.num_free, f"a decode step of {len(seqs)} sequences")
+        tokens = self.model.next_token_ids(seq_ids, positions)
+        emit = not isinstance(events, DiscardedEvents)
+        fill, limit = self._block_fill, self.config.max_model_len
+        for seq, token, n in zip(seqs, tokens, positions, strict=True):
+            if n % bs == 0:
+                (block,) = self._allocate(1, events)
+                seq.block_table.append(block)
+                self._hold(block, seq.seq_id, len(seq.block_table) - 1)
+                if emit:
+                    events.append(ev.BlockAllocated(block, seq.seq_id, len(seq.block_table) - 1))
+            elif refs[seq.block_table[-1]] > 1:
+                self._copy_on_write(seq, events)
+            block = seq.block_table[-1]
+            seq.token_ids.append(token)
+            fill[block] += 1
+            if n + 1 > limit:
+                self._contiguous_blocks += self._contiguous_reservation(n + 1) - self._contiguous_reservation(n)
+            if emit:
+                events.append(ev.TokenWritten(seq.seq_id, n, token, block, n % bs))
+            if self.config.prefix_caching and (n + 1) % bs == 0:
+                self._cache_full_blocks(seq, events)
+        self._slots_filled += len(seqs)
+        self._logical_tokens += len(seqs)
+        if self.kv_data and seqs:
+            queries, keys, values = self.model.qkv(tokens, positions)
+            keys, values = keys.astype(self.cache.dtype), values.astype(self.cache.dtype)
+            slots = np.array([q.block_table[n // bs] * bs + n % bs for q, n in zip(seqs, positions, strict=True)])
+            self.cache.write(slots.astype(np.int64), keys, values)
+            for i, seq in enumerate(seqs):
+                self._dense.append(seq.seq_id, keys[i : i + 1], values[i : i + 1])
+                self._last_query[seq.seq_id] = queries[i]
 
     def _cache_full_blocks(self, seq: Sequence, events: list) -> None:
         bs = self.config.block_size
@@ -411,9 +476,10 @@ class Simulator:
             if c.num_cpu_blocks < 1:
                 raise InvalidOperationError("preemption by swap needs num_cpu_blocks ≥ 1 in the scenario header")
             self.cpu_pool = BlockPool(c.num_cpu_blocks)
-            shape = (c.num_cpu_blocks, c.block_size, c.num_kv_heads, c.head_dim)
-            self._cpu_key = np.zeros(shape, self.cache.dtype)
-            self._cpu_value = np.zeros(shape, self.cache.dtype)
+            if self.kv_data:
+                shape = (c.num_cpu_blocks, c.block_size, c.num_kv_heads, c.head_dim)
+                self._cpu_key = np.zeros(shape, self.cache.dtype)
+                self._cpu_value = np.zeros(shape, self.cache.dtype)
         return self.cpu_pool
 
     @staticmethod
@@ -434,8 +500,9 @@ class Simulator:
         if len(gpu_blocks) > cpu_pool.num_free:
             raise PoolExhaustedError(len(gpu_blocks), cpu_pool.num_free, "swap to the CPU pool")
         cpu_blocks = cpu_pool.allocate(len(gpu_blocks))
-        keys, values = self.backend.read_blocks(self.cache.key_cache, self.cache.value_cache, gpu_blocks)
-        self._cpu_key[cpu_blocks], self._cpu_value[cpu_blocks] = keys, values
+        if self.kv_data:
+            keys, values = self.backend.read_blocks(self.cache.key_cache, self.cache.value_cache, gpu_blocks)
+            self._cpu_key[cpu_blocks], self._cpu_value[cpu_blocks] = keys, values
         to_cpu = dict(zip(gpu_blocks, cpu_blocks, strict=True))
         for gpu, cpu in to_cpu.items():
             events.append(ev.BlockSwappedOut(gpu, cpu))
@@ -461,13 +528,14 @@ class Simulator:
         if len(cpu_blocks) > self.pool.num_free:
             raise PoolExhaustedError(len(cpu_blocks), self.pool.num_free, "swap in")
         gpu_blocks = self._allocate(len(cpu_blocks), events)
-        self.backend.write_blocks(
-            self.cache.key_cache,
-            self.cache.value_cache,
-            gpu_blocks,
-            self._cpu_key[cpu_blocks],
-            self._cpu_value[cpu_blocks],
-        )
+        if self.kv_data:
+            self.backend.write_blocks(
+                self.cache.key_cache,
+                self.cache.value_cache,
+                gpu_blocks,
+                self._cpu_key[cpu_blocks],
+                self._cpu_value[cpu_blocks],
+            )
         to_gpu = dict(zip(cpu_blocks, gpu_blocks, strict=True))
         for cpu, gpu in to_gpu.items():
             events.append(ev.BlockSwappedIn(cpu, gpu))
@@ -566,7 +634,7 @@ class Simulator:
             pool=self.pool.snapshot(),
             sequences=tuple(s.copy() for s in self.sequences.values()),
             block_fill=tuple(self._block_fill),
-            cache=self.cache.snapshot(),
+            cache=self.cache.snapshot() if self.kv_data else None,
             dense=self._dense.snapshot(),
             last_query=dict(self._last_query),
             prefix_counts=(self._prefix_lookups, self._prefix_hits),
@@ -574,7 +642,11 @@ class Simulator:
             swapped=tuple(s.copy() for s in self.swapped.values()),
             cpu=None
             if self.cpu_pool is None
-            else (self.cpu_pool.snapshot(), self._cpu_key.copy(), self._cpu_value.copy()),
+            else (
+                self.cpu_pool.snapshot(),
+                None if self._cpu_key is None else self._cpu_key.copy(),
+                None if self._cpu_value is None else self._cpu_value.copy(),
+            ),
             scheduler=None if self._scheduler is None else self._scheduler.snapshot(),
         )
 
@@ -593,7 +665,8 @@ class Simulator:
             for index, block in enumerate(seq.block_table):
                 self._hold(block, seq.seq_id, index)
         self._contiguous_blocks = sum(self._contiguous_reservation(s.num_tokens) for s in self.sequences.values())
-        self.cache.restore(snap.cache)
+        if self.kv_data:
+            self.cache.restore(snap.cache)
         self._dense.restore(snap.dense)
         self.last_attention = snap.last_attention
         self.swapped = {s.seq_id: s.copy() for s in snap.swapped}
@@ -601,7 +674,8 @@ class Simulator:
             self.cpu_pool = self._cpu_key = self._cpu_value = None
         else:
             self._ensure_cpu_pool().restore(snap.cpu[0])
-            self._cpu_key, self._cpu_value = snap.cpu[1].copy(), snap.cpu[2].copy()
+            if snap.cpu[1] is not None:
+                self._cpu_key, self._cpu_value = snap.cpu[1].copy(), snap.cpu[2].copy()
         if snap.scheduler is None:
             self._scheduler = None
         else:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from core import events as ev
 from core.errors import DuplicateSequenceError, InvalidOperationError
-from core.operations import Add, Fork, Free, Grow, Schedule, Submit
+from core.operations import Add, Fork, Free, Schedule, Submit
 
 WAITING, RUNNING, SWAPPED, FINISHED, REJECTED = "waiting", "running", "swapped", "finished", "rejected"
 # vLLM v0's AllocStatus: admit now, later (not enough free blocks yet), or never (too big).
@@ -178,17 +178,13 @@ class Scheduler:
         events.append(ev.RequestPreempted(request, "recompute", tuple(state.seqs), blocks, lost, 0.0))
 
     # -- one iteration -----------------------------------------------------------------
+    def _decode_seq_ids(self, requests: list[str]) -> list[str]:
+        return [seq_id for request in requests for seq_id in self.requests[request].seqs]
+
     def _decode_blocks(self, requests: list[str]) -> int:
-        """Blocks one decode token for every sequence of ``requests`` could need
-        (a new block at a boundary, or a copy of a shared last block)."""
-        sim, bs = self.sim, self.sim.config.block_size
-        need = 0
-        for request in requests:
-            for seq_id in self.requests[request].seqs:
-                seq = sim.sequences[seq_id]
-                if seq.num_tokens % bs == 0 or sim.pool.ref_count(seq.block_table[-1]) > 1:
-                    need += 1
-        return need
+        """Blocks one decode token for every sequence of ``requests`` could need."""
+        sequences = self.sim.sequences
+        return self.sim.decode_blocks_needed([sequences[s] for s in self._decode_seq_ids(requests)])
 
     def step(self, events: list) -> None:
         sim = self.sim
@@ -211,9 +207,10 @@ class Scheduler:
             events.append(ev.RequestSwappedIn(state.request, blocks, seconds))
         # 2. Admit waiting requests in order; a LATER at the head blocks the queue (FCFS).
         decoding = list(self.running)
+        running_seqs = self._running_seqs()
         while self.waiting and not self.swapped:
             state = self.requests[self.waiting[0]]
-            if self._running_seqs() + state.num_seqs > sim.config.max_num_seqs:
+            if running_seqs + state.num_seqs > sim.config.max_num_seqs:
                 break
             status = self.alloc_status(state)
             if status == LATER:
@@ -229,6 +226,7 @@ class Scheduler:
                 events.append(ev.RequestRejected(state.request, reason))
                 continue
             self._admit(state, events)
+            running_seqs += len(state.seqs)
         # 3. Decode one token for every sequence that was running, preempting from the back.
         while decoding and self._decode_blocks(decoding) > sim.pool.num_free:
             if self.running == decoding[:1] and len(decoding) == 1:
@@ -239,10 +237,9 @@ class Scheduler:
             self.preempt(victim, events)
             if victim in decoding:
                 decoding.remove(victim)
+        sim.decode(self._decode_seq_ids(decoding), events, checked=True)
         for request in decoding:
             state = self.requests[request]
-            for seq_id in state.seqs:
-                sim.execute(Grow(seq_id, 1), events)
             state.generated += 1
             if state.beam_width > 1:
                 self._prune_beams(state, events)

@@ -31,9 +31,25 @@ def _mix(*words: int) -> int:
     return z
 
 
+_GOLDEN, _C1, _C2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def _mix_array(seed: int, crcs: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """``_mix(seed, crc, position) % VOCAB_SIZE`` for arrays (uint64 wraps like the mask)."""
+    with np.errstate(over="ignore"):
+        z = np.full(crcs.shape, _GOLDEN, dtype=np.uint64)
+        for word in (np.uint64(seed & _MASK64), crcs, positions):
+            z = z + word + _GOLDEN
+            z = (z ^ (z >> np.uint64(30))) * _C1
+            z = (z ^ (z >> np.uint64(27))) * _C2
+            z ^= z >> np.uint64(31)
+    return (z % np.uint64(VOCAB_SIZE)).astype(np.int64)
+
+
 class TokenModel:
     def __init__(self, config: CacheConfig) -> None:
         self.config = config
+        self._crc_of: dict[str, int] = {}
         rng = np.random.default_rng(config.seed)
         q_dim = config.num_heads * config.head_dim
         kv_dim = config.num_kv_heads * config.head_dim
@@ -49,12 +65,25 @@ class TokenModel:
         self._sin = np.empty((0, half), np.float32)
 
     # -- synthetic token ids -----------------------------------------------------
+    def _crc(self, seq_id: str) -> int:
+        crc = self._crc_of[seq_id] = zlib.crc32(seq_id.encode())
+        return crc
+
     def token_id(self, seq_id: str, position: int) -> int:
         """The token a sequence holds (or samples) at ``position``; stable across runs."""
         return _mix(self.config.seed, zlib.crc32(seq_id.encode()), position) % VOCAB_SIZE
 
     def token_ids(self, seq_id: str, start: int, count: int) -> list[int]:
-        return [self.token_id(seq_id, p) for p in range(start, start + count)]
+        if count <= 8:
+            return [self.token_id(seq_id, p) for p in range(start, start + count)]
+        crc = np.full(count, zlib.crc32(seq_id.encode()), dtype=np.uint64)
+        return _mix_array(self.config.seed, crc, np.arange(start, start + count, dtype=np.uint64)).tolist()
+
+    def next_token_ids(self, seq_ids: list[str], positions: list[int]) -> list[int]:
+        """One token per sequence (a decode step), computed together."""
+        crc_of = self._crc_of
+        crcs = np.array([crc_of.get(s) or self._crc(s) for s in seq_ids], dtype=np.uint64)
+        return _mix_array(self.config.seed, crcs, np.asarray(positions, dtype=np.uint64)).tolist()
 
     # -- projections -------------------------------------------------------------
     # Bit-exact determinism matters: a token's K/V must not depend on what else was in
