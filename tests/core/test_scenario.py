@@ -85,3 +85,58 @@ def test_shipped_scenarios_include_the_required_ones():
     assert (c.num_blocks, c.block_size, c.num_heads, c.head_dim) == (8, 4, 2, 8)
     assert seed.operations == (Add("0", 10, blocks=(0, 3, 5)), Add("1", 7, blocks=(1, 7)))
     assert load_scenario("default").operations == load_shipped("default").operations
+
+
+@pytest.mark.parametrize("name", sorted(shipped_scenarios()))
+def test_every_shipped_scenario_runs_headless_and_matches_dense(cpu_backend, name):
+    from core.timeline import Timeline
+
+    scenario = load_shipped(name)
+    assert scenario.description.strip(), f"{name} needs a description for the app"
+    results = Timeline(scenario, cpu_backend).run_to_end()
+    assert len(results) == len(scenario.operations)
+    assert all(r.attention is None or r.attention.passed for r in results)
+
+
+def test_scheduler_operations_parse_and_round_trip():
+    from core.operations import Schedule, Submit
+
+    scenario = parse_scenario(
+        HEADER
+        + 'preemption = "swap"\nnum_cpu_blocks = 4\nprefix_caching = true\n'
+        + '[[steps]]\nop = "submit"\nrequest = "r"\ntokens = 9\noutput = 5\nn = 2\nshared_prefix = 4\n'
+        + '[[steps]]\nop = "submit"\nrequest = 7\nprompt = [1, 2, 3]\noutput = 2\nbeam_width = 3\n'
+        + '[[steps]]\nop = "schedule"\nsteps = 3\n',
+        "sched.toml",
+    )
+    assert scenario.config.preemption == "swap" and scenario.config.prefix_caching
+    assert scenario.operations == (
+        Submit("r", 5, prompt_len=9, n=2, shared_prefix=4),
+        Submit("7", 2, prompt=(1, 2, 3), beam_width=3),
+        Schedule(3),
+    )
+    assert parse_scenario(scenario.to_toml(), "again.toml").operations == scenario.operations
+
+
+@pytest.mark.parametrize(
+    "step, field, message",
+    [
+        ('op = "submit"\ntokens = 3\noutput = 2\n', "request", "missing"),
+        ('op = "submit"\nrequest = "r"\ntokens = 3\n', "output", "missing"),
+        ('op = "submit"\nrequest = "r"\noutput = 2\n', "tokens", "exactly one of"),
+        ('op = "submit"\nrequest = "r"\ntokens = 3\noutput = 2\nn = 2\nbeam_width = 2\n', None, "not both"),
+        ('op = "schedule"\nsteps = 0\n', "steps", "positive integer"),
+        ('op = "schedule"\nseq = "a"\n', "seq", "unknown field"),
+    ],
+)
+def test_bad_scheduler_steps_name_their_field(step, field, message):
+    with pytest.raises(ScenarioError, match=message) as info:
+        parse_scenario(HEADER + "[[steps]]\n" + step, "bad.toml")
+    assert (info.value.step, info.value.field) == (1, field)
+
+
+def test_bad_scheduler_settings_are_refused():
+    with pytest.raises(ScenarioError, match="preemption must be recompute or swap"):
+        parse_scenario(HEADER + 'preemption = "drop"\n', "bad.toml")
+    with pytest.raises(ScenarioError, match="prefix_caching must be true or false"):
+        parse_scenario(HEADER + "prefix_caching = 1\n", "bad.toml")
