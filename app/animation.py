@@ -49,6 +49,10 @@ def beats_for(
             change.glows[event.block] = freed_colour
         elif isinstance(event, ev.BlockReused):  # a prefix-cache hit
             change.glows[event.block] = hit_colour or colour_of(event.seq)
+        elif isinstance(event, ev.BlockSwappedOut):  # preemption by swap: off the GPU
+            change.glows[event.block] = evicted_colour or freed_colour
+        elif isinstance(event, ev.BlockSwappedIn):
+            change.glows[event.block] = hit_colour or freed_colour
         elif isinstance(event, ev.BlockEvicted):
             change.glows[event.block] = evicted_colour or freed_colour
         elif isinstance(event, ev.BlockCopied):

@@ -29,6 +29,7 @@ class SimulationWorker(QObject):
     failed = Signal(str)
     backendReady = Signal(str, str)  # name, device
     exported = Signal(str)
+    wasteReady = Signal(object)  # list of WasteReport dicts
 
     def __init__(self, backend_name: str) -> None:
         super().__init__()
@@ -101,6 +102,32 @@ class SimulationWorker(QObject):
         self._focus = seq_id or None
         self._guard(self._emit)
 
+    @Slot(str, int)
+    def waste(self, distribution: str, count: int) -> None:
+        def compute():
+            from core.waste import compare
+            from core.workload import generate
+
+            c = self._timeline.sim.config if self._timeline else None
+            slots = c.num_slots if c else 32768
+            block_size = c.block_size if c else 16
+            max_len = c.max_model_len if c else 2048
+            workload = generate(distribution, count, rate=2000.0, seed=0, max_len=max_len)
+            reports = compare(workload, slots, block_size=block_size, max_len=max_len)
+            self.wasteReady.emit(
+                {
+                    "distribution": distribution,
+                    "count": count,
+                    "slots": slots,
+                    "reports": [r.as_dict() for r in reports],
+                }
+            )
+
+        try:
+            compute()
+        except (ValueError, PagesimError) as exc:
+            self.failed.emit(str(exc))
+
     @Slot(str)
     def export_events(self, path: str) -> None:
         def export():
@@ -119,6 +146,7 @@ class SimulationController(QObject):
     backendReady = Signal(str, str)
     playingChanged = Signal(bool)
     exported = Signal(str)
+    wasteReady = Signal(object)
 
     _load = Signal(object)
     _forward = Signal()
@@ -127,6 +155,7 @@ class SimulationController(QObject):
     _push = Signal(object)
     _focus = Signal(str)
     _export = Signal(str)
+    _waste = Signal(str, int)
 
     def __init__(self, backend_name: str = "auto", parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -147,12 +176,14 @@ class SimulationController(QObject):
             (self._push, self._worker.push),
             (self._focus, self._worker.focus),
             (self._export, self._worker.export_events),
+            (self._waste, self._worker.waste),
         ):
             request.connect(slot)
         self._worker.frameReady.connect(self._on_frame)
         self._worker.failed.connect(self._on_failed)
         self._worker.backendReady.connect(self.backendReady)
         self._worker.exported.connect(self._on_exported)
+        self._worker.wasteReady.connect(self._on_waste)
         self._play_timer = QTimer(self)
         self._play_timer.setObjectName("pagesim-play")
         LIVE_TIMERS.add(self._play_timer)
@@ -194,6 +225,10 @@ class SimulationController(QObject):
 
     def export_events(self, path: str) -> None:
         self._send(self._export, path)
+
+    def compute_waste(self, distribution: str, count: int) -> None:
+        """Where KV memory goes for a workload on this pool: paged vs contiguous (off the GUI thread)."""
+        self._send(self._waste, distribution, count)
 
     # -- playback -----------------------------------------------------------------
     @property
@@ -242,6 +277,10 @@ class SimulationController(QObject):
         self.pending = max(0, self.pending - 1)
         self.pause()
         self.errorRaised.emit(message)
+
+    def _on_waste(self, result) -> None:
+        self.pending = max(0, self.pending - 1)
+        self.wasteReady.emit(result)
 
     def _on_exported(self, message: str) -> None:
         self.pending = max(0, self.pending - 1)

@@ -21,6 +21,15 @@ of allocating and computing them — only the block of its last token is always
 computed. A freed block keeps its tokens and hash (dashed outline, grey cells) until
 allocation reaches it at the head of the free queue, which is least recently used
 first; that eviction flashes red.</p>
+<p><b>Scheduler</b> (scenarios with <code>submit</code> and <code>schedule</code> steps):
+requests wait in a first-come-first-served queue and are admitted while the free blocks,
+less a small <i>watermark</i>, cover their prompt; each schedule step decodes one token for
+every running sequence. When a step cannot get a block the newest request is
+<b>preempted</b> — by <i>recompute</i> (its blocks are freed and it returns to the front of
+the queue, to be prefilled again) or by <i>swap</i> (its blocks go to a CPU pool, red, and
+come back bit for bit, green). Parallel samples and beams are forks, preempted together.
+The memory panel lists the queues. <b>Waste vs contiguous</b> replays a workload on this
+pool through paging and through Orca-style contiguous reservations.</p>
 <p><b>Sequences and block tables</b> (left): a sequence's tokens are split into
 <b>logical blocks</b> — token <i>t</i> lives in logical block <i>t // block_size</i>, slot
 <i>t % block_size</i>. The <b>block table</b> maps each logical block (L0, L1, …) to the

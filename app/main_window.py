@@ -28,7 +28,7 @@ from app.animation import AnimationDirector, beats_for
 from app.controller import SimulationController
 from app.guide import GUIDE_HTML
 from app.palette import THEMES, SequenceColours, qpalette
-from app.views.plots import KernelPanel, MemoryPanel
+from app.views.plots import KernelPanel, MemoryPanel, WastePanel
 from app.views.pool_view import PoolView
 from app.views.sequence_view import SequenceView
 from core.errors import PagesimError
@@ -61,6 +61,7 @@ class MainWindow(QMainWindow):
         self.sequence_view = SequenceView(self.colours, self.theme)
         self.kernel_panel = KernelPanel(self.theme)
         self.memory_panel = MemoryPanel(self.theme)
+        self.waste_panel = WastePanel(self.theme, self.controller.compute_waste)
         self.director = AnimationDirector(self.pool_view, self.sequence_view, self)
         self._build_central()
         self._build_docks()
@@ -76,6 +77,7 @@ class MainWindow(QMainWindow):
         self.controller.backendReady.connect(self._on_backend)
         self.controller.playingChanged.connect(self._on_playing)
         self.controller.exported.connect(lambda msg: self.statusBar().showMessage(msg, 8000))
+        self.controller.wasteReady.connect(self.waste_panel.show_result)
         self.sequence_view.sequenceSelected.connect(self.select_sequence)
         self.sequence_view.contextMenuRequested.connect(self._sequence_menu)
         self.pool_view.blockClicked.connect(self._block_clicked)
@@ -127,6 +129,11 @@ class MainWindow(QMainWindow):
         self.sequences_dock = self._dock("Sequences and block tables", self.sequence_view, left, "seqs")
         self.kernel_dock = self._dock("Kernel vs dense attention", self.kernel_panel, right, "kernel")
         self.memory_dock = self._dock("Memory", self.memory_panel, Qt.DockWidgetArea.BottomDockWidgetArea, "memory")
+        self.waste_dock = self._dock(
+            "Waste vs contiguous", self.waste_panel, Qt.DockWidgetArea.BottomDockWidgetArea, "waste"
+        )
+        self.tabifyDockWidget(self.memory_dock, self.waste_dock)
+        self.memory_dock.raise_()
         self.guide = QTextBrowser()
         self.guide.setHtml(GUIDE_HTML)
         self.guide_dock = self._dock("Guide", self.guide, right, "guide")
@@ -290,7 +297,7 @@ class MainWindow(QMainWindow):
             )
         )
         view_menu.addSeparator()
-        for dock in (self.sequences_dock, self.kernel_dock, self.memory_dock, self.guide_dock):
+        for dock in (self.sequences_dock, self.kernel_dock, self.memory_dock, self.waste_dock, self.guide_dock):
             view_menu.addAction(dock.toggleViewAction())
         help_menu = bar.addMenu("&Help")
         help_menu.addAction(
@@ -478,7 +485,7 @@ class MainWindow(QMainWindow):
         style = resources.files("assets") / "styles" / f"{name}.qss"
         self.setStyleSheet(style.read_text(encoding="utf-8") if style.is_file() else "")
         self.settings.setValue("theme", name)
-        for view in (self.pool_view, self.sequence_view, self.kernel_panel, self.memory_panel):
+        for view in (self.pool_view, self.sequence_view, self.kernel_panel, self.memory_panel, self.waste_panel):
             view.set_theme(self.theme)
 
     # -- frames in -------------------------------------------------------------------

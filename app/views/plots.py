@@ -5,7 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QSpinBox, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QScrollArea,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.palette import Theme
 from core.view_model import Frame
@@ -302,4 +312,91 @@ class MemoryPanel(QWidget):
             f"{m.shared_blocks} shared · utilisation {m.utilisation:.1%} · "
             f"internal fragmentation {m.internal_fragmentation} slots · contiguous would hold "
             f"{m.contiguous_blocks} blocks{saving}{prefix}"
+        )
+
+
+WASTE_COLOURS = {
+    "token_states": "#009E73",
+    "reservation": "#56B4E9",
+    "internal_fragmentation": "#E69F00",
+    "external_fragmentation": "#D55E00",
+    "free": "#999999",
+}
+WASTE_LABELS = {
+    "token_states": "tokens",
+    "reservation": "reserved",
+    "internal_fragmentation": "internal frag.",
+    "external_fragmentation": "external frag.",
+    "free": "free",
+}
+
+
+class WastePanel(QWidget):
+    """Where KV memory goes under load: paging against contiguous reservations, stacked."""
+
+    def __init__(self, theme: Theme, request_waste, parent=None) -> None:
+        super().__init__(parent)
+        self.request_waste = request_waste
+        self.workload = QComboBox()
+        self.workload.addItems(["sharegpt", "alpaca", "uniform", "zipf"])
+        self.workload.setToolTip("Length distribution of the seeded workload (see core/workload.py)")
+        self.count = QSpinBox()
+        self.count.setRange(50, 5000)
+        self.count.setSingleStep(50)
+        self.count.setValue(500)
+        self.count.setSuffix(" requests")
+        self.run_button = QPushButton("Compare allocators")
+        self.run_button.setToolTip(
+            "Replay the workload on this scenario's pool through paged blocks and through Orca's "
+            "contiguous reservations (exact, next power of two, max length), and split the memory"
+        )
+        self.run_button.clicked.connect(lambda: self.request_waste(self.workload.currentText(), self.count.value()))
+        self.summary = QLabel("Run a workload to see where each allocator's KV memory goes (the vLLM paper's Fig. 2).")
+        self.summary.setWordWrap(True)
+        controls = QHBoxLayout()
+        for widget in (QLabel("workload"), self.workload, self.count, self.run_button):
+            controls.addWidget(widget)
+        controls.addStretch(1)
+        self.plots = pg.GraphicsLayoutWidget()
+        self.plots.setMinimumHeight(150)
+        self.plot = self.plots.addPlot()
+        self.plot.setMouseEnabled(x=False, y=False)
+        self.plot.setMenuEnabled(False)
+        self.bars: list[pg.BarGraphItem] = []
+        self.result = None
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addLayout(controls)
+        layout.addWidget(self.summary)
+        layout.addWidget(self.plots, 1)
+        self.set_theme(theme)
+
+    def set_theme(self, theme: Theme) -> None:
+        self.theme = theme
+        self.plots.setBackground(theme.plot_background)
+        keys = " · ".join(_key(WASTE_COLOURS[c], "■ " + WASTE_LABELS[c]) for c in WASTE_COLOURS)
+        _style_plot(self.plot, theme, f"KV pool under load: {keys}", "% of the pool", "", grid=False)
+
+    def show_result(self, result: dict) -> None:
+        self.result = result
+        for bar in self.bars:
+            self.plot.removeItem(bar)
+        self.bars = []
+        reports = result["reports"]
+        x = np.arange(len(reports))
+        bottom = np.zeros(len(reports))
+        for category, colour in WASTE_COLOURS.items():
+            height = np.array([100 * r["shares"][category] for r in reports])
+            bar = pg.BarGraphItem(x=x, height=height, y0=bottom, width=0.6, brush=colour, pen=None)
+            self.plot.addItem(bar)
+            self.bars.append(bar)
+            bottom = bottom + height
+        self.plot.getAxis("bottom").setTicks([[(i, r["allocator"]) for i, r in enumerate(reports)]])
+        self.plot.setYRange(0, 100, padding=0.02)
+        self.plot.setXRange(-0.6, len(reports) - 0.4, padding=0)
+        tokens = ", ".join(f"{r['allocator']} {r['shares']['token_states']:.0%}" for r in reports)
+        self.summary.setText(
+            f"{result['count']} {result['distribution']}-like requests on a pool of {result['slots']} slots: "
+            f"share of the pool holding token states — {tokens}. Peak batch: "
+            + ", ".join(f"{r['allocator']} {r['peak_batch']}" for r in reports)
         )

@@ -284,3 +284,23 @@ def test_screenshot_command(tmp_path):
     )
     image = QImage(str(out))
     assert (image.width(), image.height()) >= (1200, 800)
+
+
+def test_waste_panel_compares_allocators_off_the_gui_thread(window, qtbot):
+    window.waste_panel.count.setValue(100)
+    with qtbot.waitSignal(window.controller.wasteReady, timeout=30_000) as blocker:
+        window.waste_panel.run_button.click()
+    wait_idle(qtbot, window)
+    reports = blocker.args[0]["reports"]
+    assert [r["allocator"] for r in reports] == ["paged", "orca-oracle", "orca-pow2", "orca-max"]
+    tops = sum(bar.opts["height"] for bar in window.waste_panel.bars)
+    np.testing.assert_allclose(tops, 100.0, atol=1e-6)  # each stack is the whole pool
+    assert "token states" in window.waste_panel.summary.text()
+
+
+def test_scheduler_scenarios_show_their_queues(make_window, qtbot):
+    window = make_window("preemption_swap")
+    window.scrubber.setValue(20)
+    frame = wait_idle(qtbot, window)
+    assert frame.queues is not None and frame.scheduler_counts["preemptions"] >= 1
+    assert "scheduler" in window.memory_panel.summary.text()
