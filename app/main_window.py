@@ -31,6 +31,7 @@ from app.palette import THEMES, SequenceColours, qpalette
 from app.views.plots import KernelPanel, MemoryPanel, WastePanel
 from app.views.pool_view import PoolView
 from app.views.sequence_view import SequenceView
+from core import events as ev
 from core.errors import PagesimError
 from core.operations import Add, Fork, Free, Grow
 from core.scenario import Scenario, load_scenario
@@ -525,12 +526,32 @@ class MainWindow(QMainWindow):
             f"({c.num_kv_heads} KV) × head dim {c.head_dim} · {c.dtype} · {len(frame.free_queue)} in the free queue"
         )
         self._sync_timeline(frame)
+        self._announce_scheduler_events(frame)
         attended = frame.attention is not None and self.selected_seq in frame.attention.seq_ids
         stale_focus = frame.focus is None or frame.focus.seq_id != self.selected_seq
         if stale_focus and attended:
             self.controller.set_focus(self.selected_seq)
         muted, good, bad = (QColor(c) for c in (self.theme.muted, self.theme.good, self.theme.bad))
         self.director.play(beats_for(frame, self.selected_seq, self.colours, muted, self.speed, good, bad))
+
+    def _announce_scheduler_events(self, frame: Frame) -> None:
+        """Preemptions and rejections say what they cost, in the status bar."""
+        if frame.result is None:
+            return
+        notes = []
+        for event in frame.result.events:
+            if isinstance(event, ev.RequestPreempted):
+                if event.mode == "swap":
+                    cost = f"{event.blocks} blocks moved to the CPU pool ({event.swap_seconds * 1e3:.2f} ms)"
+                else:
+                    cost = f"{event.blocks} blocks freed, {event.tokens} tokens to compute again"
+                notes.append(f"{event.request} preempted by {event.mode}: {cost}")
+            elif isinstance(event, ev.RequestSwappedIn):
+                notes.append(f"{event.request} swapped back in: {event.blocks} blocks")
+            elif isinstance(event, ev.RequestRejected):
+                notes.append(f"{event.request} rejected: {event.reason}")
+        if notes:
+            self.statusBar().showMessage(" · ".join(notes), 8000)
 
     def _sync_timeline(self, frame: Frame) -> None:
         self._syncing = True

@@ -63,6 +63,20 @@ def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 2) -> f
     return statistics.median(samples)
 
 
+def interleaved_medians(fns: list[Callable[[], object]], repeats: int, warmup: int = 2) -> list[float]:
+    """Median seconds of each function, timed round-robin."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    samples: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, out in zip(fns, samples, strict=True):
+            started = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - started)
+    return [statistics.median(out) for out in samples]
+
+
 def machine_info(backend: Backend) -> dict:
     cpu = platform.processor() or platform.machine()
     try:
@@ -116,8 +130,11 @@ def bench_kernel_case(case: KernelCase, backend: Backend, repeats: int, gather_r
         backend.paged_attention(q, kc, vc, block_tables, context_lens, scale)
         backend.synchronize()
 
-    paged_s = median_seconds(paged, repeats)
-    dense_s = median_seconds(lambda: dense_attention_batched(q_dense, k_dense, v_dense, scale), repeats)
+    # Interleaved, so both see the same machine: on a shared VM memory bandwidth drifts
+    # by ±20 % over seconds, which back-to-back blocks of runs would turn into a bias.
+    paged_s, dense_s = interleaved_medians(
+        [paged, lambda: dense_attention_batched(q_dense, k_dense, v_dense, scale)], repeats
+    )
     gather_s = median_seconds(
         lambda: paged_attention_reference(query, key_cache, value_cache, block_tables, context_lens, scale),
         gather_repeats,
@@ -230,7 +247,7 @@ def run_benchmarks(args: argparse.Namespace) -> int:
         return run_cuda_benchmarks(args, backend)
     info = machine_info(backend)
     print(f"pagesim bench · {info['cpu']} · {info['cores']} cores · {backend.device}")
-    repeats, gather_repeats = (3, 1) if args.quick else (15, 3)
+    repeats, gather_repeats = (3, 1) if args.quick else (25, 3)
     kernel_rows = []
     print(f"{'case':<11} {'bs':>3} {'paged ms':>9} {'SDPA ms':>8} {'gather ms':>10} {'paged/SDPA':>10} {'GB/s':>6}")
     for case in kernel_cases(args.quick):

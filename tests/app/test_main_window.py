@@ -304,3 +304,14 @@ def test_scheduler_scenarios_show_their_queues(make_window, qtbot):
     frame = wait_idle(qtbot, window)
     assert frame.queues is not None and frame.scheduler_counts["preemptions"] >= 1
     assert "scheduler" in window.memory_panel.summary.text()
+
+
+def test_a_preemption_says_what_it_cost(make_window, qtbot):
+    window = make_window("preemption_recompute")
+    frame = None
+    while frame is None or not any(type(e).__name__ == "RequestPreempted" for e in frame.result.events):
+        qtbot.keyClick(window, Qt.Key.Key_Right)
+        frame = wait_idle(qtbot, window)
+        assert frame.position < frame.length, "the scenario should preempt"
+    message = window.statusBar().currentMessage()
+    assert "preempted by recompute" in message and "tokens to compute again" in message
