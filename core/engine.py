@@ -223,6 +223,8 @@ class Simulator:
 
     @staticmethod
     def _check_vocab(token_ids, field: str) -> None:
+        if not token_ids or (min(token_ids) >= 0 and max(token_ids) < VOCAB_SIZE):
+            return
         bad = [t for t in token_ids if not 0 <= t < VOCAB_SIZE]
         if bad:
             raise InvalidOperationError(f"{field}: token id {bad[0]} is outside the vocabulary [0, {VOCAB_SIZE})")

@@ -15,9 +15,9 @@ def _check_seq_id(seq_id: object, name: str = "seq") -> None:
 def _check_token_ids(token_ids: tuple[int, ...], field: str) -> None:
     if not token_ids:
         raise InvalidOperationError(f"{field} must hold at least one token id")
-    for token in token_ids:
-        if not isinstance(token, int) or isinstance(token, bool):
-            raise InvalidOperationError(f"{field} must hold integer token ids; got {token!r}")
+    if any(type(token) is not int for token in token_ids):  # exact type: bools are not ids
+        bad = next(t for t in token_ids if type(t) is not int)
+        raise InvalidOperationError(f"{field} must hold integer token ids; got {bad!r}")
 
 
 @dataclass(frozen=True)

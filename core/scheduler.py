@@ -118,9 +118,6 @@ class Scheduler:
             return LATER
         return OK
 
-    def _running_seqs(self) -> int:
-        return sum(len(self.requests[r].seqs) for r in self.running)
-
     def _admit(self, state: RequestState, events: list) -> None:
         execute = self.sim.execute
         resumed = state.resume_tokens is not None
@@ -181,10 +178,6 @@ class Scheduler:
     def _decode_seq_ids(self, requests: list[str]) -> list[str]:
         return [seq_id for request in requests for seq_id in self.requests[request].seqs]
 
-    def _decode_blocks(self, requests: list[str]) -> int:
-        """Blocks one decode token for every sequence of ``requests`` could need."""
-        sequences = self.sim.sequences
-        return self.sim.decode_blocks_needed([sequences[s] for s in self._decode_seq_ids(requests)])
 
     def step(self, events: list) -> None:
         sim = self.sim
@@ -207,7 +200,8 @@ class Scheduler:
             events.append(ev.RequestSwappedIn(state.request, blocks, seconds))
         # 2. Admit waiting requests in order; a LATER at the head blocks the queue (FCFS).
         decoding = list(self.running)
-        running_seqs = self._running_seqs()
+        decode_ids = self._decode_seq_ids(decoding)
+        running_seqs = len(decode_ids)
         while self.waiting and not self.swapped:
             state = self.requests[self.waiting[0]]
             if running_seqs + state.num_seqs > sim.config.max_num_seqs:
@@ -228,7 +222,9 @@ class Scheduler:
             self._admit(state, events)
             running_seqs += len(state.seqs)
         # 3. Decode one token for every sequence that was running, preempting from the back.
-        while decoding and self._decode_blocks(decoding) > sim.pool.num_free:
+        sequences = sim.sequences
+        decode_seqs = [sequences[s] for s in decode_ids]
+        while decoding and sim.decode_blocks_needed(decode_seqs) > sim.pool.num_free:
             if self.running == decoding[:1] and len(decoding) == 1:
                 # Alone and still short: preempting it would only bring it back to this point.
                 self._abort(decoding.pop(), "grew past what the pool can hold", events)
@@ -237,7 +233,10 @@ class Scheduler:
             self.preempt(victim, events)
             if victim in decoding:
                 decoding.remove(victim)
-        sim.decode(self._decode_seq_ids(decoding), events, checked=True)
+            decode_ids = self._decode_seq_ids(decoding)
+            decode_seqs = [sequences[s] for s in decode_ids]
+        if decoding:
+            sim.decode(decode_ids, events, checked=True)
         for request in decoding:
             state = self.requests[request]
             state.generated += 1
