@@ -72,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     waste.add_argument("--block-size", type=int, default=16)
     waste.add_argument("--max-len", type=int, default=2048, help="the model's max length (Orca-Max reserves it)")
     waste.add_argument("--json", type=Path, metavar="PATH", help="write the breakdown here")
+    waste.add_argument("--per-step", action="store_true", help="with --json: every step's split too")
 
     sub.add_parser("scenarios", help="list the shipped scenarios")
     sub.add_parser("backends", help="list the backends and whether each can run here")
@@ -145,7 +146,7 @@ def cmd_waste(args: argparse.Namespace) -> int:
     from core.workload import generate
 
     workload = generate(args.workload, args.requests, rate=args.rate, seed=args.seed, max_len=args.max_len)
-    reports = compare(workload, args.slots, block_size=args.block_size, max_len=args.max_len)
+    reports = compare(workload, args.slots, block_size=args.block_size, max_len=args.max_len, keep_steps=args.per_step)
     mean_in = sum(r.prompt_len for r in workload) / max(1, len(workload))
     mean_out = sum(r.output_len for r in workload) / max(1, len(workload))
     print(
@@ -168,7 +169,8 @@ def cmd_waste(args: argparse.Namespace) -> int:
         )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        report = {"workload": vars(args) | {"json": str(args.json)}, "allocators": [r.as_dict() for r in reports]}
+        allocators = [r.as_dict() | ({"per_step": r.per_step} if args.per_step else {}) for r in reports]
+        report = {"workload": vars(args) | {"json": str(args.json)}, "allocators": allocators}
         args.json.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
     return 0
 

@@ -178,7 +178,6 @@ class Scheduler:
     def _decode_seq_ids(self, requests: list[str]) -> list[str]:
         return [seq_id for request in requests for seq_id in self.requests[request].seqs]
 
-
     def step(self, events: list) -> None:
         sim = self.sim
         # 1. Swapped groups come back first, oldest first, while the watermark allows.

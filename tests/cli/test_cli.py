@@ -102,3 +102,21 @@ def test_console_script_runs():
     script = Path(sys.executable).with_name("pagesim")  # the venv's console script
     out = subprocess.run([str(script), "run", "seed_demo", "--quiet"], capture_output=True, text=True, check=True)
     assert out.stdout.startswith("PASS")
+
+
+def test_waste_prints_the_split_and_writes_per_step_json(tmp_path, capsys):
+    path = tmp_path / "waste.json"
+    assert main(["waste", "--requests", "120", "--slots", "4096", "--json", str(path), "--per-step"]) == 0
+    out = capsys.readouterr().out
+    for name in ("paged", "orca-oracle", "orca-pow2", "orca-max"):
+        assert name in out
+    report = json.loads(path.read_text())
+    paged = report["allocators"][0]
+    assert paged["allocator"] == "paged" and paged["shares"]["reservation"] == 0
+    assert len(paged["per_step"]) == paged["steps"]
+    assert all(sum(step.values()) == 4096 for step in paged["per_step"])
+
+
+def test_scheduler_scenarios_run_from_the_cli(capsys):
+    assert main(["run", "preemption_swap", "--quiet"]) == 0
+    assert capsys.readouterr().out.startswith("PASS")
