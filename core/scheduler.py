@@ -19,6 +19,7 @@ WAITING, RUNNING, SWAPPED, FINISHED, REJECTED = "waiting", "running", "swapped",
 # vLLM v0's AllocStatus: admit now, later (not enough free blocks yet), or never (too big).
 OK, LATER, NEVER = "ok", "later", "never"
 SHARED_PREFIX_ID = "__shared_prefix__"  # the token stream every request's shared prefix comes from
+_COUNTERS = ("preemptions", "recomputed_tokens", "swapped_blocks", "swap_seconds", "finished", "rejected")
 
 
 @dataclass
@@ -293,24 +294,11 @@ class Scheduler:
             tuple(self.waiting),
             tuple(self.running),
             tuple(self.swapped),
-            (
-                self.preemptions,
-                self.recomputed_tokens,
-                self.swapped_blocks,
-                self.swap_seconds,
-                self.finished,
-                self.rejected,
-            ),
+            tuple(getattr(self, name) for name in _COUNTERS),
         )
 
     def restore(self, snap: SchedulerSnapshot) -> None:
         self.requests = {s.request: s.copy() for s in snap.requests}
         self.waiting, self.running, self.swapped = deque(snap.waiting), list(snap.running), deque(snap.swapped)
-        (
-            self.preemptions,
-            self.recomputed_tokens,
-            self.swapped_blocks,
-            self.swap_seconds,
-            self.finished,
-            self.rejected,
-        ) = snap.counters
+        for name, value in zip(_COUNTERS, snap.counters, strict=True):
+            setattr(self, name, value)
