@@ -286,6 +286,8 @@ class Scheduler:
             "finished": self.finished,
             "rejected": self.rejected,
             "preemptions": self.preemptions,
+            "recomputed_tokens": self.recomputed_tokens,
+            "swapped_blocks": self.swapped_blocks,
         }
 
     def snapshot(self) -> SchedulerSnapshot:

@@ -21,14 +21,6 @@ class Sequence:
         return Sequence(seq_id or self.seq_id, list(self.token_ids), list(self.block_table), list(self.block_hashes))
 
 
-def logical_block(position: int, block_size: int) -> int:
-    return position // block_size
-
-
-def block_offset(position: int, block_size: int) -> int:
-    return position % block_size
-
-
 def block_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
     """vLLM's chained block hash: equal only for equal prefixes (ints hash stably)."""
     return hash((parent, token_ids))

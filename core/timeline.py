@@ -117,9 +117,6 @@ class Timeline:
             out.append(self.forward())
         return out
 
-    def as_scenario(self) -> Scenario:
-        return self.scenario.with_operations(self.operations)
-
     def _record(self, result: StepResult) -> None:
         self._results[result.step] = result
         if result.step % self.snapshot_every == 0:

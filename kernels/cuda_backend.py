@@ -82,7 +82,6 @@ class CudaBackend(Backend):
         self._device = cupy.cuda.Device(device_id)
         props = cupy.cuda.runtime.getDeviceProperties(device_id)
         self._device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-        self.last_variant: str | None = None
 
     @property
     def device(self) -> str:
@@ -176,7 +175,6 @@ class CudaBackend(Backend):
         max_context = int(np.max(context_lens)) if num_seqs else 0
         variant = variant or (self.variant if self.variant != "auto" else None)
         variant = variant or choose_variant(max_context, num_seqs, num_heads)
-        self.last_variant = variant
         with self._device:
             q = xp.ascontiguousarray(query if not isinstance(query, np.ndarray) else self.to_device(query))
             tables = xp.asarray(np.ascontiguousarray(block_tables, dtype=np.int32))

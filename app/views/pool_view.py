@@ -214,9 +214,6 @@ class PoolView(QGraphicsView):
             changed += item.set_state(int(ref_counts[block]), int(fills[block]), owners, selected, cached)
         return changed
 
-    def item_at_block(self, block: int) -> BlockItem:
-        return self.items[block]
-
     # -- overlays for animations ------------------------------------------------------
     def add_copy_arrow(self, src: int, dst: int, colour: QColor) -> QGraphicsPathItem:
         a = self.items[src].sceneBoundingRect().center()
