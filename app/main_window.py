@@ -41,6 +41,7 @@ SPEEDS = [("Instant", 0.0), ("0.25×", 0.25), ("0.5×", 0.5), ("1×", 1.0), ("2�
 BASE_STEP_MS = 1100  # between steps while playing at 1×
 INSTANT_STEP_MS = 60
 MAX_RECENT = 8
+LAYOUT_VERSION = 2  # bump when docks change: an older saved layout is then ignored
 
 
 class MainWindow(QMainWindow):
@@ -90,10 +91,10 @@ class MainWindow(QMainWindow):
         geometry = self.settings.value("geometry")
         if geometry is not None:
             self.restoreGeometry(geometry)
-        self._default_state = self.saveState()
+        self._default_state = self.saveState(LAYOUT_VERSION)
         state = self.settings.value("windowState")
         if state is not None:
-            self.restoreState(state)
+            self.restoreState(state, LAYOUT_VERSION)
 
     # -- layout ----------------------------------------------------------------------
     def _build_central(self) -> None:
@@ -293,7 +294,7 @@ class MainWindow(QMainWindow):
         view_menu.addAction(
             self._action(
                 "Reset layout",
-                lambda: self.restoreState(self._default_state),
+                lambda: self.restoreState(self._default_state, LAYOUT_VERSION),
                 tip="Put every panel back where it started",
             )
         )
@@ -580,7 +581,7 @@ class MainWindow(QMainWindow):
     # -- shutdown --------------------------------------------------------------------
     def closeEvent(self, event) -> None:
         self.settings.setValue("geometry", self.saveGeometry())
-        self.settings.setValue("windowState", self.saveState())
+        self.settings.setValue("windowState", self.saveState(LAYOUT_VERSION))
         self.director.stop()
         self.controller.shutdown()
         super().closeEvent(event)
