@@ -501,8 +501,13 @@ class MainWindow(QMainWindow):
         self.play_action.setIcon(self.style().standardIcon(icon))
 
     def _on_frame(self, frame: Frame) -> None:
+        first = self.frame is None
         self.frame = frame
         self.statusBar().setStyleSheet("")
+        if first and frame.position == 0:
+            self.statusBar().showMessage(
+                f"{frame.scenario_name}: {frame.length} steps · Space plays, → steps, A adds a sequence", 10_000
+            )
         live = {s.seq_id for s in frame.sequences}
         pending = self._pending_select
         if pending in live:
