@@ -198,11 +198,20 @@ class Simulator:
         return StepResult(self.step, op, tuple(events), self.metrics(), self.last_attention)
 
     def execute(self, op: Operation, events: list) -> None:
-        """Validate and apply one operation, appending its events; no attention, no step.
-        The scheduler drives the engine through this."""
+        """Validate and apply one operation, appending its events; no attention, no step."""
         if isinstance(op, Submit | Schedule):
             self.scheduler.execute(op, events)
             return
+        if isinstance(op, Grow | Free) and self._scheduler is not None:
+            owner = self._scheduler.owner_of(op.seq)
+            if owner is not None:
+                raise InvalidOperationError(
+                    f"sequence {op.seq!r} belongs to request {owner!r}: the scheduler grows and frees it"
+                )
+        self.execute_direct(op, events)
+
+    def execute_direct(self, op: Operation, events: list) -> None:
+        """:meth:`execute` without the ownership check: the scheduler's own path."""
         handler = {Add: self._add, Grow: self._grow, Fork: self._fork, Free: self._free}.get(type(op))
         if handler is None:
             raise InvalidOperationError(f"not an operation: {op!r}")

@@ -100,6 +100,22 @@ class Scheduler:
         self.waiting.append(op.request)
         events.append(ev.RequestSubmitted(op.request, len(prompt), op.output_len, state.num_seqs))
 
+    @staticmethod
+    def _planned_names(state: RequestState) -> list[str]:
+        if state.resume_tokens:
+            return list(state.resume_tokens)
+        fan = state.beam_width or state.n
+        tag = "b" if state.beam_width else "s"
+        return [state.request] if fan == 1 else [f"{state.request}/{tag}{i}" for i in range(fan)]
+
+    def owner_of(self, seq_id: str) -> str | None:
+        """The request a live or swapped sequence belongs to, if the scheduler runs it."""
+        request = seq_id.split("/", 1)[0]
+        state = self.requests.get(request)
+        if state is not None and seq_id in state.seqs and state.status in (RUNNING, SWAPPED):
+            return request
+        return None
+
     # -- admission -----------------------------------------------------------------
     @property
     def watermark_blocks(self) -> int:
@@ -120,7 +136,7 @@ class Scheduler:
         return OK
 
     def _admit(self, state: RequestState, events: list) -> None:
-        execute = self.sim.execute
+        execute = self.sim.execute_direct
         resumed = state.resume_tokens is not None
         if resumed:
             for seq_id, tokens in state.resume_tokens.items():
@@ -128,13 +144,8 @@ class Scheduler:
             state.seqs = list(state.resume_tokens)
             state.resume_tokens = None
         else:
-            fan = state.beam_width or state.n
-            if fan == 1:
-                state.seqs = [state.request]
-            else:
-                tag = "b" if state.beam_width else "s"
-                state.seqs = [f"{state.request}/{tag}{i}" for i in range(fan)]
-                state.beam_serial = fan
+            state.seqs = self._planned_names(state)
+            state.beam_serial = len(state.seqs)
             execute(Add(state.seqs[0], prompt=state.prompt), events)
             for seq_id in state.seqs[1:]:
                 execute(Fork(state.seqs[0], seq_id), events)
@@ -167,7 +178,7 @@ class Scheduler:
         tokens = {s: tuple(sim.sequence(s).token_ids) for s in state.seqs}
         blocks = len(sim._distinct_blocks(sim.sequence(s).block_table for s in state.seqs))
         for seq_id in state.seqs:
-            sim.execute(Free(seq_id), events)
+            sim.execute_direct(Free(seq_id), events)
         state.resume_tokens = tokens
         state.status = WAITING
         self.waiting.appendleft(request)  # at the front: no starvation of the preempted
@@ -210,6 +221,11 @@ class Scheduler:
             if status == LATER:
                 break
             self.waiting.popleft()
+            if any(name in sim.sequences or name in sim.swapped for name in self._planned_names(state)):
+                state.status = REJECTED
+                self.rejected += 1
+                events.append(ev.RequestRejected(state.request, "a sequence of that name already exists"))
+                continue
             if status == NEVER:
                 state.status = REJECTED
                 self.rejected += 1
@@ -244,7 +260,7 @@ class Scheduler:
                 self._prune_beams(state, events)
             if state.generated >= state.output_len:
                 for seq_id in state.seqs:
-                    sim.execute(Free(seq_id), events)
+                    sim.execute_direct(Free(seq_id), events)
                 state.status = FINISHED
                 state.seqs = []
                 self.running.remove(request)
@@ -254,7 +270,7 @@ class Scheduler:
     def _abort(self, request: str, reason: str, events: list) -> None:
         state = self.requests[request]
         for seq_id in state.seqs:
-            self.sim.execute(Free(seq_id), events)
+            self.sim.execute_direct(Free(seq_id), events)
         state.seqs = []
         state.status = REJECTED
         self.running.remove(request)
@@ -270,11 +286,14 @@ class Scheduler:
 
         ranked = sorted(state.seqs, key=score)
         worst, best = ranked[0], ranked[-1]
-        self.sim.execute(Free(worst), events)
+        self.sim.execute_direct(Free(worst), events)
         state.seqs.remove(worst)
         child = f"{state.request}/b{state.beam_serial}"
+        while child in self.sim.sequences or child in self.sim.swapped:  # a user took the name
+            state.beam_serial += 1
+            child = f"{state.request}/b{state.beam_serial}"
         state.beam_serial += 1
-        self.sim.execute(Fork(best, child), events)
+        self.sim.execute_direct(Fork(best, child), events)
         state.seqs.append(child)
 
     # -- state ------------------------------------------------------------------------
