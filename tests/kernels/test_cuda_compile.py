@@ -77,3 +77,13 @@ def test_block_sizes_map_to_fast_paths_or_the_generic_kernel():
 )
 def test_v1_v2_selection_follows_vllms_rule(max_context, seqs, heads, expected):
     assert choose_variant(max_context, seqs, heads) == expected
+
+
+@pytest.mark.parametrize("dtype, head_dim", [("float16", 128), ("bfloat16", 64), ("float32", 256)])
+def test_the_backends_own_module_compiles(dtype, head_dim):
+    """Exactly what CudaBackend asks NVRTC for: one module, every block-size variant."""
+    inst = instantiation_for(dtype, head_dim, 16)
+    names = inst.module_names()
+    assert len(names) == 2 * (1 + len(cuda_build.FAST_BLOCK_SIZES)) + 3  # v1+v2 per size, reduce, write, copy
+    ptx, lowered = nvrtc_ptx(names)
+    assert set(lowered) == set(names) and all(lowered[n] in ptx for n in names)
