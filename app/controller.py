@@ -31,9 +31,10 @@ class SimulationWorker(QObject):
     exported = Signal(str)
     wasteReady = Signal(object)  # list of WasteReport dicts
 
-    def __init__(self, backend_name: str) -> None:
+    def __init__(self, backend_name: str, cuda_kernel: str = "auto") -> None:
         super().__init__()
         self._backend_name = backend_name
+        self._cuda_kernel = cuda_kernel
         self._backend = None
         self._timeline: Timeline | None = None
         self._focus: str | None = None
@@ -45,7 +46,7 @@ class SimulationWorker(QObject):
     def load(self, scenario: Scenario) -> None:
         try:
             if self._backend is None:
-                self._backend = select_backend(self._backend_name)
+                self._backend = select_backend(self._backend_name, self._cuda_kernel)
                 self.backendReady.emit(self._backend.name, self._backend.device)
             timeline = Timeline(scenario, self._backend)
         except (PagesimError, BackendUnavailableError, ValueError) as exc:
@@ -157,7 +158,7 @@ class SimulationController(QObject):
     _export = Signal(str)
     _waste = Signal(str, int)
 
-    def __init__(self, backend_name: str = "auto", parent: QObject | None = None) -> None:
+    def __init__(self, backend_name: str = "auto", parent: QObject | None = None, cuda_kernel: str = "auto") -> None:
         super().__init__(parent)
         self.frame: Frame | None = None
         self.scenario: Scenario | None = None
@@ -165,7 +166,7 @@ class SimulationController(QObject):
         self._thread = QThread()
         self._thread.setObjectName("pagesim-simulation")
         LIVE_THREADS.add(self._thread)
-        self._worker = SimulationWorker(backend_name)
+        self._worker = SimulationWorker(backend_name, cuda_kernel)
         self._worker.moveToThread(self._thread)
         self._thread.finished.connect(self._worker.deleteLater)
         for request, slot in (

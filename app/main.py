@@ -57,7 +57,7 @@ def main(args: argparse.Namespace) -> int:
         # Reproducible pictures: a fresh default layout, and the user's settings left alone.
         scratch = tempfile.mkdtemp(prefix="pagesim-settings-")
         settings = QSettings(os.path.join(scratch, "pagesim.ini"), QSettings.Format.IniFormat)
-    window = MainWindow(args.backend, settings=settings, speed=0.0 if headless else None)
+    window = MainWindow(args.backend, settings=settings, speed=0.0 if headless else None, cuda_kernel=args.cuda_kernel)
     if args.theme:
         window.apply_theme(args.theme)
     if args.size:

@@ -45,7 +45,13 @@ LAYOUT_VERSION = 2  # bump when docks change: an older saved layout is then igno
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, backend: str = "auto", settings: QSettings | None = None, speed: float | None = None):
+    def __init__(
+        self,
+        backend: str = "auto",
+        settings: QSettings | None = None,
+        speed: float | None = None,
+        cuda_kernel: str = "auto",
+    ):
         super().__init__()
         self.settings = settings or QSettings("pagesim", "pagesim")
         self.colours = SequenceColours()
@@ -58,7 +64,7 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("pagesim — PagedAttention simulator")
         self.resize(1400, 860)
 
-        self.controller = SimulationController(backend, self)
+        self.controller = SimulationController(backend, self, cuda_kernel)
         self.pool_view = PoolView(self.colours, self.theme)
         self.sequence_view = SequenceView(self.colours, self.theme)
         self.kernel_panel = KernelPanel(self.theme)
