@@ -121,6 +121,10 @@ class Simulator:
         # block -> {seq: logical index}: O(1) to drop one holder of a widely shared block.
         self._holders: dict[int, dict[str, int]] = {}
         self._last_query: dict[str, np.ndarray] = {}  # q of each sequence's newest token (float32)
+        # Dense reference outputs by sequence, with the write count they were computed at:
+        # a sequence whose tokens did not change has the same dense answer as last step.
+        self._writes: dict[str, int] = {}
+        self._dense_out: dict[str, tuple[int, np.ndarray]] = {}
         self._prefix_lookups = 0  # full prompt blocks looked up in the prefix cache
         self._prefix_hits = 0  # ... and found there
         self._scheduler = None
@@ -354,6 +358,7 @@ class Simulator:
         child = parent.copy(op.new_seq)
         self.sequences[op.new_seq] = child
         self._dense.fork(op.seq, op.new_seq)
+        self._writes[op.new_seq] = 0
         if self.kv_data:
             self._last_query[op.new_seq] = self._last_query[op.seq]
         self._logical_tokens += child.num_tokens
@@ -372,6 +377,8 @@ class Simulator:
         del self.sequences[op.seq]
         self._dense.free(op.seq)
         self._last_query.pop(op.seq, None)
+        self._writes.pop(op.seq, None)
+        self._dense_out.pop(op.seq, None)
         self._logical_tokens -= seq.num_tokens
         self._contiguous_blocks -= self._contiguous_reservation(seq.num_tokens)
         events.append(ev.SequenceFreed(op.seq))
@@ -412,6 +419,7 @@ class Simulator:
         self._contiguous_blocks -= self._contiguous_reservation(start) if start else 0
         self._logical_tokens += len(token_ids)
         seq.token_ids.extend(token_ids)
+        self._writes[seq.seq_id] = self._writes.get(seq.seq_id, 0) + 1
         emit = not isinstance(events, DiscardedEvents)
         for block, i in zip(blocks, written, strict=True):
             self._block_fill[block] += 1
@@ -452,6 +460,7 @@ class Simulator:
                 self._copy_on_write(seq, events)
             block = seq.block_table[-1]
             seq.token_ids.append(token)
+            self._writes[seq.seq_id] = self._writes.get(seq.seq_id, 0) + 1
             fill[block] += 1
             if n + 1 > limit:
                 self._contiguous_blocks += self._contiguous_reservation(n + 1) - self._contiguous_reservation(n)
@@ -589,6 +598,28 @@ class Simulator:
         query = np.stack([self._last_query[i] for i in ids]) if ids else np.empty((0, c.num_heads, c.head_dim))
         return ids, query.astype(self.cache.dtype), block_tables, context_lens
 
+    def _dense_attention(self, ids: tuple[str, ...], query: np.ndarray, scale: float) -> np.ndarray:
+        """Dense SDPA from each sequence's contiguous K/V; only for sequences whose tokens
+        changed since their last check (the others' answer cannot have changed)."""
+        d, writes, cached = self._dense, self._writes, self._dense_out
+        stale = [i for i, seq_id in enumerate(ids) if cached.get(seq_id, (-1,))[0] != writes.get(seq_id, 0)]
+        if len(stale) * 2 > len(ids):  # most changed: one pass over the whole buffer, as views
+            rows = np.array([d.row_of[i] for i in ids])
+            query_rows = np.zeros((d.keys.shape[0], *query.shape[1:]), np.float32)
+            query_rows[rows] = query.astype(np.float32)
+            longest = int(d.lengths.max())  # the buffer's tail past every sequence is padding
+            keys, values = d.keys[:, :, :longest], d.values[:, :, :longest]
+            out = dense_attention_rows(query_rows, keys, values, d.lengths, scale).numpy()[rows]
+            stale = list(range(len(ids)))
+        elif stale:
+            rows = np.array([d.row_of[ids[i]] for i in stale])
+            longest = int(d.lengths[rows].max())
+            keys, values = d.keys[rows, :, :longest], d.values[rows, :, :longest]
+            out = dense_attention_rows(query[stale].astype(np.float32), keys, values, d.lengths[rows], scale).numpy()
+        for k, i in enumerate(stale):
+            cached[ids[i]] = (writes.get(ids[i], 0), out[k])
+        return np.stack([cached[seq_id][1] for seq_id in ids])
+
     def _attend(self, events: list) -> AttentionReport | None:
         if not self.sequences:
             return None
@@ -604,13 +635,7 @@ class Simulator:
         kernel_seconds = time.perf_counter() - started
 
         started = time.perf_counter()
-        rows = np.array([self._dense.row_of[i] for i in ids])
-        query_rows = np.zeros((self._dense.keys.shape[0], *query.shape[1:]), np.float32)
-        query_rows[rows] = query.astype(np.float32)
-        d = self._dense
-        longest = int(d.lengths.max())  # the buffer's tail past every sequence is all padding
-        keys, values = d.keys[:, :, :longest], d.values[:, :, :longest]
-        dense = dense_attention_rows(query_rows, keys, values, d.lengths, scale).numpy()[rows]
+        dense = self._dense_attention(ids, query, scale)
         dense_seconds = time.perf_counter() - started
 
         report = AttentionReport(
@@ -670,6 +695,8 @@ class Simulator:
         self._shared_blocks = sum(1 for r in snap.pool.ref_counts if r > 1)
         self._logical_tokens = sum(s.num_tokens for s in self.sequences.values())
         self._last_query = dict(snap.last_query)
+        self._writes = {seq_id: 0 for seq_id in (*self.sequences, *(s.seq_id for s in snap.swapped))}
+        self._dense_out = {}
         self._prefix_lookups, self._prefix_hits = snap.prefix_counts
         self._holders = {}
         for seq in self.sequences.values():

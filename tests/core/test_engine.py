@@ -171,3 +171,19 @@ def test_the_check_catches_a_corrupted_cache(sim):
     sim.cache.key_cache[1, 0] += 1.0  # a paging bug: data under a live slot changed
     result = sim.apply(Grow("a"))
     assert not result.attention.passed
+
+
+def test_dense_reference_is_recomputed_only_for_sequences_that_changed(sim, monkeypatch):
+    import core.engine
+
+    sim.apply(Add("a", 5))
+    sim.apply(Add("b", 6))
+    calls = []
+    real = core.engine.dense_attention_rows
+    monkeypatch.setattr(core.engine, "dense_attention_rows", lambda q, *a: calls.append(q.shape[0]) or real(q, *a))
+    result = sim.apply(Grow("a"))
+    assert calls == [1]  # only a's tokens changed
+    assert result.attention.passed and result.attention.dense.shape[0] == 2
+    # The check still bites: corrupt b's cached-over data and its kernel output diverges.
+    sim.cache.key_cache[sim.sequence("b").block_table[0], 0] += 1.0
+    assert not sim.apply(Grow("a")).attention.passed
