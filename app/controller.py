@@ -38,9 +38,11 @@ class SimulationWorker(QObject):
         self._backend = None
         self._timeline: Timeline | None = None
         self._focus: str | None = None
+        self._frame = None  # the last frame sent: the next step's frame is built from it
 
     def _emit(self, result=None) -> None:
-        self.frameReady.emit(build_frame(self._timeline, self._focus, result))
+        self._frame = build_frame(self._timeline, self._focus, result, self._frame)
+        self.frameReady.emit(self._frame)
 
     @Slot(object)
     def load(self, scenario: Scenario) -> None:
@@ -54,6 +56,7 @@ class SimulationWorker(QObject):
             return
         self._timeline = timeline
         self._focus = None
+        self._frame = None
         self._emit()
         # Then compile (or load from cache) the kernel for this dtype, before the first step.
         timeline.sim.warm_up()

@@ -122,11 +122,13 @@ _STATE_EVENTS = (
     ev.BlockReused,
     ev.BlockCached,
     ev.BlockEvicted,
+    ev.BlockSwappedOut,
+    ev.BlockSwappedIn,
     ev.TokenWritten,
 )
 
 
-def touched_by(result: StepResult, holders: dict[int, tuple[tuple[str, int], ...]]) -> tuple[frozenset, frozenset]:
+def touched_by(result: StepResult, sim: Simulator) -> tuple[frozenset, frozenset]:
     """Blocks and sequences whose picture one step changed (from its events)."""
     blocks: set[int] = set()
     seqs: set[str] = set()
@@ -141,18 +143,38 @@ def touched_by(result: StepResult, holders: dict[int, tuple[tuple[str, int], ...
                 seqs.add(getattr(event, name))
     # A ref count change shows in every table that holds the block.
     for block in blocks:
-        seqs.update(seq for seq, _ in holders.get(block, ()))
+        seqs.update(seq for seq, _ in sim.holders(block))
     return frozenset(blocks), frozenset(seqs)
 
 
-def build_frame(timeline: Timeline, focus_seq: str | None, result: StepResult | None = None) -> Frame:
+def build_frame(
+    timeline: Timeline, focus_seq: str | None, result: StepResult | None = None, previous: Frame | None = None
+) -> Frame:
+    """The picture after the timeline's current step. With the ``previous`` frame of the
+    step just before (and this step's ``result``), only what the step touched is rebuilt."""
     sim = timeline.sim
-    holders = sim.holders_map()
-    history = tuple(r.metrics for k in range(1, timeline.position + 1) if (r := timeline.result(k)) is not None)
-    current = timeline.current
     if focus_seq not in sim.sequences:
         focus_seq = next(iter(sim.sequences), None)
-    touched_blocks, touched_sequences = touched_by(result, holders) if result is not None else (None, None)
+    incremental = result is not None and previous is not None and previous.position == timeline.position - 1
+    touched_blocks, touched_sequences = touched_by(result, sim) if result is not None else (None, None)
+    if incremental:
+        holders = dict(previous.holders)
+        ref_counts, block_fill = previous.ref_counts.copy(), previous.block_fill.copy()
+        for block in touched_blocks:
+            held = sim.holders(block)
+            if held:
+                holders[block] = tuple(held)
+            else:
+                holders.pop(block, None)
+            ref_counts[block] = sim.pool.ref_count(block)
+            block_fill[block] = sim.block_fill(block)
+        history = (*previous.history, result.metrics)
+    else:
+        holders = sim.holders_map()
+        ref_counts = np.array(sim.pool.ref_counts(), dtype=np.int32)
+        block_fill = np.array(sim.block_fills(), dtype=np.int32)
+        history = tuple(r.metrics for k in range(1, timeline.position + 1) if (r := timeline.result(k)) is not None)
+    current = timeline.current
     return Frame(
         position=timeline.position,
         length=timeline.length,
@@ -160,8 +182,8 @@ def build_frame(timeline: Timeline, focus_seq: str | None, result: StepResult | 
         scenario_name=timeline.scenario.name,
         scenario_description=timeline.scenario.description,
         label=current.op.describe() if current is not None else "start",
-        ref_counts=np.array(sim.pool.ref_counts(), dtype=np.int32),
-        block_fill=np.array(sim.block_fills(), dtype=np.int32),
+        ref_counts=ref_counts,
+        block_fill=block_fill,
         holders=holders,
         free_queue=tuple(sim.pool.free_blocks()),
         sequences=tuple(SequenceState(s.seq_id, s.num_tokens, tuple(s.block_table)) for s in sim.sequences.values()),

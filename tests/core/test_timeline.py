@@ -76,3 +76,21 @@ def test_every_step_reached_by_seeking_has_its_attention_check(cpu_backend):
         assert report is not None and report.passed
         assert set(report.seq_ids) == set(timeline.sim.sequences)
         assert timeline.current.attention is report
+
+
+def test_incremental_frames_equal_full_ones(cpu_backend):
+    import numpy as np
+
+    from core.view_model import build_frame
+
+    for name in ("default", "parallel_sampling", "preemption_swap", "shared_system_prompt"):
+        timeline = Timeline(load_shipped(name), cpu_backend)
+        frame = build_frame(timeline, None)
+        while not timeline.at_end:
+            result = timeline.forward()
+            frame = build_frame(timeline, None, result, frame)
+            full = build_frame(timeline, None)
+            assert frame.holders == full.holders, (name, timeline.position)
+            np.testing.assert_array_equal(frame.ref_counts, full.ref_counts)
+            np.testing.assert_array_equal(frame.block_fill, full.block_fill)
+            assert frame.history == full.history
