@@ -36,6 +36,11 @@ def _has_display() -> bool:
 
 
 def main(args: argparse.Namespace) -> int:
+    try:
+        scenario = load_scenario(args.scenario)
+    except PagesimError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if not _has_display():
         if args.screenshot is None:
             print(
@@ -46,11 +51,6 @@ def main(args: argparse.Namespace) -> int:
             return 2
         os.environ["QT_QPA_PLATFORM"] = "offscreen"  # a screenshot needs no screen
     app = _application()
-    try:
-        scenario = load_scenario(args.scenario)
-    except PagesimError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     headless = args.screenshot is not None
     settings = None
     if headless:
