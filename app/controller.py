@@ -112,25 +112,13 @@ class SimulationWorker(QObject):
             from core.waste import compare
             from core.workload import generate
 
-            c = self._timeline.sim.config if self._timeline else None
-            slots = c.num_slots if c else 32768
-            block_size = c.block_size if c else 16
-            max_len = c.max_model_len if c else 2048
-            workload = generate(distribution, count, rate=2000.0, seed=0, max_len=max_len)
-            reports = compare(workload, slots, block_size=block_size, max_len=max_len)
-            self.wasteReady.emit(
-                {
-                    "distribution": distribution,
-                    "count": count,
-                    "slots": slots,
-                    "reports": [r.as_dict() for r in reports],
-                }
-            )
+            c = self._timeline.sim.config
+            workload = generate(distribution, count, rate=2000.0, seed=0, max_len=c.max_model_len)
+            reports = compare(workload, c.num_slots, block_size=c.block_size, max_len=c.max_model_len)
+            result = {"distribution": distribution, "count": count, "slots": c.num_slots}
+            self.wasteReady.emit(result | {"reports": [r.as_dict() for r in reports]})
 
-        try:
-            compute()
-        except (ValueError, PagesimError) as exc:
-            self.failed.emit(str(exc))
+        self._guard(compute)
 
     @Slot(str)
     def export_events(self, path: str) -> None:

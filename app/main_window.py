@@ -374,10 +374,13 @@ class MainWindow(QMainWindow):
         if path:
             self.open_scenario(path)
 
-    def _save_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Save scenario", "scenario.toml", "Scenarios (*.toml)")
+    def _save_to(self, title: str, default: str, kinds: str, then) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, title, default, kinds)
         if path:
-            self.save_scenario(path)
+            then(path)
+
+    def _save_dialog(self) -> None:
+        self._save_to("Save scenario", "scenario.toml", "Scenarios (*.toml)", self.save_scenario)
 
     def save_screenshot(self, path: str) -> bool:
         ok = self.grab().save(path)
@@ -385,14 +388,10 @@ class MainWindow(QMainWindow):
         return ok
 
     def _screenshot_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Export screenshot", "pagesim.png", "PNG (*.png)")
-        if path:
-            self.save_screenshot(path)
+        self._save_to("Export screenshot", "pagesim.png", "PNG (*.png)", self.save_screenshot)
 
     def _events_dialog(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(self, "Export event log", "events.jsonl", "JSON lines (*.jsonl)")
-        if path:
-            self.controller.export_events(path)
+        self._save_to("Export event log", "events.jsonl", "JSON lines (*.jsonl)", self.controller.export_events)
 
     def _show_guide(self) -> None:
         self.guide_dock.show()
@@ -438,9 +437,7 @@ class MainWindow(QMainWindow):
         if seq_id == self.selected_seq:
             return
         self.selected_seq = seq_id
-        self._syncing = True
-        self.sequence_view.select(seq_id)
-        self._syncing = False
+        self.sequence_view.select(seq_id)  # echoes back here, and stops at the check above
         if self.frame is not None:
             self.pool_view.show_frame(self.frame, seq_id)
         self.controller.set_focus(seq_id)
@@ -522,9 +519,7 @@ class MainWindow(QMainWindow):
         if self.selected_seq not in live:
             self.selected_seq = frame.focus.seq_id if frame.focus else (frame.sequences[0].seq_id if live else None)
         self.sequence_view.show_frame(frame)
-        self._syncing = True
         self.sequence_view.select(self.selected_seq)
-        self._syncing = False
         self.pool_view.show_frame(frame, self.selected_seq)
         self.kernel_panel.show_frame(frame)
         self.memory_panel.show_frame(frame)

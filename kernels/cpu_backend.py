@@ -172,8 +172,3 @@ class CpuBackend(Backend):
             kind,
         )
         return out
-
-
-def set_num_threads(count: int | None) -> None:
-    """Limit the kernel's threads (``None`` restores all cores)."""
-    numba.set_num_threads(count or numba.config.NUMBA_NUM_THREADS)

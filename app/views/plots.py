@@ -75,6 +75,7 @@ class KernelPanel(QWidget):
         self.kernel_curve = self.output_plot.plot(name="paged kernel", symbol="o", symbolSize=6)
         self.dense_curve = self.output_plot.plot(name="dense SDPA", symbol="x", symbolSize=9, pen=None)
         self.weight_bars = pg.BarGraphItem(x=[], height=[], width=0.9)
+        self._block_brushes = [pg.mkBrush(c) for c in BLOCK_COLOURS]
         self.weights_plot.addItem(self.weight_bars)
         self.error_bars = pg.BarGraphItem(x=[], height=[], width=0.6)
         self.error_plot.addItem(self.error_bars)
@@ -172,9 +173,10 @@ class KernelPanel(QWidget):
             f"({focus.context_len} tokens)"
         )
         blocks = focus.token_blocks
-        brushes = [pg.mkBrush(BLOCK_COLOURS[int(b) % len(BLOCK_COLOURS)]) for b in blocks]
+        # One brush per palette colour, shared by every bar (long contexts have thousands).
+        brushes = [self._block_brushes[b % len(BLOCK_COLOURS)] for b in blocks.tolist()]
         positions = np.arange(focus.context_len)
-        self.weight_bars.setOpts(x=positions, height=focus.weights[head], brushes=brushes, pens=[None] * len(blocks))
+        self.weight_bars.setOpts(x=positions, height=focus.weights[head], brushes=brushes, pen=None)
         starts = np.flatnonzero(np.r_[True, blocks[1:] != blocks[:-1]])
         if len(starts) <= MAX_BLOCK_LABELS:
             top = float(focus.weights[head].max())
