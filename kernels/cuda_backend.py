@@ -10,7 +10,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from kernels.backend import Backend, KernelInputError
+from kernels.backend import Backend, KernelInputError, validate_kernel_inputs
 from kernels.cuda_build import (
     NUM_THREADS,
     OPTIONS,
@@ -26,6 +26,7 @@ from kernels.dtypes import dtype_name
 # single partition or there are enough (sequence, head) pairs to fill the GPU.
 V1_MAX_CONTEXT = 8192
 V1_MIN_WORK = 512
+MAX_GRID_Y = 65535  # sequences ride on the grid's y dimension
 
 
 def choose_variant(max_context_len: int, num_seqs: int, num_heads: int) -> str:
@@ -101,7 +102,10 @@ class CudaBackend(Backend):
             zeros = self.xp.zeros(shape, dtype=self.array_dtype(dtype))
             return zeros, zeros.copy()
 
-    def to_device(self, array: np.ndarray):
+    def to_device(self, array):
+        if isinstance(array, self.xp.ndarray):  # already on the device
+            with self._device:
+                return self.xp.ascontiguousarray(array)
         host = np.ascontiguousarray(array)
         if host.dtype == np.dtype(ml_dtypes.bfloat16):
             host = host.view(np.uint16)
@@ -120,21 +124,39 @@ class CudaBackend(Backend):
     def _module_for(self, cache) -> tuple[Instantiation, Any]:
         _, block_size, _, head_dim = cache.shape
         inst = instantiation_for(self.kv_dtype_name(cache.dtype), head_dim, block_size)
-        return inst, compiled_module(inst)
+        return inst, self.compile_module(inst)
+
+    def compile_module(self, inst: Instantiation):
+        """The module holding ``inst``'s kernels (NVRTC through CuPy, cached per process)."""
+        return compiled_module(inst)
 
     # -- cache writes ------------------------------------------------------------------
+    def _check_cache_pair(self, key_cache, value_cache) -> None:
+        if key_cache.ndim != 4 or value_cache.shape != key_cache.shape or value_cache.dtype != key_cache.dtype:
+            raise KernelInputError(
+                "key_cache and value_cache must both be (num_blocks, block_size, num_kv_heads, head_dim) in one "
+                f"dtype; got {tuple(key_cache.shape)} {key_cache.dtype} and {tuple(value_cache.shape)} "
+                f"{value_cache.dtype}"
+            )
+
     def write_kv(self, key_cache, value_cache, slot_mapping, keys, values) -> None:
+        self._check_cache_pair(key_cache, value_cache)
         slots = np.asarray(slot_mapping, dtype=np.int64)
         if slots.size == 0:
             return
         num_slots = key_cache.shape[0] * key_cache.shape[1]
-        if slots.max() >= num_slots:
-            raise KernelInputError(f"slot {int(slots.max())} is out of range for a pool of {num_slots} slots")
+        if slots.max() >= num_slots or slots.min() < -1:
+            bad = int(slots.max()) if slots.max() >= num_slots else int(slots.min())
+            raise KernelInputError(f"slot {bad} is out of range for a pool of {num_slots} slots (-1 skips a token)")
         inst, module = self._module_for(key_cache)
         token_size = key_cache.shape[2] * key_cache.shape[3]
         k, v = self.to_device(keys), self.to_device(values)
-        if k.shape != (slots.size, key_cache.shape[2], key_cache.shape[3]) or k.dtype != key_cache.dtype:
-            raise KernelInputError(f"keys must be ({slots.size}, num_kv_heads, head_dim) in the cache dtype")
+        for name, array in (("keys", k), ("values", v)):
+            if array.shape != (slots.size, key_cache.shape[2], key_cache.shape[3]) or array.dtype != key_cache.dtype:
+                raise KernelInputError(
+                    f"{name} must be ({slots.size}, {key_cache.shape[2]}, {key_cache.shape[3]}) in the cache dtype "
+                    f"{key_cache.dtype}; got {tuple(array.shape)} {array.dtype}"
+                )
         kernel = module.get_function(inst.names["write"])
         with self._device:
             kernel(
@@ -144,6 +166,7 @@ class CudaBackend(Backend):
             )
 
     def copy_blocks(self, key_cache, value_cache, block_mapping) -> None:
+        self._check_cache_pair(key_cache, value_cache)
         mapping = np.asarray(block_mapping, dtype=np.int64).reshape(-1, 2)
         if mapping.size == 0:
             return
@@ -165,23 +188,55 @@ class CudaBackend(Backend):
             self.paged_attention_device(query, key_cache, value_cache, block_tables, context_lens, scale)
         )
 
+    def device_pointer(self, array) -> int:
+        return int(array.data.ptr)
+
     def paged_attention_device(self, query, key_cache, value_cache, block_tables, context_lens, scale, variant=None):
-        """Launch v1 or v2; inputs validated by :meth:`paged_attention` (or the caller).
-        Returns the (num_seqs, num_heads, head_dim) float32 output on the device."""
+        """Validate on the host (as :meth:`paged_attention` does, plus what only the device
+        launch needs), upload the tables and launch. Returns the (num_seqs, num_heads,
+        head_dim) float32 output on the device."""
+        query = query if not isinstance(query, np.ndarray) else self.to_device(query)
+        tables = np.ascontiguousarray(block_tables, dtype=np.int32)
+        lens = np.ascontiguousarray(context_lens, dtype=np.int32)
+        validate_kernel_inputs(query, key_cache, value_cache, tables, lens, self.kv_dtype_name)
+        num_seqs, num_heads, _ = query.shape
+        if num_heads < 1:
+            raise KernelInputError("query must have at least one head")
+        if num_seqs > MAX_GRID_Y:
+            raise KernelInputError(
+                f"{num_seqs} sequences in one launch; the grid's y dimension holds at most {MAX_GRID_Y}"
+            )
+        for name, array in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
+            if self.device_pointer(array) % 16:
+                raise KernelInputError(f"{name} must start on a 16-byte boundary (the kernels load 16 bytes at once)")
+        max_context = int(lens.max()) if num_seqs else 0
+        with self._device:
+            return self.launch_paged_attention(
+                query,
+                key_cache,
+                value_cache,
+                self.xp.asarray(tables),
+                self.xp.asarray(lens),
+                max_context,
+                scale,
+                variant,
+            )
+
+    def launch_paged_attention(
+        self, query, key_cache, value_cache, tables, lens, max_context: int, scale: float, variant=None
+    ):
+        """The launch alone, on validated device arrays (the benchmark times this)."""
         xp = self.xp
         num_seqs, num_heads, head_dim = query.shape
         _, block_size, num_kv_heads, _ = key_cache.shape
         inst, module = self._module_for(key_cache)
-        max_context = int(np.max(context_lens)) if num_seqs else 0
         variant = variant or (self.variant if self.variant != "auto" else None)
         variant = variant or choose_variant(max_context, num_seqs, num_heads)
         with self._device:
-            q = xp.ascontiguousarray(query if not isinstance(query, np.ndarray) else self.to_device(query))
-            tables = xp.asarray(np.ascontiguousarray(block_tables, dtype=np.int32))
-            lens = xp.asarray(np.ascontiguousarray(context_lens, dtype=np.int32))
+            q = xp.ascontiguousarray(query)
+            if num_seqs == 0 or max_context == 0:
+                return xp.zeros((num_seqs, num_heads, head_dim), dtype=xp.float32)  # no zero-sized grid
             out = xp.empty((num_seqs, num_heads, head_dim), dtype=xp.float32)
-            if num_seqs == 0:
-                return out
             common = (np.float32(scale), np.int32(num_heads), np.int32(num_kv_heads), np.int32(block_size))
             max_blocks = np.int32(tables.shape[1])
             if variant == "v1":

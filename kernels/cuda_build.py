@@ -19,8 +19,19 @@ SOURCE_NAME = "paged_attention.cu"
 KINDS = {"float32": 0, "float16": 1, "bfloat16": 2}
 STORAGE_CTYPE = {0: "float", 1: "unsigned short", 2: "unsigned short"}
 FAST_BLOCK_SIZES = (8, 16, 32, 64, 128, 256)  # compile-time block sizes; others run generic
-PARTITION_SIZE = 512  # must match PARTITION_SIZE in the .cu
-NUM_THREADS = 128
+
+
+def _source_constant(name: str) -> int:
+    """A ``constexpr int`` of the .cu, so the launch code and the kernels share one definition."""
+    text = (resources.files("kernels") / SOURCE_NAME).read_text(encoding="utf-8")
+    found = re.search(rf"constexpr int {name} = (\d+);", text)
+    if found is None:
+        raise RuntimeError(f"{SOURCE_NAME} defines no constexpr int {name}")
+    return int(found.group(1))
+
+
+PARTITION_SIZE = _source_constant("PARTITION_SIZE")  # tokens per v2 partition
+NUM_THREADS = _source_constant("NUM_THREADS")  # threads per thread block
 OPTIONS = ("--std=c++17",)
 ARCHES = ("sm_80", "sm_90")
 

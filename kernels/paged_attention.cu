@@ -29,7 +29,11 @@ template <int KIND> __device__ __forceinline__ float widen16(unsigned int bits);
 template <> __device__ __forceinline__ float widen16<1>(unsigned int bits) {
   float f;
   unsigned short h = static_cast<unsigned short>(bits & 0xffffu);
+#ifdef PAGESIM_HOST_EMULATION  // the one host fallback: inline PTX has no CPU form
+  f = pagesim_emulated_half_to_float(h);
+#else
   asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+#endif
   return f;
 }
 template <> __device__ __forceinline__ float widen16<2>(unsigned int bits) {

@@ -1,0 +1,175 @@
+"""Proof that the emulated checks can fail: plant typical kernel bugs in the real
+paged_attention.cu one at a time and show that each is caught, and how.
+
+    python -m tests.cuda_emulation.mutations [--out docs/kernel-verification.md]
+
+Each mutant is built twice (optimised, and with AddressSanitizer + UBSan) and runs the
+sanitizer subset (``sanitized_run``) in a process of its own, so a crash is a finding and
+not the end of the check. Exit status 1 if any mutant survives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from kernels import cuda_build
+from tests.cuda_emulation import emulator, sanitized_run
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    before: str
+    after: str
+    count: int = 1  # how many occurrences the replacement must change
+
+
+MUTATIONS = [
+    Mutation(
+        "`continue` before the score shuffle (masked lanes skip it)",
+        "    for (int mask = G::GROUP / 2; mask > 0; mask /= 2) s += __shfl_xor_sync(FULL_MASK, s, mask);\n"
+        "    if (!valid) continue;",
+        "    if (!valid) continue;\n"
+        "    for (int mask = G::GROUP / 2; mask > 0; mask /= 2) s += __shfl_xor_sync(FULL_MASK, s, mask);",
+    ),
+    Mutation(
+        "`__syncthreads` inside a branch (only warp 0 waits)",
+        "  __syncthreads();\n  float global_max",
+        "  if (warp == 0) __syncthreads();\n  float global_max",
+    ),
+    Mutation(
+        "missing −inf guard when merging two empty states",
+        "  if (m_new == negative_infinity()) return;  // both empty\n",
+        "",
+    ),
+    Mutation(
+        "wrong GQA head mapping (head % num_kv_heads)",
+        "const int kv_head = head / (num_heads / num_kv_heads);",
+        "const int kv_head = head % num_kv_heads;",
+        count=2,
+    ),
+    Mutation(
+        "v2 reduce without its exp-sum weighting",
+        "a += partial_out[(row * max_partitions + p) * HEAD_DIM + d] * sums[p] * __expf(maxes[p] - global_max);",
+        "a += partial_out[(row * max_partitions + p) * HEAD_DIM + d] * __expf(maxes[p] - global_max);",
+    ),
+    Mutation(
+        "reading one block past the table",
+        "block_table[t / block_size]",
+        "block_table[t / block_size + 1]",
+    ),
+    Mutation(
+        "misaligned 16-byte vector load of the query (one element off)",
+        "load_vec<KIND>(q_ptr + chunk * G::VEC, q + c * G::VEC);",
+        "load_vec<KIND>(q_ptr + chunk * G::VEC + 1, q + c * G::VEC);",
+    ),
+    Mutation(
+        "softmax rescale dropped (old accumulator not multiplied by exp(m_old − m_new))",
+        "acc[c * G::VEC + i] = acc[c * G::VEC + i] * correction + p * v[i];",
+        "acc[c * G::VEC + i] = acc[c * G::VEC + i] + p * v[i];",
+    ),
+]
+
+
+def mutate(source: str, mutation: Mutation) -> str:
+    if not mutation.before:
+        return source
+    found = source.count(mutation.before)
+    if found != mutation.count:
+        raise SystemExit(f"mutation {mutation.name!r}: expected {mutation.count} match(es), found {found}")
+    return source.replace(mutation.before, mutation.after)
+
+
+def _asan_runtime() -> str:
+    compiler = emulator.find_compiler()
+    return subprocess.run([compiler, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+
+
+def run_subset(library, sanitize: bool) -> tuple[int, str]:
+    env = dict(os.environ)
+    if sanitize:
+        env |= {
+            "LD_PRELOAD": _asan_runtime(),
+            "ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1",
+            "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=0",
+        }
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.cuda_emulation.sanitized_run", str(library)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+    except subprocess.TimeoutExpired:
+        return -1, "timed out (a hang the emulation did not report)"
+    return done.returncode, done.stdout + done.stderr
+
+
+def verdict(rc: int, output: str) -> str:
+    """How a run caught the bug, or '' if it passed."""
+    if m := re.search(r"(heap-buffer-overflow|stack-buffer-overflow|global-buffer-overflow|SEGV)[^\n]*", output):
+        return f"ASan: {m.group(1)}"
+    if m := re.search(r"runtime error: ([^\n]*)", output):
+        text = m.group(1)
+        return "UBSan: " + ("misaligned 16-byte load" if "misaligned" in text else text[:80])
+    if m := re.search(r"emulation error: .*?: block \([^)]*\): ([^:;]*)", output):
+        return f"emulation: {m.group(1).strip()}"
+    if "non-finite output" in output:
+        return "numerics: NaN in the output"
+    if "rows off" in output:
+        m = re.search(r"error (\S+) > tolerance (\S+)", output)
+        return f"numerics: error {m.group(1)} > bound {m.group(2)}" if m else "numerics: outside the bound"
+    if rc < 0 or rc > 128:
+        return f"crash (signal {abs(rc) if rc < 0 else rc - 128})"
+    return "" if rc == 0 else f"failed (exit {rc})"
+
+
+def check(mutation: Mutation, sanitize_too: bool = True) -> dict:
+    source = mutate(cuda_build.kernel_source(), mutation)
+    names = emulator.backend_module_names(kinds=sanitized_run.KINDS, head_dims=sanitized_run.HEAD_DIMS)
+    row = {"mutation": mutation.name}
+    for label, sanitize in (("optimised", False), ("sanitized", True))[: 2 if sanitize_too else 1]:
+        try:
+            library = emulator.build(source=source, names=names, sanitize=sanitize)
+        except emulator.EmulationError as exc:
+            row[label] = f"does not compile: {str(exc).splitlines()[1][:80]}"
+            continue
+        row[label] = verdict(*run_subset(library, sanitize)) or "not caught"
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="write the Markdown table here")
+    args = parser.parse_args()
+    baseline = check(Mutation("none (the kernel as shipped)", "", "", count=0))
+    with ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as pool:
+        rows = list(pool.map(check, MUTATIONS))
+    lines = ["| planted bug | optimised build | ASan + UBSan build |", "|---|---|---|"]
+    for row in [baseline, *rows]:
+        lines.append(f"| {row['mutation']} | {row['optimised']} | {row['sanitized']} |")
+    table = "\n".join(lines)
+    print(table)
+    survivors = [r["mutation"] for r in rows if r["optimised"] == r["sanitized"] == "not caught"]
+    clean = baseline["optimised"] == baseline["sanitized"] == "not caught"
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(table + "\n")
+    if not clean:
+        print("the unmutated kernel fails the subset", file=sys.stderr)
+    if survivors:
+        print(f"survived: {survivors}", file=sys.stderr)
+    caught = len(rows) - len(survivors)
+    print(f"mutations: {caught} passed, {len(survivors)} failed")
+    return 0 if clean and not survivors else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

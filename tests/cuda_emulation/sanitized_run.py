@@ -1,0 +1,66 @@
+"""Run a quick subset of the emulated kernels from a sanitizer build (AddressSanitizer +
+UndefinedBehaviorSanitizer), in a process of its own with the ASan runtime preloaded.
+
+    python -m tests.cuda_emulation.sanitized_run LIBRARY
+
+Exits non-zero, with the sanitizer's report on stderr, on any out-of-bounds access or
+misaligned 16-byte load; prints one line per case and 'N passed, 0 failed' otherwise.
+Every input is a NumPy buffer of its exact size, so ASan's redzones sit right past it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from tests.cuda_emulation.cases import make_case, mismatches
+from tests.cuda_emulation.emulator import EmulatedCudaBackend, EmulatedModule, EmulationError
+
+# (dtype, head_dim, block_size, context lengths): fast and generic block sizes, the
+# partition edges, and a head dim whose slices do not fill a power-of-two thread group.
+SUBSET = [
+    ("float32", 64, 16, [1, 16, 17, 513]),
+    ("float16", 64, 3, [1, 3, 4, 512]),
+    ("bfloat16", 24, 16, [1, 7, 600]),
+    ("float16", 24, 7, [1, 7, 8, 511]),
+]
+KINDS = (0, 1, 2)
+HEAD_DIMS = (24, 64)
+
+
+def main(library: str) -> int:
+    """Run SUBSET from ``library`` (an emulated module holding at least KINDS × HEAD_DIMS)."""
+    backend = EmulatedCudaBackend(EmulatedModule(Path(library)))
+    problems = []
+    count = 0
+    for dtype, head_dim, block_size, lens in SUBSET:
+        for variant in ("v1", "v2"):
+            rng = np.random.default_rng([head_dim, block_size])
+            case = make_case(
+                rng, context_lens=lens, block_size=block_size, num_heads=4, num_kv_heads=2, head_dim=head_dim,
+                dtype=dtype, spare=0,
+            )  # fmt: skip
+            dev = [backend.to_device(a) for a in (case.query, case.key_cache, case.value_cache)]
+            label = f"{variant} {dtype} d={head_dim} bs={block_size}"
+            try:
+                got = backend.paged_attention_device(*dev, case.block_tables, case.context_lens, case.scale, variant)
+                found = mismatches(got, case, label)
+            except EmulationError as exc:
+                found = [f"{label}: emulation error: {exc}"]
+            problems += found
+            count += 1
+            print(f"{variant} {dtype} d={head_dim} bs={block_size}: {'ok' if not found else found[0]}", flush=True)
+        kc, vc = backend.to_device(case.key_cache), backend.to_device(case.value_cache)
+        slots = np.array([0, -1, kc.shape[0] * block_size - 1], np.int64)
+        keys = np.zeros((3, *kc.shape[2:]), case.key_cache.dtype)
+        backend.write_kv(kc, vc, slots, keys, keys)
+        backend.copy_blocks(kc, vc, np.array([[0, kc.shape[0] - 1]]))
+    failed = len(problems)
+    print(f"{count - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
