@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: app test lint bench clean
+.PHONY: app test lint bench verify-kernels clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ lint: $(STAMP)
 
 test: lint
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest
+
+# Plant typical kernel bugs in paged_attention.cu one at a time; each must be caught (~2 min).
+verify-kernels: $(STAMP)
+	$(BIN)/python -m tests.cuda_emulation.mutations --out build/kernel-mutations.md
 
 bench: $(STAMP)
 	$(BIN)/pagesim bench --json bench-results/cpu-bench.json

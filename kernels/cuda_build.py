@@ -151,17 +151,73 @@ def parse_ptxas(log: str) -> list[ResourceUsage]:
     return out
 
 
-def find_ptxas() -> str | None:
-    found = shutil.which("ptxas")
-    if found:
-        return found
-    try:  # the nvidia-cuda-nvcc-cu12 wheel ships one
-        import nvidia.cuda_nvcc
+class ToolMismatchError(CompileError):
+    """A ptxas exists, but none of the NVRTC's CUDA major version that can read its PTX."""
 
-        candidate = Path(nvidia.cuda_nvcc.__path__[0]) / "bin" / "ptxas"
-        return str(candidate) if candidate.exists() else None
-    except ImportError:
+
+_RELEASE = re.compile(r"release (\d+)\.(\d+)")
+
+
+def nvrtc_version() -> tuple[int, int]:
+    from cupy.cuda import nvrtc
+
+    return tuple(nvrtc.getVersion())
+
+
+def tool_version(path: str) -> tuple[int, int] | None:
+    """``(major, minor)`` from ``TOOL --version``, or None if it does not say."""
+    try:
+        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
         return None
+    found = _RELEASE.search(done.stdout)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def ptxas_candidates() -> list[str]:
+    """Every ptxas on this machine: PATH, CUDA_HOME, the toolkit's default place, and the
+    pip wheels (CUDA 12: nvidia/cuda_nvcc/bin; CUDA 13: nvidia/cu13/bin)."""
+    import os
+    import site
+    import sysconfig
+
+    places = [shutil.which("ptxas")]
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home:
+            places.append(str(Path(home) / "bin" / "ptxas"))
+    roots = [sysconfig.get_paths().get("purelib"), *site.getsitepackages()]
+    for root in dict.fromkeys(r for r in roots if r):
+        for sub in ("nvidia/cu13/bin", "nvidia/cu12/bin", "nvidia/cuda_nvcc/bin"):
+            places.append(str(Path(root) / sub / "ptxas"))
+    found = []
+    for place in places:
+        if place and Path(place).is_file() and os.access(place, os.X_OK):
+            real = str(Path(place).resolve())
+            if real not in found:
+                found.append(real)
+    return found
+
+
+def find_ptxas(nvrtc: tuple[int, int] | None = None) -> str | None:
+    """The ptxas that matches NVRTC: the same release if there is one, else the same major
+    release at the same or a later minor (which reads older PTX). Raises
+    :class:`ToolMismatchError` if only other releases exist; None if there is none at all."""
+    candidates = ptxas_candidates()
+    if not candidates:
+        return None
+    nvrtc = nvrtc or nvrtc_version()
+    versions = {path: tool_version(path) for path in candidates}
+    for path, version in versions.items():
+        if version == nvrtc:
+            return path
+    for path, version in versions.items():
+        if version and version[0] == nvrtc[0] and version[1] >= nvrtc[1]:
+            return path
+    seen = ", ".join(f"{p} ({'.'.join(map(str, v)) if v else 'unknown release'})" for p, v in versions.items())
+    raise ToolMismatchError(
+        f"NVRTC is CUDA {nvrtc[0]}.{nvrtc[1]} but no ptxas of that release was found (seen: {seen}); "
+        f"pip install nvidia-cuda-nvcc-cu{nvrtc[0]} for a matching one"
+    )
 
 
 def ptxas_usage(ptx: str, arch: str) -> tuple[list[ResourceUsage], str]:

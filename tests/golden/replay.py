@@ -1,0 +1,72 @@
+"""The golden replay: every shipped scenario's run report and event log, recorded before a
+refactor and compared after it (a refactor changes no behaviour).
+
+    python -m tests.golden.replay --record     # rewrite tests/golden/*.json.gz
+
+Timings are dropped; error magnitudes are kept only as pass/fail in the committed files
+(they are fp32 rounding, which may differ between CPU families), and exactly with
+``--exact`` for a comparison on one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from core.report import step_report
+from core.scenario import load_scenario, shipped_scenarios
+from core.timeline import Timeline
+from kernels.cpu_backend import CpuBackend
+
+HERE = Path(__file__).resolve().parent
+TIMING = {"kernel_ms", "kernel_seconds", "dense_seconds"}
+ERRORS = {"max_abs_error", "head_errors"}
+
+
+def _clean(record: dict, exact: bool) -> dict:
+    drop = TIMING | (set() if exact else ERRORS)
+    out = {}
+    for key, value in record.items():
+        if key in drop:
+            continue
+        if isinstance(value, dict):
+            value = _clean(value, exact)
+        out[key] = value
+    return out
+
+
+def replay(name: str, exact: bool = False) -> dict:
+    timeline = Timeline(load_scenario(name), CpuBackend())
+    steps, events = [], []
+    while not timeline.at_end:
+        result = timeline.forward()
+        steps.append(_clean(step_report(result), exact))
+        for event in result.events:
+            record = {"step": result.step, "event": type(event).__name__, **asdict(event)}
+            events.append(_clean(record, exact))
+    return json.loads(json.dumps({"scenario": name, "steps": steps, "events": events}))
+
+
+def path_for(name: str) -> Path:
+    return HERE / f"{name}.json.gz"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--record", action="store_true", help="write the committed golden files")
+    parser.add_argument("--exact", type=Path, metavar="DIR", help="write exact replays (errors kept) to DIR")
+    args = parser.parse_args()
+    for name in sorted(shipped_scenarios()):
+        if args.record:
+            path_for(name).write_bytes(gzip.compress(json.dumps(replay(name)).encode(), mtime=0))
+        if args.exact:
+            args.exact.mkdir(parents=True, exist_ok=True)
+            (args.exact / f"{name}.json").write_text(json.dumps(replay(name, exact=True), indent=0))
+        print(name)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+"""Behaviour is unchanged: each shipped scenario's run report and event log equal the ones
+recorded in tests/golden (``python -m tests.golden.replay --record`` after an intended change)."""
+
+import gzip
+import json
+
+import pytest
+
+from core.scenario import shipped_scenarios
+from tests.golden.replay import path_for, replay
+
+
+@pytest.mark.parametrize("name", sorted(shipped_scenarios()))
+def test_replay_matches_the_recorded_one(name):
+    recorded = json.loads(gzip.decompress(path_for(name).read_bytes()))
+    now = replay(name)
+    assert now["steps"] == recorded["steps"]
+    assert len(now["events"]) == len(recorded["events"])
+    for i, (got, want) in enumerate(zip(now["events"], recorded["events"], strict=True)):
+        assert got == want, f"event {i} differs"
