@@ -1,38 +1,93 @@
-"""Immutable events the engine emits; a GUI animates these without reading internals."""
+"""Immutable events the engine emits; a GUI animates these without reading internals.
+
+Each event says which blocks and sequences it touches (``touched_blocks``, ``touched_seqs``) and
+describes itself in one sentence (``describe()``), so views and captions need no
+type-by-type knowledge. :class:`EventLog` collects them while an operation runs; the
+engine drains it once per step (as vLLM's ``take_events()``).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 
+class Event:
+    """Base of every event. ``changes_pool``: the event changes the picture of the pool or
+    of a block table (a block's holders, fill or state)."""
+
+    __slots__ = ()
+    changes_pool = False
+    _BLOCK_FIELDS = ("block", "src", "dst")
+    _SEQ_FIELDS = ("seq", "parent", "child", "request")
+
+    @property
+    def touched_blocks(self) -> tuple[int, ...]:
+        """GPU blocks this event touches."""
+        return tuple(getattr(self, f) for f in self._BLOCK_FIELDS if hasattr(self, f))
+
+    @property
+    def touched_seqs(self) -> tuple[str, ...]:
+        """Sequences (or requests) this event names."""
+        named = tuple(getattr(self, f) for f in self._SEQ_FIELDS if hasattr(self, f))
+        return named + tuple(getattr(self, "seqs", ()))
+
+    def describe(self) -> str:
+        """One sentence of what happened."""
+        return type(self).__name__
+
+    def status_note(self) -> str | None:
+        """A short note worth a status-bar message (what a scheduling decision cost), or None."""
+        return None
+
+
 @dataclass(frozen=True, slots=True)
-class SequenceAdded:
+class SequenceAdded(Event):
     seq: str
     num_tokens: int
 
+    changes_pool = True
+
+    def describe(self) -> str:
+        return f"{self.seq} arrived with {self.num_tokens} prompt tokens"
+
 
 @dataclass(frozen=True, slots=True)
-class SequenceForked:
+class SequenceForked(Event):
     parent: str
     child: str
 
+    changes_pool = True
+
+    def describe(self) -> str:
+        return f"{self.child} forked from {self.parent}: it shares every block of {self.parent}'s table"
+
 
 @dataclass(frozen=True, slots=True)
-class SequenceFreed:
+class SequenceFreed(Event):
     seq: str
 
+    changes_pool = True
+
+    def describe(self) -> str:
+        return f"{self.seq} finished and was freed"
+
 
 @dataclass(frozen=True, slots=True)
-class BlockAllocated:
+class BlockAllocated(Event):
     """``block`` left the free queue to become ``seq``'s logical block ``logical_index``."""
 
     block: int
     seq: str
     logical_index: int
 
+    changes_pool = True
+
+    def describe(self) -> str:
+        return f"block {self.block} left the free queue to hold {self.seq}'s logical block {self.logical_index}"
+
 
 @dataclass(frozen=True, slots=True)
-class BlockShared:
+class BlockShared(Event):
     """``seq``'s table now holds ``block`` too (fork); ``ref_count`` after the change."""
 
     block: int
@@ -40,26 +95,41 @@ class BlockShared:
     logical_index: int
     ref_count: int
 
+    changes_pool = True
+
+    def describe(self) -> str:
+        return f"{self.seq}'s logical block {self.logical_index} is block {self.block} too (ref count {self.ref_count})"
+
 
 @dataclass(frozen=True, slots=True)
-class BlockReleased:
+class BlockReleased(Event):
     """``seq`` let go of ``block``, which others still hold (``ref_count`` > 0)."""
 
     block: int
     seq: str
     ref_count: int
 
+    changes_pool = True
+
+    def describe(self) -> str:
+        return f"{self.seq} let go of block {self.block}; others still hold it (ref count {self.ref_count})"
+
 
 @dataclass(frozen=True, slots=True)
-class BlockFreed:
+class BlockFreed(Event):
     """``block``'s last holder ``seq`` let go; it joined the free queue's tail."""
 
     block: int
     seq: str
 
+    changes_pool = True
+
+    def describe(self) -> str:
+        return f"block {self.block}'s last holder {self.seq} let go; it joined the free queue"
+
 
 @dataclass(frozen=True, slots=True)
-class BlockCopied:
+class BlockCopied(Event):
     """Copy-on-write: ``seq`` was about to write into shared ``src``; its KV went to ``dst``."""
 
     src: int
@@ -67,9 +137,14 @@ class BlockCopied:
     seq: str
     logical_index: int
 
+    changes_pool = True
+
+    def describe(self) -> str:
+        return f"{self.seq} wrote into shared block {self.src}: copy-on-write gave it block {self.dst}"
+
 
 @dataclass(frozen=True, slots=True)
-class BlockReused:
+class BlockReused(Event):
     """Prefix-cache hit: ``seq``'s logical block ``logical_index`` is the cached ``block``
     (taken back from the free queue if ``was_free``); its tokens are not computed again."""
 
@@ -79,54 +154,87 @@ class BlockReused:
     ref_count: int
     was_free: bool
 
+    changes_pool = True
+
+    def describe(self) -> str:
+        return f"prefix-cache hit: {self.seq}'s logical block {self.logical_index} is cached block {self.block}" + (
+            " (taken back from the free queue)" if self.was_free else f" (ref count {self.ref_count})"
+        )
+
 
 @dataclass(frozen=True, slots=True)
-class BlockCached:
+class BlockCached(Event):
     """A full block's tokens were hashed: a later identical prefix can reuse it."""
 
     block: int
     seq: str
     block_hash: int
 
+    changes_pool = True
+
+    def describe(self) -> str:
+        return f"block {self.block} filled up: its tokens' hash now lets an identical prefix reuse it"
+
 
 @dataclass(frozen=True, slots=True)
-class BlockEvicted:
+class BlockEvicted(Event):
     """A free cached block was reallocated: its hash (and cached data) are gone."""
 
     block: int
 
+    changes_pool = True
+
+    def describe(self) -> str:
+        return f"cached block {self.block} was reallocated: its cached prefix is gone"
+
 
 @dataclass(frozen=True, slots=True)
-class BlockSwappedOut:
+class BlockSwappedOut(Event):
     """Preemption by swap: GPU ``block``'s K/V moved to ``cpu_block`` of the CPU pool."""
 
     block: int
     cpu_block: int
 
+    changes_pool = True
+
+    def describe(self) -> str:
+        return f"block {self.block}'s K/V moved to CPU block {self.cpu_block}"
+
 
 @dataclass(frozen=True, slots=True)
-class BlockSwappedIn:
+class BlockSwappedIn(Event):
     cpu_block: int
     block: int
 
+    changes_pool = True
+
+    def describe(self) -> str:
+        return f"CPU block {self.cpu_block} came back as block {self.block}"
+
 
 @dataclass(frozen=True, slots=True)
-class RequestSubmitted:
+class RequestSubmitted(Event):
     request: str
     prompt_len: int
     output_len: int
     num_seqs: int
 
+    def describe(self) -> str:
+        return f"request {self.request} queued: {self.prompt_len} prompt tokens, {self.output_len} to generate"
+
 
 @dataclass(frozen=True, slots=True)
-class RequestAdmitted:
+class RequestAdmitted(Event):
     request: str
     seqs: tuple[str, ...]
     resumed: bool  # after a preemption by recompute
 
+    def describe(self) -> str:
+        return f"request {self.request} " + ("resumed" if self.resumed else "admitted") + f" as {', '.join(self.seqs)}"
+
 
 @dataclass(frozen=True, slots=True)
-class RequestPreempted:
+class RequestPreempted(Event):
     """``mode`` is "recompute" (blocks freed; ``tokens`` will be computed again) or
     "swap" (``blocks`` moved to the CPU pool, taking ``swap_seconds`` of simulated time)."""
 
@@ -137,37 +245,67 @@ class RequestPreempted:
     tokens: int
     swap_seconds: float
 
+    def describe(self) -> str:
+        return self.status_note()
+
+    def status_note(self) -> str | None:
+        if self.mode == "swap":
+            cost = f"{self.blocks} blocks moved to the CPU pool ({self.swap_seconds * 1e3:.2f} ms)"
+        else:
+            cost = f"{self.blocks} blocks freed, {self.tokens} tokens to compute again"
+        return f"{self.request} preempted by {self.mode}: {cost}"
+
 
 @dataclass(frozen=True, slots=True)
-class RequestSwappedIn:
+class RequestSwappedIn(Event):
     request: str
     blocks: int
     swap_seconds: float
 
+    def describe(self) -> str:
+        return self.status_note()
+
+    def status_note(self) -> str | None:
+        return f"{self.request} swapped back in: {self.blocks} blocks"
+
 
 @dataclass(frozen=True, slots=True)
-class RequestFinished:
+class RequestFinished(Event):
     request: str
     output_tokens: int
 
+    def describe(self) -> str:
+        return f"request {self.request} finished after {self.output_tokens} tokens"
+
 
 @dataclass(frozen=True, slots=True)
-class RequestRejected:
+class RequestRejected(Event):
     request: str
     reason: str
 
+    def describe(self) -> str:
+        return self.status_note()
+
+    def status_note(self) -> str | None:
+        return f"{self.request} rejected: {self.reason}"
+
 
 @dataclass(frozen=True, slots=True)
-class TokenWritten:
+class TokenWritten(Event):
     seq: str
     position: int
     token_id: int
     block: int
     slot: int
 
+    changes_pool = True
+
+    def describe(self) -> str:
+        return f"{self.seq}'s token {self.position} went to block {self.block}, slot {self.slot}"
+
 
 @dataclass(frozen=True, slots=True)
-class LookupPerformed:
+class LookupPerformed(Event):
     """The kernel walked ``seq``'s block table in this order: ``blocks[i]`` is the physical
     block it read for logical block ``i``, up to ``context_len`` tokens."""
 
@@ -175,9 +313,16 @@ class LookupPerformed:
     blocks: tuple[int, ...]
     context_len: int
 
+    @property
+    def touched_blocks(self) -> tuple[int, ...]:
+        return self.blocks
+
+    def describe(self) -> str:
+        return f"the kernel read {self.seq}'s {self.context_len} tokens through blocks {list(self.blocks)}"
+
 
 @dataclass(frozen=True, slots=True)
-class AttentionComputed:
+class AttentionComputed(Event):
     """Paged kernel vs dense attention for one sequence (query = its newest token)."""
 
     seq: str
@@ -191,38 +336,44 @@ class AttentionComputed:
     def passed(self) -> bool:
         return self.max_abs_error <= self.tolerance
 
+    def describe(self) -> str:
+        return (
+            f"{self.seq}: kernel vs dense max |err| {self.max_abs_error:.1e} "
+            + ("within" if self.passed else "beyond")
+            + f" {self.tolerance:.0e}"
+        )
+
 
 @dataclass(frozen=True, slots=True)
-class KernelLaunched:
+class KernelLaunched(Event):
     backend: str
     device: str
     num_seqs: int
     kernel_seconds: float
     dense_seconds: float
 
+    def describe(self) -> str:
+        return f"{self.backend} kernel over {self.num_seqs} sequences in {self.kernel_seconds * 1e3:.2f} ms"
 
-Event = (
-    SequenceAdded
-    | SequenceForked
-    | SequenceFreed
-    | BlockAllocated
-    | BlockShared
-    | BlockReleased
-    | BlockFreed
-    | BlockCopied
-    | BlockReused
-    | BlockCached
-    | BlockEvicted
-    | TokenWritten
-    | BlockSwappedOut
-    | BlockSwappedIn
-    | RequestSubmitted
-    | RequestAdmitted
-    | RequestPreempted
-    | RequestSwappedIn
-    | RequestFinished
-    | RequestRejected
-    | LookupPerformed
-    | AttentionComputed
-    | KernelLaunched
-)
+
+class EventLog:
+    """The events of the operation in progress. ``enabled = False`` keeps nothing (large
+    headless runs); hot paths test it before building an event."""
+
+    __slots__ = ("_events", "enabled")
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._events: list[Event] = []
+
+    def emit(self, event: Event) -> None:
+        if self.enabled:
+            self._events.append(event)
+
+    def take(self) -> tuple[Event, ...]:
+        """Everything emitted since the last take, oldest first; the log is left empty."""
+        events, self._events = tuple(self._events), []
+        return events
+
+    def clear(self) -> None:
+        self._events = []

@@ -48,6 +48,36 @@ class PagedKVCache:
         self.value_cache[...] = snap[1]
 
 
+class SwapSpace:
+    """The host memory that swapped-out blocks' K/V wait in, indexed by CPU block id
+    (the block manager's CPU pool hands the ids out). Allocated on the first swap."""
+
+    def __init__(self, config: CacheConfig, dtype: np.dtype) -> None:
+        self.shape = (config.num_cpu_blocks, config.block_size, config.num_kv_heads, config.head_dim)
+        self.dtype = dtype
+        self.keys: np.ndarray | None = None
+        self.values: np.ndarray | None = None
+
+    def swap_out(self, backend: Backend, cache: PagedKVCache, pairs: list[tuple[int, int]]) -> None:
+        """Copy (gpu, cpu) block pairs' K/V from the cache to here."""
+        if self.keys is None:
+            self.keys, self.values = np.zeros(self.shape, self.dtype), np.zeros(self.shape, self.dtype)
+        gpu, cpu = [g for g, _ in pairs], [c for _, c in pairs]
+        keys, values = backend.read_blocks(cache.key_cache, cache.value_cache, gpu)
+        self.keys[cpu], self.values[cpu] = keys, values
+
+    def swap_in(self, backend: Backend, cache: PagedKVCache, pairs: list[tuple[int, int]]) -> None:
+        """Copy (cpu, gpu) block pairs' K/V from here back into the cache."""
+        cpu, gpu = [c for c, _ in pairs], [g for _, g in pairs]
+        backend.write_blocks(cache.key_cache, cache.value_cache, gpu, self.keys[cpu], self.values[cpu])
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray] | None:
+        return None if self.keys is None else (self.keys.copy(), self.values.copy())
+
+    def restore(self, snap: tuple[np.ndarray, np.ndarray] | None) -> None:
+        self.keys, self.values = (None, None) if snap is None else (snap[0].copy(), snap[1].copy())
+
+
 class ContiguousKVCache:
     """The dense reference: each sequence's K/V in one contiguous row, as a non-paged
     engine reserves them. Rows are (num_kv_heads, capacity, head_dim) so dense attention

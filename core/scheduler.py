@@ -10,14 +10,60 @@ from __future__ import annotations
 import zlib
 from collections import deque
 from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Protocol
 
 from core import events as ev
+from core.block_manager import BlockManager
+from core.config import CacheConfig
 from core.errors import DuplicateSequenceError, InvalidOperationError
-from core.operations import Add, Fork, Free, Schedule, Submit
+from core.events import EventLog
+from core.operations import Schedule, Submit
+from core.sequence import Sequence
+from core.token_model import TokenModel, check_vocab
 
-WAITING, RUNNING, SWAPPED, FINISHED, REJECTED = "waiting", "running", "swapped", "finished", "rejected"
-# vLLM v0's AllocStatus: admit now, later (not enough free blocks yet), or never (too big).
-OK, LATER, NEVER = "ok", "later", "never"
+
+class RequestStatus(str, Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+    REJECTED = "rejected"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class AllocStatus(str, Enum):
+    """vLLM v0's AllocStatus: admit now, later (not enough free blocks yet), or never (too big)."""
+
+    OK = "ok"
+    LATER = "later"
+    NEVER = "never"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+WAITING, RUNNING, SWAPPED, FINISHED, REJECTED = RequestStatus
+OK, LATER, NEVER = AllocStatus
+
+
+class SequenceEngine(Protocol):
+    """What the scheduler asks of the engine (``core.engine.Simulator`` is one): the
+    sequence registry and the operations that change it, each emitting its events."""
+
+    def sequence(self, seq_id: str) -> Sequence: ...
+    def is_taken(self, seq_id: str) -> bool: ...
+    def add_owned(self, seq_id: str, prompt: tuple[int, ...], owner: str) -> None: ...
+    def fork_owned(self, parent: str, child: str, owner: str) -> None: ...
+    def free_owned(self, seq_id: str) -> None: ...
+    def decode(self, seq_ids: list[str], checked: bool = False) -> None: ...
+    def swap_out(self, seq_ids: list[str]) -> int: ...
+    def swap_in(self, seq_ids: list[str]) -> int: ...
+    def swapped_sequence(self, seq_id: str) -> Sequence: ...
+
+
 SHARED_PREFIX_ID = "__shared_prefix__"  # the token stream every request's shared prefix comes from
 _COUNTERS = ("preemptions", "recomputed_tokens", "swapped_blocks", "swap_seconds", "finished", "rejected")
 
@@ -30,7 +76,7 @@ class RequestState:
     output_len: int
     n: int = 1
     beam_width: int = 0
-    status: str = WAITING
+    status: RequestStatus = RequestStatus.WAITING
     seqs: list[str] = field(default_factory=list)
     generated: int = 0  # decode steps done (every sequence of the group advances together)
     resume_tokens: dict[str, tuple[int, ...]] | None = None  # after preemption by recompute
@@ -56,11 +102,22 @@ class SchedulerSnapshot:
     running: tuple[str, ...]
     swapped: tuple[str, ...]
     counters: tuple[int, int, int, float, int, int]
+    used: bool = False
 
 
 class Scheduler:
-    def __init__(self, sim) -> None:
-        self.sim = sim
+    """Above the block manager: it reads free blocks and what a step needs from the
+    :class:`BlockManager`, and changes sequences only through a :class:`SequenceEngine`."""
+
+    def __init__(
+        self, config: CacheConfig, model: TokenModel, blocks: BlockManager, engine: SequenceEngine, events: EventLog
+    ) -> None:
+        self.config = config
+        self.model = model
+        self.blocks = blocks
+        self.engine = engine
+        self.events = events
+        self.used = False  # a Submit or Schedule has run: the queues are worth showing
         self.requests: dict[str, RequestState] = {}
         self.waiting: deque[str] = deque()
         self.running: list[str] = []
@@ -73,19 +130,20 @@ class Scheduler:
         self.rejected = 0
 
     # -- operations ---------------------------------------------------------------
-    def execute(self, op, events: list) -> None:
+    def execute(self, op) -> None:
+        self.used = True
         if isinstance(op, Submit):
-            self.submit(op, events)
+            self.submit(op)
         elif isinstance(op, Schedule):
             for _ in range(op.steps):
-                self.step(events)
+                self.step()
         else:
             raise InvalidOperationError(f"not a scheduler operation: {op!r}")
 
-    def submit(self, op: Submit, events: list) -> None:
+    def submit(self, op: Submit) -> None:
         if op.request in self.requests:
             raise DuplicateSequenceError(op.request)
-        model = self.sim.model
+        model = self.model
         if op.prompt is not None:
             prompt = op.prompt
         else:
@@ -94,11 +152,11 @@ class Scheduler:
                 *model.token_ids(SHARED_PREFIX_ID, 0, shared),
                 *model.token_ids(op.request, shared, op.prompt_len - shared),
             )
-        self.sim._check_vocab(prompt, "prompt")
+        check_vocab(prompt, "prompt")
         state = RequestState(op.request, len(self.requests), tuple(prompt), op.output_len, op.n, op.beam_width)
         self.requests[op.request] = state
         self.waiting.append(op.request)
-        events.append(ev.RequestSubmitted(op.request, len(prompt), op.output_len, state.num_seqs))
+        self.events.emit(ev.RequestSubmitted(op.request, len(prompt), op.output_len, state.num_seqs))
 
     @staticmethod
     def _planned_names(state: RequestState) -> list[str]:
@@ -108,192 +166,184 @@ class Scheduler:
         tag = "b" if state.beam_width else "s"
         return [state.request] if fan == 1 else [f"{state.request}/{tag}{i}" for i in range(fan)]
 
-    def owner_of(self, seq_id: str) -> str | None:
-        """The request a live or swapped sequence belongs to, if the scheduler runs it."""
-        request = seq_id.split("/", 1)[0]
-        state = self.requests.get(request)
-        if state is not None and seq_id in state.seqs and state.status in (RUNNING, SWAPPED):
-            return request
-        return None
-
     # -- admission -----------------------------------------------------------------
     @property
     def watermark_blocks(self) -> int:
-        return int(self.sim.config.watermark * self.sim.config.num_blocks)
+        return int(self.config.watermark * self.config.num_blocks)
 
     def admission_blocks(self, state: RequestState) -> int:
-        blocks_for = self.sim.config.blocks_for
+        blocks_for = self.config.blocks_for
         if state.resume_tokens:
             return sum(blocks_for(len(tokens)) for tokens in state.resume_tokens.values())
         return blocks_for(len(state.prompt))  # samples and beams fork: they share the prompt
 
-    def alloc_status(self, state: RequestState) -> str:
+    def alloc_status(self, state: RequestState) -> AllocStatus:
         needed = self.admission_blocks(state)
-        if needed > self.sim.config.num_blocks - self.watermark_blocks:
-            return NEVER
-        if self.sim.pool.num_free - needed < self.watermark_blocks:
-            return LATER
-        return OK
+        if needed > self.config.num_blocks - self.watermark_blocks:
+            return AllocStatus.NEVER
+        if self.blocks.num_free - needed < self.watermark_blocks:
+            return AllocStatus.LATER
+        return AllocStatus.OK
 
-    def _admit(self, state: RequestState, events: list) -> None:
-        execute = self.sim.execute_direct
+    def _admit(self, state: RequestState) -> None:
+        engine = self.engine
         resumed = state.resume_tokens is not None
         if resumed:
             for seq_id, tokens in state.resume_tokens.items():
-                execute(Add(seq_id, prompt=tokens), events)
+                engine.add_owned(seq_id, tokens, state.request)
             state.seqs = list(state.resume_tokens)
             state.resume_tokens = None
         else:
             state.seqs = self._planned_names(state)
             state.beam_serial = len(state.seqs)
-            execute(Add(state.seqs[0], prompt=state.prompt), events)
+            engine.add_owned(state.seqs[0], state.prompt, state.request)
             for seq_id in state.seqs[1:]:
-                execute(Fork(state.seqs[0], seq_id), events)
-        state.status = RUNNING
+                engine.fork_owned(state.seqs[0], seq_id, state.request)
+        state.status = RequestStatus.RUNNING
         self.running.append(state.request)
-        events.append(ev.RequestAdmitted(state.request, tuple(state.seqs), resumed))
+        self.events.emit(ev.RequestAdmitted(state.request, tuple(state.seqs), resumed))
 
     # -- preemption ------------------------------------------------------------------
     def _swap_time(self, blocks: int) -> float:
-        return blocks * self.sim.config.block_bytes / (self.sim.config.swap_bandwidth_gbs * 1e9)
+        return blocks * self.config.block_bytes / (self.config.swap_bandwidth_gbs * 1e9)
 
-    def preempt(self, request: str, events: list) -> None:
+    def _group(self, state: RequestState) -> list[Sequence]:
+        return [self.engine.sequence(s) for s in state.seqs]
+
+    def preempt(self, request: str) -> None:
         state = self.requests[request]
         self.running.remove(request)
         state.preemptions += 1
         self.preemptions += 1
-        sim = self.sim
-        cpu_free = sim.config.num_cpu_blocks if sim.cpu_pool is None else sim.cpu_pool.num_free
-        if sim.config.preemption == "swap" and sim.swap_out_blocks(state.seqs) <= cpu_free:
-            blocks = sim.swap_out(state.seqs, events)
+        group = self._group(state)
+        if self.config.preemption == "swap" and self.blocks.can_swap_out(group):
+            blocks = self.engine.swap_out(state.seqs)
             seconds = self._swap_time(blocks)
             self.swapped_blocks += blocks
             self.swap_seconds += seconds
-            state.status = SWAPPED
+            state.status = RequestStatus.SWAPPED
             self.swapped.append(request)
             self.swapped = deque(sorted(self.swapped, key=lambda r: self.requests[r].order))
-            events.append(ev.RequestPreempted(request, "swap", tuple(state.seqs), blocks, 0, seconds))
+            self.events.emit(ev.RequestPreempted(request, "swap", tuple(state.seqs), blocks, 0, seconds))
             return
         # Recompute: every token goes, and comes back through a new prefill.
-        tokens = {s: tuple(sim.sequence(s).token_ids) for s in state.seqs}
-        blocks = len(sim._distinct_blocks(sim.sequence(s).block_table for s in state.seqs))
+        tokens = {seq.seq_id: tuple(seq.token_ids) for seq in group}
+        blocks = len(self.blocks.distinct_blocks(group))
         for seq_id in state.seqs:
-            sim.execute_direct(Free(seq_id), events)
+            self.engine.free_owned(seq_id)
         state.resume_tokens = tokens
-        state.status = WAITING
+        state.status = RequestStatus.WAITING
         self.waiting.appendleft(request)  # at the front: no starvation of the preempted
         lost = sum(len(t) for t in tokens.values())
         self.recomputed_tokens += lost
-        events.append(ev.RequestPreempted(request, "recompute", tuple(state.seqs), blocks, lost, 0.0))
+        self.events.emit(ev.RequestPreempted(request, "recompute", tuple(state.seqs), blocks, lost, 0.0))
 
     # -- one iteration -----------------------------------------------------------------
     def _decode_seq_ids(self, requests: list[str]) -> list[str]:
         return [seq_id for request in requests for seq_id in self.requests[request].seqs]
 
-    def step(self, events: list) -> None:
-        sim = self.sim
+    def step(self) -> None:
+        engine, blocks, emit = self.engine, self.blocks, self.events.emit
         # 1. Swapped groups come back first, oldest first, while the watermark allows.
         while self.swapped:
             state = self.requests[self.swapped[0]]
-            blocks = sim.swap_in_blocks(state.seqs)
+            need = len(blocks.distinct_blocks(engine.swapped_sequence(s) for s in state.seqs))
             # Room for the group and its next token, or it would be swapped straight out again
             # (alone, it comes back anyway: there is nobody to make room for).
             headroom = len(state.seqs) if self.running else 0
-            if sim.pool.num_free - blocks - headroom < self.watermark_blocks:
+            if blocks.num_free - need - headroom < self.watermark_blocks:
                 break
             self.swapped.popleft()
-            sim.swap_in(state.seqs, events)
-            seconds = self._swap_time(blocks)
+            engine.swap_in(state.seqs)
+            seconds = self._swap_time(need)
             self.swap_seconds += seconds
-            state.status = RUNNING
+            state.status = RequestStatus.RUNNING
             self.running.append(state.request)
             self.running.sort(key=lambda r: self.requests[r].order)
-            events.append(ev.RequestSwappedIn(state.request, blocks, seconds))
+            emit(ev.RequestSwappedIn(state.request, need, seconds))
         # 2. Admit waiting requests in order; a LATER at the head blocks the queue (FCFS).
         decoding = list(self.running)
         decode_ids = self._decode_seq_ids(decoding)
         running_seqs = len(decode_ids)
         while self.waiting and not self.swapped:
             state = self.requests[self.waiting[0]]
-            if running_seqs + state.num_seqs > sim.config.max_num_seqs:
+            if running_seqs + state.num_seqs > self.config.max_num_seqs:
                 break
             status = self.alloc_status(state)
-            if status == LATER:
+            if status == AllocStatus.LATER:
                 break
             self.waiting.popleft()
-            if any(name in sim.sequences or name in sim.swapped for name in self._planned_names(state)):
-                state.status = REJECTED
-                self.rejected += 1
-                events.append(ev.RequestRejected(state.request, "a sequence of that name already exists"))
+            if any(engine.is_taken(name) for name in self._planned_names(state)):
+                self._reject(state, "a sequence of that name already exists")
                 continue
-            if status == NEVER:
-                state.status = REJECTED
-                self.rejected += 1
+            if status == AllocStatus.NEVER:
                 reason = (
-                    f"needs {self.admission_blocks(state)} blocks; the pool has {sim.config.num_blocks} "
+                    f"needs {self.admission_blocks(state)} blocks; the pool has {self.config.num_blocks} "
                     f"with {self.watermark_blocks} kept free"
                 )
-                events.append(ev.RequestRejected(state.request, reason))
+                self._reject(state, reason)
                 continue
-            self._admit(state, events)
+            self._admit(state)
             running_seqs += len(state.seqs)
         # 3. Decode one token for every sequence that was running, preempting from the back.
-        sequences = sim.sequences
-        decode_seqs = [sequences[s] for s in decode_ids]
-        while decoding and sim.decode_blocks_needed(decode_seqs) > sim.pool.num_free:
+        decode_seqs = [engine.sequence(s) for s in decode_ids]
+        while decoding and blocks.decode_blocks_needed(decode_seqs) > blocks.num_free:
             if self.running == decoding[:1] and len(decoding) == 1:
                 # Alone and still short: preempting it would only bring it back to this point.
-                self._abort(decoding.pop(), "grew past what the pool can hold", events)
+                self._abort(decoding.pop(), "grew past what the pool can hold")
                 break
             victim = max(self.running, key=lambda r: self.requests[r].order)
-            self.preempt(victim, events)
+            self.preempt(victim)
             if victim in decoding:
                 decoding.remove(victim)
             decode_ids = self._decode_seq_ids(decoding)
-            decode_seqs = [sequences[s] for s in decode_ids]
+            decode_seqs = [engine.sequence(s) for s in decode_ids]
         if decoding:
-            sim.decode(decode_ids, events, checked=True)
+            engine.decode(decode_ids, checked=True)
         for request in decoding:
             state = self.requests[request]
             state.generated += 1
             if state.beam_width > 1:
-                self._prune_beams(state, events)
+                self._prune_beams(state)
             if state.generated >= state.output_len:
                 for seq_id in state.seqs:
-                    sim.execute_direct(Free(seq_id), events)
-                state.status = FINISHED
+                    engine.free_owned(seq_id)
+                state.status = RequestStatus.FINISHED
                 state.seqs = []
                 self.running.remove(request)
                 self.finished += 1
-                events.append(ev.RequestFinished(request, state.generated))
+                emit(ev.RequestFinished(request, state.generated))
 
-    def _abort(self, request: str, reason: str, events: list) -> None:
+    def _reject(self, state: RequestState, reason: str) -> None:
+        state.status = RequestStatus.REJECTED
+        self.rejected += 1
+        self.events.emit(ev.RequestRejected(state.request, reason))
+
+    def _abort(self, request: str, reason: str) -> None:
         state = self.requests[request]
         for seq_id in state.seqs:
-            self.sim.execute_direct(Free(seq_id), events)
+            self.engine.free_owned(seq_id)
         state.seqs = []
-        state.status = REJECTED
         self.running.remove(request)
-        self.rejected += 1
-        events.append(ev.RequestRejected(request, f"{reason} ({self.sim.config.num_blocks} blocks)"))
+        self._reject(state, f"{reason} ({self.config.num_blocks} blocks)")
 
-    def _prune_beams(self, state: RequestState, events: list) -> None:
+    def _prune_beams(self, state: RequestState) -> None:
         """Beam search's shape: the weakest beam is dropped, the strongest forked in its
         place (scores are a stable hash of each beam's tokens)."""
 
         def score(seq_id: str) -> int:
-            return zlib.crc32(repr(self.sim.sequences[seq_id].token_ids[-4:]).encode())
+            return zlib.crc32(repr(self.engine.sequence(seq_id).token_ids[-4:]).encode())
 
         ranked = sorted(state.seqs, key=score)
         worst, best = ranked[0], ranked[-1]
-        self.sim.execute_direct(Free(worst), events)
+        self.engine.free_owned(worst)
         state.seqs.remove(worst)
         child = f"{state.request}/b{state.beam_serial}"
-        while child in self.sim.sequences or child in self.sim.swapped:  # a user took the name
+        while self.engine.is_taken(child):  # a user took the name
             state.beam_serial += 1
             child = f"{state.request}/b{state.beam_serial}"
         state.beam_serial += 1
-        self.sim.execute_direct(Fork(best, child), events)
+        self.engine.fork_owned(best, child, state.request)
         state.seqs.append(child)
 
     # -- state ------------------------------------------------------------------------
@@ -316,6 +366,7 @@ class Scheduler:
             tuple(self.running),
             tuple(self.swapped),
             tuple(getattr(self, name) for name in _COUNTERS),
+            self.used,
         )
 
     def restore(self, snap: SchedulerSnapshot) -> None:
@@ -323,3 +374,4 @@ class Scheduler:
         self.waiting, self.running, self.swapped = deque(snap.waiting), list(snap.running), deque(snap.swapped)
         for name, value in zip(_COUNTERS, snap.counters, strict=True):
             setattr(self, name, value)
+        self.used = snap.used

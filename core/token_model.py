@@ -13,6 +13,7 @@ import zlib
 import numpy as np
 
 from core.config import CacheConfig
+from core.errors import InvalidOperationError
 
 VOCAB_SIZE = 32_000
 MODEL_DIM = 64
@@ -128,3 +129,11 @@ class TokenModel:
         k = rows[:, q_dim : q_dim + kv_dim].reshape(-1, c.num_kv_heads, c.head_dim)
         v = rows[:, q_dim + kv_dim :].reshape(-1, c.num_kv_heads, c.head_dim)
         return self._rotate(q, positions), self._rotate(k, positions), v.copy()
+
+
+def check_vocab(token_ids, field: str) -> None:
+    """Refuse token ids outside the vocabulary, naming the field."""
+    if not token_ids or (min(token_ids) >= 0 and max(token_ids) < VOCAB_SIZE):
+        return
+    bad = next(t for t in token_ids if not 0 <= t < VOCAB_SIZE)
+    raise InvalidOperationError(f"{field}: token id {bad} is outside the vocabulary [0, {VOCAB_SIZE})")

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core import events as ev
 from core.config import CacheConfig
 from core.engine import AttentionReport, Simulator, StepResult
 from core.metrics import Metrics
@@ -110,37 +109,14 @@ def focus_detail(sim: Simulator, seq_id: str | None) -> FocusDetail | None:
     )
 
 
-_STATE_EVENTS = (
-    ev.SequenceAdded,
-    ev.SequenceForked,
-    ev.SequenceFreed,
-    ev.BlockAllocated,
-    ev.BlockShared,
-    ev.BlockReleased,
-    ev.BlockFreed,
-    ev.BlockCopied,
-    ev.BlockReused,
-    ev.BlockCached,
-    ev.BlockEvicted,
-    ev.BlockSwappedOut,
-    ev.BlockSwappedIn,
-    ev.TokenWritten,
-)
-
-
 def touched_by(result: StepResult, sim: Simulator) -> tuple[frozenset, frozenset]:
     """Blocks and sequences whose picture one step changed (from its events)."""
     blocks: set[int] = set()
     seqs: set[str] = set()
     for event in result.events:
-        if not isinstance(event, _STATE_EVENTS):
-            continue
-        for name in ("block", "src", "dst"):
-            if hasattr(event, name):
-                blocks.add(getattr(event, name))
-        for name in ("seq", "parent", "child"):
-            if hasattr(event, name):
-                seqs.add(getattr(event, name))
+        if event.changes_pool:
+            blocks.update(event.touched_blocks)
+            seqs.update(event.touched_seqs)
     # A ref count change shows in every table that holds the block.
     for block in blocks:
         seqs.update(seq for seq, _ in sim.holders(block))
@@ -198,11 +174,11 @@ def build_frame(
         touched_sequences=touched_sequences,
         cached_blocks=frozenset(sim.pool.cached_blocks()),
         queues=None
-        if sim._scheduler is None
+        if not sim.scheduler.used
         else {
             "waiting": tuple(sim.scheduler.waiting),
             "running": tuple(sim.scheduler.running),
             "swapped": tuple(sim.scheduler.swapped),
         },
-        scheduler_counts=None if sim._scheduler is None else sim.scheduler.counts(),
+        scheduler_counts=None if not sim.scheduler.used else sim.scheduler.counts(),
     )

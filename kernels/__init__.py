@@ -2,20 +2,7 @@
 
 ``kernels`` knows nothing about the simulator: it takes a physical KV cache, block
 tables and context lengths, exactly as a serving engine hands them to its kernel.
+
+The interface is ``kernels.backend``; the choice of backend is ``kernels.selection``.
+This package imports nothing itself, so importing the interface never loads a backend.
 """
-
-from kernels.backend import (
-    Backend,
-    BackendUnavailableError,
-    KernelInputError,
-    available_backends,
-    select_backend,
-)
-
-__all__ = [
-    "Backend",
-    "BackendUnavailableError",
-    "KernelInputError",
-    "available_backends",
-    "select_backend",
-]

@@ -172,29 +172,3 @@ def validate_kernel_inputs(
 
 def default_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)
-
-
-def available_backends() -> dict[str, str]:
-    """Backend name -> why it is or is not usable here."""
-    from kernels import cuda_backend
-
-    reason = cuda_backend.unavailable_reason()
-    return {"cpu": "available", "cuda": "available" if reason is None else reason}
-
-
-def select_backend(name: str = "auto", cuda_variant: str = "auto") -> Backend:
-    """``auto`` picks CUDA when CuPy sees a device, else the compiled CPU kernel.
-    ``cuda_variant`` forces the CUDA kernel (v1, v2) instead of vLLM's selection rule."""
-    from kernels import cuda_backend
-    from kernels.cpu_backend import CpuBackend
-
-    if name == "cpu":
-        return CpuBackend()
-    if name in ("cuda", "auto"):
-        reason = cuda_backend.unavailable_reason()
-        if reason is None:
-            return cuda_backend.CudaBackend(variant=cuda_variant)
-        if name == "cuda":
-            raise BackendUnavailableError(f"--backend cuda is not usable here: {reason}")
-        return CpuBackend()
-    raise BackendUnavailableError(f"unknown backend {name!r}; expected auto, cpu or cuda")

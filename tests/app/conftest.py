@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import QSettings
 
-from app.animation import LIVE_ANIMATIONS
-from app.controller import LIVE_THREADS, LIVE_TIMERS
+from app.gui.animation import LIVE_ANIMATIONS
+from app.gui.controller import LIVE_THREADS, LIVE_TIMERS
 from core.scenario import load_shipped
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -23,7 +23,7 @@ def wait_idle(qtbot, window, timeout=20_000):
 
 @pytest.fixture
 def make_window(qtbot, settings):
-    from app.main_window import MainWindow
+    from app.gui.main_window import MainWindow
 
     windows = []
 

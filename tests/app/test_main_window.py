@@ -9,7 +9,7 @@ from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QToolBar
 
-from app.animation import beats_for
+from app.gui.animation import beats_for
 from core import events as ev
 from core.scenario import shipped_scenarios
 from tests.app.conftest import wait_idle

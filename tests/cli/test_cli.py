@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.cli import main
+from app.cli import main
 from core.scenario import load_shipped
 
 
@@ -82,17 +82,27 @@ def test_bench_quick_writes_its_results(tmp_path, capsys):
     assert result["engine"]["operations"] == 2000 and result["machine"]["backend"] == "cpu"
 
 
+QT = "{'PySide6', 'pyqtgraph', 'shiboken6'}"
 LAYER_MODULES = {
-    "core": "core.cli, core.engine, core.timeline, core.bench",
-    "kernels": "kernels.cpu_backend, kernels.reference, kernels.cuda_backend",
+    # layer: (modules imported, what must stay unloaded)
+    "core": (
+        "core.engine, core.timeline, core.scheduler, core.view_model, core.studies.waste, core.studies.workload",
+        QT[:-1] + ", 'app'}",
+    ),
+    "kernels": (
+        "kernels.cpu_backend, kernels.reference, kernels.cuda_backend, kernels.selection",
+        QT[:-1] + ", 'app', 'core'}",
+    ),
+    "headless front end": ("app.cli, app.report, app.benchmarks", QT),
 }
 
 
 @pytest.mark.parametrize("layer", sorted(LAYER_MODULES))
-def test_core_and_kernels_never_load_qt(layer):
+def test_layers_never_load_what_they_must_not(layer):
+    modules, forbidden = LAYER_MODULES[layer]
     code = (
-        f"import sys, {LAYER_MODULES[layer]}\n"
-        "loaded = {m.split('.')[0] for m in sys.modules} & {'PySide6', 'pyqtgraph', 'shiboken6', 'app'}\n"
+        f"import sys, {modules}\n"
+        f"loaded = {{m.split('.')[0] for m in sys.modules}} & {forbidden}\n"
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

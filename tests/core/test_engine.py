@@ -174,13 +174,13 @@ def test_the_check_catches_a_corrupted_cache(sim):
 
 
 def test_dense_reference_is_recomputed_only_for_sequences_that_changed(sim, monkeypatch):
-    import core.engine
+    import core.dense_check
 
     sim.apply(Add("a", 5))
     sim.apply(Add("b", 6))
     calls = []
-    real = core.engine.dense_attention_rows
-    monkeypatch.setattr(core.engine, "dense_attention_rows", lambda q, *a: calls.append(q.shape[0]) or real(q, *a))
+    real = core.dense_check.dense_attention_rows
+    monkeypatch.setattr(core.dense_check, "dense_attention_rows", lambda q, *a: calls.append(q.shape[0]) or real(q, *a))
     result = sim.apply(Grow("a"))
     assert calls == [1]  # only a's tokens changed
     assert result.attention.passed and result.attention.dense.shape[0] == 2

@@ -16,7 +16,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from core.report import step_report
+from app.report import step_report
 from core.scenario import load_scenario, shipped_scenarios
 from core.timeline import Timeline
 from kernels.cpu_backend import CpuBackend

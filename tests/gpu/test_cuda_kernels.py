@@ -136,7 +136,7 @@ def test_shipped_scenarios_run_on_the_device(cuda_backend, name):
 
 
 def test_cli_run_with_the_cuda_backend(cuda_backend, capsys):
-    from core.cli import main
+    from app.cli import main
 
     if main(["run", "default", "--backend", "cuda"]) != 0:
         pytest.fail(capsys.readouterr().err)

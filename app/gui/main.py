@@ -11,7 +11,7 @@ import time
 from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtWidgets import QApplication
 
-from app.main_window import MainWindow
+from app.gui.main_window import MainWindow
 from core.errors import PagesimError
 from core.scenario import load_scenario
 

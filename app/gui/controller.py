@@ -9,13 +9,14 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
+from app.report import write_event_log
 from core.errors import PagesimError
 from core.operations import Operation
-from core.report import write_event_log
 from core.scenario import Scenario
 from core.timeline import Timeline
 from core.view_model import Frame, build_frame
-from kernels.backend import BackendUnavailableError, select_backend
+from kernels.backend import BackendUnavailableError
+from kernels.selection import select_backend
 
 # Threads and timers the app started; tests assert they are all stopped afterwards.
 LIVE_THREADS: weakref.WeakSet[QThread] = weakref.WeakSet()
@@ -109,8 +110,8 @@ class SimulationWorker(QObject):
     @Slot(str, int)
     def waste(self, distribution: str, count: int) -> None:
         def compute():
-            from core.waste import compare
-            from core.workload import generate
+            from core.studies.waste import compare
+            from core.studies.workload import generate
 
             c = self._timeline.sim.config
             workload = generate(distribution, count, rate=2000.0, seed=0, max_len=c.max_model_len)

@@ -6,7 +6,7 @@ from PySide6.QtCore import QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QIcon, QPainter, QPixmap
 from PySide6.QtWidgets import QAbstractItemView, QStyle, QStyledItemDelegate, QTreeWidget, QTreeWidgetItem
 
-from app.palette import SequenceColours, Theme
+from app.gui.palette import SequenceColours, Theme
 from core.view_model import Frame
 
 TABLE_COLUMN = 3

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.palette import Theme
+from app.gui.palette import Theme
 from core.view_model import Frame
 
 # Paul Tol's "muted" scheme: colours for physical blocks, distinct from the sequence palette.

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.util
 import sys
 from pathlib import Path
 
+from app.report import TABLE_HEADER, dump_step, format_block_tables, format_config, format_step, write_json
 from core.errors import PagesimError
-from core.report import TABLE_HEADER, dump_step, format_block_tables, format_config, format_step, write_json
 from core.scenario import DEFAULT_SCENARIO, load_scenario, shipped_scenarios
 from core.timeline import Timeline
-from kernels.backend import BackendUnavailableError, available_backends, select_backend
+from kernels.backend import BackendUnavailableError
+from kernels.selection import available_backends, select_backend
 
 BACKEND_CHOICES = ["auto", "cpu", "cuda"]
 
@@ -133,8 +133,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.gui:
-        return _launch_app_module("app.bench", args)
-    from core.bench import run_benchmarks
+        return cmd_gui_bench(args)
+    from app.benchmarks import run_benchmarks
 
     return run_benchmarks(args)
 
@@ -142,8 +142,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_waste(args: argparse.Namespace) -> int:
     import json
 
-    from core.waste import CATEGORIES, compare
-    from core.workload import generate
+    from core.studies.waste import CATEGORIES, compare
+    from core.studies.workload import generate
 
     workload = generate(args.workload, args.requests, rate=args.rate, seed=args.seed, max_len=args.max_len)
     reports = compare(workload, args.slots, block_size=args.block_size, max_len=args.max_len, keep_steps=args.per_step)
@@ -190,19 +190,31 @@ def cmd_backends(_: argparse.Namespace) -> int:
     return 0
 
 
-def _launch_app_module(module: str, args: argparse.Namespace) -> int:
-    # The CLI is the composition root: it may start the app, but core never imports it.
-    if importlib.util.find_spec("PySide6") is None:
-        print("error: the desktop app needs PySide6 and pyqtgraph: pip install 'pagesim[gui]'", file=sys.stderr)
+def _qt_missing() -> str | None:
+    """Why the desktop app cannot start here, or None (a probe: nothing is imported)."""
+    missing = [name for name in ("PySide6", "pyqtgraph") if importlib.util.find_spec(name) is None]
+    if missing:
+        return f"the desktop app needs {' and '.join(missing)}: pip install 'pagesim[gui]'"
+    return None
+
+
+def cmd_gui(args: argparse.Namespace) -> int:
+    # The CLI is the composition root: the GUI commands are the only way it reaches Qt.
+    if reason := _qt_missing():
+        print(f"error: {reason}", file=sys.stderr)
         return 2
-    try:
-        entry = importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name != module:
-            raise
-        print(f"error: this build of pagesim has no desktop app yet ({module} is missing)", file=sys.stderr)
+    from app.gui.main import main as gui_main
+
+    return gui_main(args)
+
+
+def cmd_gui_bench(args: argparse.Namespace) -> int:
+    if reason := _qt_missing():
+        print(f"error: {reason}", file=sys.stderr)
         return 2
-    return entry.main(args)
+    from app.gui.bench import main as gui_bench_main
+
+    return gui_bench_main(args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,8 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command
     if command is None:
         # The app when it can be shown; otherwise the same default scenario, headless.
-        has_app = importlib.util.find_spec("PySide6") is not None and importlib.util.find_spec("app.main") is not None
-        command = "gui" if has_app else "run"
+        command = "run" if _qt_missing() else "gui"
         args = parser.parse_args([command])
     handlers = {
         "run": cmd_run,
@@ -220,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         "scenarios": cmd_scenarios,
         "waste": cmd_waste,
         "backends": cmd_backends,
-        "gui": lambda a: _launch_app_module("app.main", a),
+        "gui": cmd_gui,
     }
     try:
         return handlers[command](args)

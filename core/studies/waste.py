@@ -23,7 +23,7 @@ import bisect
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from core.workload import RequestSpec
+from core.studies.workload import RequestSpec
 
 ALLOCATORS = ("paged", "orca-oracle", "orca-pow2", "orca-max")
 CATEGORIES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")

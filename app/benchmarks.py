@@ -22,8 +22,9 @@ from core.config import CacheConfig
 from core.engine import Simulator
 from core.errors import PagesimError
 from core.operations import Add, Fork, Free, Grow
-from kernels.backend import Backend, default_scale, select_backend
+from kernels.backend import Backend, default_scale
 from kernels.reference import dense_attention_batched, paged_attention_reference
+from kernels.selection import select_backend
 
 TARGET_VS_DENSE = 1.25  # paged kernel time / SDPA on contiguous K/V
 TARGET_OPS_SECONDS = 10.0  # 100k engine operations, one core
@@ -205,7 +206,7 @@ def bench_scheduler(count: int) -> dict:
     """A seeded ShareGPT-like workload (Poisson arrivals, a 64-token shared system prompt)
     through the scheduler with prefix caching, memory management only (no K/V, no attention)."""
     from core.operations import Schedule, Submit
-    from core.workload import generate
+    from core.studies.workload import generate
 
     specs = generate("sharegpt", count, rate=40.0, seed=1, shared_prefix=64)
     config = CacheConfig(num_blocks=4096, block_size=16, num_heads=1, head_dim=8, prefix_caching=True, max_num_seqs=256)

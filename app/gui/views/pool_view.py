@@ -15,7 +15,7 @@ from PySide6.QtWidgets import (
     QStyleOptionGraphicsItem,
 )
 
-from app.palette import SequenceColours, Theme
+from app.gui.palette import SequenceColours, Theme
 from core.view_model import Frame
 
 BLOCK_W, BLOCK_H, GAP = 60.0, 38.0, 8.0

@@ -24,14 +24,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.animation import AnimationDirector, beats_for
-from app.controller import SimulationController
-from app.guide import GUIDE_HTML
-from app.palette import THEMES, SequenceColours, qpalette
-from app.views.plots import KernelPanel, MemoryPanel, WastePanel
-from app.views.pool_view import PoolView
-from app.views.sequence_view import SequenceView
-from core import events as ev
+from app.gui.animation import AnimationDirector, beats_for
+from app.gui.controller import SimulationController
+from app.gui.guide import GUIDE_HTML
+from app.gui.palette import THEMES, SequenceColours, qpalette
+from app.gui.views.plots import KernelPanel, MemoryPanel, WastePanel
+from app.gui.views.pool_view import PoolView
+from app.gui.views.sequence_view import SequenceView
 from core.errors import PagesimError
 from core.operations import Add, Fork, Free, Grow
 from core.scenario import Scenario, load_scenario
@@ -545,18 +544,7 @@ class MainWindow(QMainWindow):
         """Preemptions and rejections say what they cost, in the status bar."""
         if frame.result is None:
             return
-        notes = []
-        for event in frame.result.events:
-            if isinstance(event, ev.RequestPreempted):
-                if event.mode == "swap":
-                    cost = f"{event.blocks} blocks moved to the CPU pool ({event.swap_seconds * 1e3:.2f} ms)"
-                else:
-                    cost = f"{event.blocks} blocks freed, {event.tokens} tokens to compute again"
-                notes.append(f"{event.request} preempted by {event.mode}: {cost}")
-            elif isinstance(event, ev.RequestSwappedIn):
-                notes.append(f"{event.request} swapped back in: {event.blocks} blocks")
-            elif isinstance(event, ev.RequestRejected):
-                notes.append(f"{event.request} rejected: {event.reason}")
+        notes = [note for event in frame.result.events if (note := event.status_note())]
         if notes:
             self.statusBar().showMessage(" · ".join(notes), 8000)
 

@@ -41,7 +41,7 @@ def first_frame_seconds() -> float:
     with tempfile.TemporaryDirectory() as folder:
         started = time.time()
         out = subprocess.run(
-            [sys.executable, "-m", "core.cli", "gui", "default", "--screenshot", os.path.join(folder, "first.png")],
+            [sys.executable, "-m", "app.cli", "gui", "default", "--screenshot", os.path.join(folder, "first.png")],
             capture_output=True,
             text=True,
             env={**os.environ, "PAGESIM_REPORT_FIRST_FRAME": "1", "QT_QPA_PLATFORM": "offscreen"},
@@ -89,8 +89,8 @@ def main(args: argparse.Namespace) -> int:
     from PySide6.QtCore import QSettings
     from PySide6.QtWidgets import QApplication
 
-    from app.main_window import MainWindow
-    from kernels.backend import select_backend
+    from app.gui.main_window import MainWindow
+    from kernels.selection import select_backend
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     num_seqs, steps = (32, 10) if args.quick else (256, 120)

@@ -1,0 +1,386 @@
+"""The block manager: which physical blocks each sequence holds, and nothing else.
+
+In the spirit of nano-vllm's ``BlockManager`` and vLLM's ``KVCacheManager``: it owns the
+GPU block pool (free queue, ref counts, the prefix cache's hashes), the holders of every
+block, how many slots of each block are filled, the CPU pool that swapped blocks wait
+in, and the running usage counters. Every change comes in a check/act pair —
+``can_allocate``/``allocate``, ``can_append``/``append_slots``, ``fork``, ``free``,
+``can_swap_out``/``swap_out``, ``can_swap_in``/``swap_in`` — and the act is only called
+after its check passed, so an act never fails halfway.
+
+It moves no K/V data: the acts return the slots to write, the blocks to copy (copy-on-
+write) and the block mappings of a swap, and the engine applies those to the KV cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+
+from core import events as ev
+from core.blocks import BlockPool, PoolSnapshot
+from core.config import CacheConfig
+from core.errors import InvalidOperationError
+from core.events import EventLog
+from core.sequence import Sequence, block_hash
+
+
+@dataclass
+class Usage:
+    """Running totals, so metrics are O(1) per step. Only :class:`BlockManager` changes them."""
+
+    slots_filled: int = 0  # tokens held by referenced blocks
+    shared_blocks: int = 0  # blocks with ref count > 1
+    logical_tokens: int = 0  # tokens of every live sequence
+    contiguous_blocks: int = 0  # what max-length contiguous reservations would take
+
+    def copy(self) -> Usage:
+        return Usage(*(getattr(self, f.name) for f in fields(self)))
+
+
+@dataclass(frozen=True)
+class AppendPlan:
+    """What one append does to the pool: the blocks it takes from the free queue."""
+
+    new_blocks: int
+    copy_on_write: bool
+
+    @property
+    def blocks_needed(self) -> int:
+        return self.new_blocks + int(self.copy_on_write)
+
+
+@dataclass(frozen=True)
+class Appended:
+    """The result of :meth:`BlockManager.append_slots`: where the new tokens go."""
+
+    slots: list[int]  # flat slot (block * block_size + offset) of each token written
+    copies: list[tuple[int, int]]  # (src, dst) blocks to copy before the writes
+
+
+@dataclass(frozen=True)
+class BlockManagerSnapshot:
+    pool: PoolSnapshot
+    block_fill: tuple[int, ...]
+    holders: tuple[tuple[int, tuple[tuple[str, int], ...]], ...]
+    usage: Usage
+    prefix_counts: tuple[int, int]
+    cpu_pool: PoolSnapshot | None
+
+
+class BlockManager:
+    def __init__(self, config: CacheConfig, events: EventLog) -> None:
+        self.config = config
+        self.events = events
+        self.pool = BlockPool(config.num_blocks)
+        self.cpu_pool: BlockPool | None = None  # created by the first swap out
+        self.usage = Usage()
+        self._fill = [0] * config.num_blocks  # tokens held by each physical block
+        # block -> {seq: logical index}: O(1) to drop one holder of a widely shared block.
+        self._holders: dict[int, dict[str, int]] = {}
+        self.prefix_lookups = 0  # full prompt blocks looked up in the prefix cache
+        self.prefix_hits = 0  # ... and found there
+
+    # -- queries ----------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        return self.pool.num_free
+
+    def fill(self, block: int) -> int:
+        return self._fill[block]
+
+    def fills(self) -> list[int]:
+        return list(self._fill)
+
+    def holders(self, block: int) -> list[tuple[str, int]]:
+        """(sequence, logical index) pairs whose tables hold ``block``."""
+        return list(self._holders.get(block, {}).items())
+
+    def holders_map(self) -> dict[int, tuple[tuple[str, int], ...]]:
+        return {block: tuple(h.items()) for block, h in self._holders.items()}
+
+    @property
+    def cpu_free(self) -> int:
+        return self.config.num_cpu_blocks if self.cpu_pool is None else self.cpu_pool.num_free
+
+    @staticmethod
+    def distinct_blocks(seqs: Iterable[Sequence]) -> list[int]:
+        """The blocks a group of sequences holds, shared ones once, in table order."""
+        return list(dict.fromkeys(b for seq in seqs for b in seq.block_table))
+
+    def contiguous_reservation(self, num_tokens: int) -> int:
+        return self.config.blocks_for(max(self.config.max_model_len, num_tokens))
+
+    # -- the one place the usage counters change ---------------------------------------
+    def _count_tokens(self, old: int | None, new: int | None) -> None:
+        """A sequence's length went from ``old`` to ``new`` (None: it did not exist / is gone)."""
+        u, res = self.usage, self.contiguous_reservation
+        u.logical_tokens += (new or 0) - (old or 0)
+        u.contiguous_blocks += (0 if new is None else res(new)) - (0 if old is None else res(old))
+
+    def _add_fill(self, block: int, tokens: int) -> None:
+        self._fill[block] += tokens
+        self.usage.slots_filled += tokens
+
+    def _ref_changed(self, ref_count: int, up: bool) -> None:
+        if up and ref_count == 2:
+            self.usage.shared_blocks += 1
+        elif not up and ref_count == 1:
+            self.usage.shared_blocks -= 1
+
+    # -- holding and releasing -----------------------------------------------------------
+    def _hold(self, block: int, seq_id: str, index: int) -> None:
+        self._holders.setdefault(block, {})[seq_id] = index
+
+    def _take(self, count: int, placement: list[int] | None = None) -> list[int]:
+        """Blocks off the free queue (LRU first, or the placement's); evictions announced."""
+        evicted: list[int] = []
+        if placement is not None:
+            blocks = self.pool.allocate_specific(placement, evicted)
+        else:
+            blocks = self.pool.allocate(count, evicted)
+        for block in evicted:
+            self.events.emit(ev.BlockEvicted(block))
+        for block in blocks:
+            self._fill[block] = 0  # an evicted block's old tokens no longer count
+        return blocks
+
+    def _new_block(self, seq: Sequence) -> int:
+        (block,) = self._take(1)
+        seq.block_table.append(block)
+        index = len(seq.block_table) - 1
+        self._hold(block, seq.seq_id, index)
+        if self.events.enabled:
+            self.events.emit(ev.BlockAllocated(block, seq.seq_id, index))
+        return block
+
+    def _release(self, block: int, seq_id: str) -> None:
+        ref_count = self.pool.release(block)
+        holders = self._holders[block]
+        del holders[seq_id]
+        if not holders:
+            del self._holders[block]
+        if ref_count == 0:
+            self.usage.slots_filled -= self._fill[block]
+            if not self.pool.is_cached(block):  # a cached block keeps its tokens for reuse
+                self._fill[block] = 0
+            self.events.emit(ev.BlockFreed(block, seq_id))
+        else:
+            self._ref_changed(ref_count, up=False)
+            self.events.emit(ev.BlockReleased(block, seq_id, ref_count))
+
+    # -- prefix cache -----------------------------------------------------------------------
+    def cached_prefix(self, token_ids: list[int]) -> list[tuple[int, int]]:
+        """(block, hash) of the cached full blocks this prompt starts with. The block of the
+        last prompt token is never reused: its query must be computed."""
+        bs = self.config.block_size
+        hits: list[tuple[int, int]] = []
+        parent = None
+        for i in range((len(token_ids) - 1) // bs):
+            chunk = tuple(token_ids[i * bs : (i + 1) * bs])
+            h = block_hash(parent, chunk)
+            block = self.pool.cached_block(h, chunk)
+            if block is None:
+                break
+            hits.append((block, h))
+            parent = h
+        return hits
+
+    def _cache_full_blocks(self, seq: Sequence) -> None:
+        bs = self.config.block_size
+        for index in range(len(seq.block_hashes), seq.num_tokens // bs):
+            chunk = tuple(seq.token_ids[index * bs : (index + 1) * bs])
+            h = block_hash(seq.block_hashes[-1] if seq.block_hashes else None, chunk)
+            seq.block_hashes.append(h)
+            block = seq.block_table[index]
+            if self.pool.register(block, h, chunk):
+                self.events.emit(ev.BlockCached(block, seq.seq_id, h))
+
+    # -- allocate: a new sequence's blocks ---------------------------------------------------
+    def allocation_need(self, num_tokens: int, hits: list[tuple[int, int]]) -> int:
+        """Blocks an allocation takes off the free queue (a hit on a free cached block too)."""
+        new = self.config.blocks_for(num_tokens) - len(hits)
+        return new + sum(1 for block, _ in hits if self.pool.ref_count(block) == 0)
+
+    def can_allocate(self, num_tokens: int, hits: list[tuple[int, int]]) -> bool:
+        return self.allocation_need(num_tokens, hits) <= self.pool.num_free
+
+    def allocate(
+        self, seq: Sequence, num_tokens: int, hits: list[tuple[int, int]], placement: list[int] | None = None
+    ) -> None:
+        """Give the empty ``seq`` its prefix-cache hits, then fresh blocks (``placement``:
+        exactly these) for the rest of a ``num_tokens`` prompt; the tokens themselves come
+        with :meth:`append_slots`. The caller has checked :meth:`can_allocate`."""
+        for index, (block, h) in enumerate(hits):
+            was_free = self.pool.ref_count(block) == 0
+            ref_count = self.pool.reuse(block)
+            if was_free:
+                self.usage.slots_filled += self._fill[block]
+            self._ref_changed(ref_count, up=True)
+            seq.block_table.append(block)
+            seq.block_hashes.append(h)
+            self._hold(block, seq.seq_id, index)
+            self.events.emit(ev.BlockReused(block, seq.seq_id, index, ref_count, was_free))
+        self._count_tokens(None, 0)
+        needed = self.config.blocks_for(num_tokens) - len(hits)
+        for block in self._take(needed, placement):
+            seq.block_table.append(block)
+            index = len(seq.block_table) - 1
+            self._hold(block, seq.seq_id, index)
+            self.events.emit(ev.BlockAllocated(block, seq.seq_id, index))
+
+    def note_prefix_lookup(self, num_tokens: int, hits: int) -> None:
+        self.prefix_lookups += (num_tokens - 1) // self.config.block_size
+        self.prefix_hits += hits
+
+    # -- append: new tokens of a live sequence -------------------------------------------------
+    def append_plan(self, seq: Sequence, num_new: int) -> AppendPlan:
+        bs = self.config.block_size
+        n = seq.num_tokens
+        copy = n % bs != 0 and bool(seq.block_table) and self.pool.ref_count(seq.block_table[-1]) > 1
+        return AppendPlan(self.config.blocks_for(n + num_new) - len(seq.block_table), copy)
+
+    def can_append(self, seq: Sequence, num_new: int) -> bool:
+        return self.append_plan(seq, num_new).blocks_needed <= self.pool.num_free
+
+    def decode_blocks_needed(self, seqs: list[Sequence]) -> int:
+        """Blocks a decode step of ``seqs`` may take: one at each block boundary, one for
+        each shared last block (copy-on-write); an upper bound when siblings share one."""
+        bs, refs = self.config.block_size, self.pool._ref_counts
+        return sum(1 for q in seqs if len(q.token_ids) % bs == 0 or refs[q.block_table[-1]] > 1)
+
+    def append_slots(self, seq: Sequence, token_ids: list[int], skip: int = 0) -> Appended:
+        """Append ``token_ids`` to ``seq``: copy-on-write of a shared last block, new blocks
+        at block boundaries, the tokens' slots (all but the first ``skip``, which reused
+        prefix blocks already hold), and the prefix cache's hashes of blocks that filled up.
+        The caller has checked :meth:`can_append` (or :meth:`allocate`'s need)."""
+        bs = self.config.block_size
+        start = seq.num_tokens
+        copies: list[tuple[int, int]] = []
+        if start % bs and self.pool.ref_count(seq.block_table[-1]) > 1:
+            copies.append(self._copy_on_write(seq))
+        while len(seq.block_table) < self.config.blocks_for(start + len(token_ids)):
+            self._new_block(seq)
+        table = seq.block_table
+        slots = [table[p // bs] * bs + p % bs for p in range(start + skip, start + len(token_ids))]
+        seq.token_ids.extend(token_ids)
+        self._count_tokens(start, start + len(token_ids))
+        emit = self.events.enabled
+        for slot, i in zip(slots, range(skip, len(token_ids)), strict=True):
+            self._add_fill(slot // bs, 1)
+            if emit:
+                self.events.emit(ev.TokenWritten(seq.seq_id, start + i, token_ids[i], slot // bs, slot % bs))
+        if self.config.prefix_caching:
+            self._cache_full_blocks(seq)
+        return Appended(slots, copies)
+
+    def _copy_on_write(self, seq: Sequence) -> tuple[int, int]:
+        index = len(seq.block_table) - 1
+        src = seq.block_table[index]
+        (dst,) = self._take(1)
+        self._add_fill(dst, self._fill[src])
+        seq.block_table[index] = dst
+        self._hold(dst, seq.seq_id, index)
+        self.events.emit(ev.BlockAllocated(dst, seq.seq_id, index))
+        self.events.emit(ev.BlockCopied(src, dst, seq.seq_id, index))
+        self._release(src, seq.seq_id)
+        return src, dst
+
+    # -- fork and free ----------------------------------------------------------------------------
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """``child`` (a copy of ``parent``'s tokens and table) shares every block."""
+        self._count_tokens(None, child.num_tokens)
+        for index, block in enumerate(child.block_table):
+            ref_count = self.pool.share(block)
+            self._hold(block, child.seq_id, index)
+            self._ref_changed(ref_count, up=True)
+            self.events.emit(ev.BlockShared(block, child.seq_id, index, ref_count))
+
+    def free(self, seq: Sequence) -> None:
+        for block in reversed(seq.block_table):
+            self._release(block, seq.seq_id)
+        self._count_tokens(seq.num_tokens, None)
+
+    # -- swapping -----------------------------------------------------------------------------------
+    def _ensure_cpu_pool(self) -> BlockPool:
+        if self.cpu_pool is None:
+            if self.config.num_cpu_blocks < 1:
+                raise InvalidOperationError("preemption by swap needs num_cpu_blocks ≥ 1 in the scenario header")
+            self.cpu_pool = BlockPool(self.config.num_cpu_blocks)
+        return self.cpu_pool
+
+    def can_swap_out(self, seqs: list[Sequence]) -> bool:
+        return len(self.distinct_blocks(seqs)) <= self.cpu_free
+
+    def swap_out(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
+        """Move a group's blocks to the CPU pool (shared blocks once) and free them on the
+        GPU; the tables then name CPU blocks. Returns the (gpu, cpu) block pairs to copy."""
+        gpu_blocks = self.distinct_blocks(seqs)
+        cpu_pool = self._ensure_cpu_pool()
+        cpu_blocks = cpu_pool.allocate(len(gpu_blocks))
+        to_cpu = dict(zip(gpu_blocks, cpu_blocks, strict=True))
+        for gpu, cpu in to_cpu.items():
+            self.events.emit(ev.BlockSwappedOut(gpu, cpu))
+        first_use = set()
+        for seq in seqs:
+            for block in seq.block_table:  # one CPU reference per table entry, like the GPU's
+                if to_cpu[block] in first_use:
+                    cpu_pool.share(to_cpu[block])
+                first_use.add(to_cpu[block])
+            self.free(seq)
+            seq.block_table = [to_cpu[b] for b in seq.block_table]
+        return list(to_cpu.items())
+
+    def can_swap_in(self, seqs: list[Sequence]) -> bool:
+        return len(self.distinct_blocks(seqs)) <= self.pool.num_free
+
+    def swap_in(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
+        """Bring a swapped group back: new GPU blocks, the same sharing, the hashes again.
+        Returns the (cpu, gpu) block pairs to copy."""
+        cpu_blocks = self.distinct_blocks(seqs)
+        gpu_blocks = self._take(len(cpu_blocks))
+        to_gpu = dict(zip(cpu_blocks, gpu_blocks, strict=True))
+        for cpu, gpu in to_gpu.items():
+            self.events.emit(ev.BlockSwappedIn(cpu, gpu))
+        bs = self.config.block_size
+        placed = set()
+        for seq in seqs:
+            for block in seq.block_table:
+                self.cpu_pool.release(block)
+            seq.block_table = [to_gpu[b] for b in seq.block_table]
+            for index, block in enumerate(seq.block_table):
+                if block in placed:
+                    self._ref_changed(self.pool.share(block), up=True)
+                else:
+                    placed.add(block)
+                    self._add_fill(block, min(bs, seq.num_tokens - index * bs))
+                self._hold(block, seq.seq_id, index)
+            self._count_tokens(None, seq.num_tokens)
+            if self.config.prefix_caching:
+                for index, h in enumerate(seq.block_hashes):
+                    chunk = tuple(seq.token_ids[index * bs : (index + 1) * bs])
+                    if self.pool.register(seq.block_table[index], h, chunk):
+                        self.events.emit(ev.BlockCached(seq.block_table[index], seq.seq_id, h))
+        return list(to_gpu.items())
+
+    # -- snapshots ---------------------------------------------------------------------------------
+    def snapshot(self) -> BlockManagerSnapshot:
+        return BlockManagerSnapshot(
+            pool=self.pool.snapshot(),
+            block_fill=tuple(self._fill),
+            holders=tuple((b, tuple(h.items())) for b, h in self._holders.items()),
+            usage=self.usage.copy(),
+            prefix_counts=(self.prefix_lookups, self.prefix_hits),
+            cpu_pool=None if self.cpu_pool is None else self.cpu_pool.snapshot(),
+        )
+
+    def restore(self, snap: BlockManagerSnapshot) -> None:
+        self.pool.restore(snap.pool)
+        self._fill = list(snap.block_fill)
+        self._holders = {b: dict(h) for b, h in snap.holders}
+        self.usage = snap.usage.copy()
+        self.prefix_lookups, self.prefix_hits = snap.prefix_counts
+        if snap.cpu_pool is None:
+            self.cpu_pool = None
+        else:
+            self._ensure_cpu_pool().restore(snap.cpu_pool)
