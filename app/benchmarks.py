@@ -285,4 +285,8 @@ def run_benchmarks(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_benchmarks(argparse.Namespace(backend="cpu", quick=True, json="bench.json")))
+    from app.options import add_bench_options
+
+    parser = argparse.ArgumentParser(prog="python -m app.benchmarks", description="pagesim bench without the CLI")
+    add_bench_options(parser)
+    sys.exit(run_benchmarks(parser.parse_args()))

@@ -7,30 +7,14 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from app.options import add_backend_option, add_bench_options
 from app.report import TABLE_HEADER, dump_step, format_block_tables, format_config, format_step, write_json
 from core.errors import PagesimError
 from core.scenario import DEFAULT_SCENARIO, load_scenario, shipped_scenarios
+from core.studies.workload import DISTRIBUTIONS
 from core.timeline import Timeline
 from kernels.backend import BackendUnavailableError
 from kernels.selection import available_backends, select_backend
-
-BACKEND_CHOICES = ["auto", "cpu", "cuda"]
-
-
-def _add_backend_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--backend",
-        choices=BACKEND_CHOICES,
-        default="auto",
-        help="kernel backend: auto picks CUDA when CuPy sees a device, else the compiled CPU kernel",
-    )
-    parser.add_argument(
-        "--cuda-kernel",
-        choices=["auto", "v1", "v2"],
-        default="auto",
-        help="CUDA only: force v1 or split-K v2 (auto: v1 when the longest context is ≤ 8192 and either "
-        "it fits one 512-token partition or there are more than 512 (sequence, head) pairs)",
-    )
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -50,21 +34,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a scenario headless and check the kernel against dense attention")
     run.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO, help="a .toml file or a shipped name")
-    _add_backend_option(run)
+    add_backend_option(run)
     run.add_argument("--json", type=Path, metavar="REPORT", help="write a JSON report here")
     run.add_argument("--dump", type=Path, metavar="DIR", help="write each step's kernel inputs/outputs as .npz")
     run.add_argument("--quiet", action="store_true", help="print only the summary line")
 
     bench = sub.add_parser("bench", help="benchmark the kernels and the engine; medians, side by side")
-    _add_backend_option(bench)
-    bench.add_argument("--json", type=Path, metavar="PATH", default=Path("bench-results/bench.json"))
-    bench.add_argument("--quick", action="store_true", help="small sizes and few repeats (a smoke run)")
+    add_bench_options(bench)
     bench.add_argument("--gui", action="store_true", help="benchmark the app's step + redraw instead")
 
     waste = sub.add_parser(
         "waste", help="where KV memory goes: paging against contiguous reservations (the vLLM paper's Fig. 2)"
     )
-    waste.add_argument("--workload", choices=["sharegpt", "alpaca", "uniform", "zipf"], default="sharegpt")
+    waste.add_argument("--workload", choices=DISTRIBUTIONS, default="sharegpt")
     waste.add_argument("--requests", type=int, default=1000)
     waste.add_argument("--rate", type=float, default=2000.0, help="Poisson arrivals per second (high: under load)")
     waste.add_argument("--seed", type=int, default=0)
@@ -79,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     gui = sub.add_parser("gui", help="open the desktop app")
     gui.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO)
-    _add_backend_option(gui)
+    add_backend_option(gui)
     gui.add_argument("--steps", type=int, default=0, help="run this many steps first")
     gui.add_argument("--screenshot", type=Path, help="save a PNG of the window after --steps, then exit")
     gui.add_argument("--size", type=_size, metavar="WxH", help="window size, e.g. 1400x860")
@@ -142,7 +124,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_waste(args: argparse.Namespace) -> int:
     import json
 
-    from core.studies.waste import CATEGORIES, compare
+    from core.studies.waste import CATEGORIES, CATEGORY_LABELS, compare
     from core.studies.workload import generate
 
     workload = generate(args.workload, args.requests, rate=args.rate, seed=args.seed, max_len=args.max_len)
@@ -154,18 +136,12 @@ def cmd_waste(args: argparse.Namespace) -> int:
         f"{mean_out:.0f} tokens) · pool {args.slots} slots · block size {args.block_size} · max length {args.max_len}"
     )
     print("shares of the KV pool, averaged over the steps with a request waiting:")
-    names = {
-        "token_states": "tokens",
-        "reservation": "reserved",
-        "internal_fragmentation": "internal",
-        "external_fragmentation": "external",
-        "free": "free",
-    }
-    print(f"{'allocator':<12}" + "".join(f"{names[c]:>10}" for c in CATEGORIES) + f"{'steps':>8}{'batch':>7}")
+    labels = CATEGORY_LABELS
+    print(f"{'allocator':<12}" + "".join(f"{labels[c]:>15}" for c in CATEGORIES) + f"{'steps':>8}{'batch':>7}")
     for r in reports:
         shares = r.shares
         print(
-            f"{r.allocator:<12}" + "".join(f"{shares[c]:>10.1%}" for c in CATEGORIES) + f"{r.steps:>8}{r.peak_batch:>7}"
+            f"{r.allocator:<12}" + "".join(f"{shares[c]:>15.1%}" for c in CATEGORIES) + f"{r.steps:>8}{r.peak_batch:>7}"
         )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from core.checks import is_int
 from core.errors import InvalidPlacementError, PoolExhaustedError
 
 _NONE = -1
@@ -128,7 +129,7 @@ class BlockPool:
         """Validate an explicit placement without changing anything."""
         ids = list(block_ids)
         for block_id in ids:
-            if not isinstance(block_id, int) or isinstance(block_id, bool):
+            if not is_int(block_id):
                 raise InvalidPlacementError(f"block id {block_id!r} is not an integer")
             if not 0 <= block_id < self.num_blocks:
                 raise InvalidPlacementError(

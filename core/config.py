@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.checks import is_count, is_int
 from kernels.backend import MAX_HEAD_DIM
 from kernels.dtypes import STORAGE_DTYPES, tolerance
 
@@ -40,7 +41,7 @@ class CacheConfig:
             object.__setattr__(self, "max_model_len", min(DEFAULT_MAX_MODEL_LEN, self.num_blocks * self.block_size))
         for name in ("num_blocks", "block_size", "num_heads", "num_kv_heads", "head_dim", "max_model_len"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not is_count(value):
                 raise ValueError(f"{name} must be a positive integer; got {value!r}")
         if self.head_dim > MAX_HEAD_DIM:
             raise ValueError(f"head_dim must be ≤ {MAX_HEAD_DIM}; got {self.head_dim}")
@@ -48,15 +49,15 @@ class CacheConfig:
             raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
         if self.dtype not in STORAGE_DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(STORAGE_DTYPES)}; got {self.dtype!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+        if not is_int(self.seed):
             raise ValueError(f"seed must be an integer; got {self.seed!r}")
         if self.preemption not in ("recompute", "swap"):
             raise ValueError(f"preemption must be recompute or swap; got {self.preemption!r}")
-        if not isinstance(self.num_cpu_blocks, int) or isinstance(self.num_cpu_blocks, bool) or self.num_cpu_blocks < 0:
+        if not is_count(self.num_cpu_blocks, 0):
             raise ValueError(f"num_cpu_blocks must be a non-negative integer; got {self.num_cpu_blocks!r}")
         if not isinstance(self.watermark, int | float) or not 0 <= self.watermark < 1:
             raise ValueError(f"watermark must be a fraction in [0, 1); got {self.watermark!r}")
-        if not isinstance(self.max_num_seqs, int) or isinstance(self.max_num_seqs, bool) or self.max_num_seqs < 1:
+        if not is_count(self.max_num_seqs):
             raise ValueError(f"max_num_seqs must be a positive integer; got {self.max_num_seqs!r}")
         if not isinstance(self.swap_bandwidth_gbs, int | float) or self.swap_bandwidth_gbs <= 0:
             raise ValueError(f"swap_bandwidth_gbs must be positive; got {self.swap_bandwidth_gbs!r}")

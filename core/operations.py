@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.checks import is_count, is_int
 from core.errors import InvalidOperationError
 
 
@@ -15,8 +16,8 @@ def _check_seq_id(seq_id: object, name: str = "seq") -> None:
 def _check_token_ids(token_ids: tuple[int, ...], field: str) -> None:
     if not token_ids:
         raise InvalidOperationError(f"{field} must hold at least one token id")
-    if any(type(token) is not int for token in token_ids):  # exact type: bools are not ids
-        bad = next(t for t in token_ids if type(t) is not int)
+    if not all(is_int(token) for token in token_ids):
+        bad = next(t for t in token_ids if not is_int(t))
         raise InvalidOperationError(f"{field} must hold integer token ids; got {bad!r}")
 
 
@@ -34,9 +35,7 @@ class Add:
         _check_seq_id(self.seq)
         if (self.num_tokens is None) == (self.prompt is None):
             raise InvalidOperationError("add needs exactly one of tokens (a count) or prompt (token ids)")
-        if self.num_tokens is not None and (
-            not isinstance(self.num_tokens, int) or isinstance(self.num_tokens, bool) or self.num_tokens < 1
-        ):
+        if self.num_tokens is not None and not is_count(self.num_tokens):
             raise InvalidOperationError(f"tokens must be a positive integer; got {self.num_tokens!r}")
         if self.prompt is not None:
             object.__setattr__(self, "prompt", tuple(self.prompt))
@@ -67,7 +66,7 @@ class Grow:
             object.__setattr__(self, "token_ids", tuple(self.token_ids))
             _check_token_ids(self.token_ids, "token_ids")
             object.__setattr__(self, "num_tokens", None)
-        elif not isinstance(self.num_tokens, int) or isinstance(self.num_tokens, bool) or self.num_tokens < 1:
+        elif not is_count(self.num_tokens):
             raise InvalidOperationError(f"tokens must be a positive integer; got {self.num_tokens!r}")
 
     @property
@@ -105,7 +104,7 @@ class Free:
 
 
 def _check_count(value, field: str, minimum: int = 1) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+    if not is_count(value, minimum):
         raise InvalidOperationError(f"{field} must be an integer ≥ {minimum}; got {value!r}")
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 
+from core.checks import is_count, is_int
 from core.config import CacheConfig
 from core.errors import PagesimError, ScenarioError
 from core.operations import Add, Fork, Free, Grow, Operation, Schedule, Submit
@@ -89,19 +90,19 @@ def operation_to_dict(op: Operation) -> dict:
 
 def _seq_name(value, source: str, step: int, field: str) -> str:
     # TOML lets users write seq = 0; names are strings inside the engine.
-    if isinstance(value, bool) or not isinstance(value, int | str) or value == "":
+    if not (is_int(value) or isinstance(value, str)) or value == "":
         raise ScenarioError(source, f"must be a sequence name (string or integer); got {value!r}", step, field)
     return str(value)
 
 
 def _int_list(value, source: str, step: int, field: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+    if not isinstance(value, list) or not all(is_int(v) for v in value):
         raise ScenarioError(source, f"must be a list of integers; got {value!r}", step, field)
     return tuple(value)
 
 
 def _positive_int(value, source: str, step: int, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_count(value):
         raise ScenarioError(source, f"must be a positive integer; got {value!r}", step, field)
     return value
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import zlib
 from collections import deque
 from dataclasses import dataclass, field, replace
-from enum import Enum
+from enum import StrEnum
 from typing import Protocol
 
 from core import events as ev
@@ -23,26 +23,20 @@ from core.sequence import Sequence
 from core.token_model import TokenModel, check_vocab
 
 
-class RequestStatus(str, Enum):
+class RequestStatus(StrEnum):
     WAITING = "waiting"
     RUNNING = "running"
     SWAPPED = "swapped"
     FINISHED = "finished"
     REJECTED = "rejected"
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class AllocStatus(str, Enum):
+class AllocStatus(StrEnum):
     """vLLM v0's AllocStatus: admit now, later (not enough free blocks yet), or never (too big)."""
 
     OK = "ok"
     LATER = "later"
     NEVER = "never"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 WAITING, RUNNING, SWAPPED, FINISHED, REJECTED = RequestStatus

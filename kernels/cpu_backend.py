@@ -17,11 +17,12 @@ from numba import types
 from numba.extending import intrinsic
 
 from kernels.backend import Backend
+from kernels.dtypes import STORAGE_KINDS
 
-KIND_FLOAT32 = 0
-KIND_FLOAT16 = 1
-KIND_BFLOAT16 = 2
-_KINDS = {"float32": KIND_FLOAT32, "float16": KIND_FLOAT16, "bfloat16": KIND_BFLOAT16}
+KIND_FLOAT32 = STORAGE_KINDS["float32"]
+KIND_FLOAT16 = STORAGE_KINDS["float16"]
+KIND_BFLOAT16 = STORAGE_KINDS["bfloat16"]
+_KINDS = STORAGE_KINDS
 
 # Reassociation lets LLVM vectorise the dot products; no nnan/ninf, since the
 # running max starts at -inf.

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from kernels.dtypes import STORAGE_KINDS
+
 SOURCE_NAME = "paged_attention.cu"
-KINDS = {"float32": 0, "float16": 1, "bfloat16": 2}
+KINDS = STORAGE_KINDS
 STORAGE_CTYPE = {0: "float", 1: "unsigned short", 2: "unsigned short"}
 FAST_BLOCK_SIZES = (8, 16, 32, 64, 128, 256)  # compile-time block sizes; others run generic
 

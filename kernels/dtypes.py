@@ -13,6 +13,9 @@ STORAGE_DTYPES: dict[str, np.dtype] = {
     "bfloat16": np.dtype(ml_dtypes.bfloat16),
 }
 
+# The storage kind code both kernels take (the CPU kernel's `kind`, the CUDA templates' KIND).
+STORAGE_KINDS: dict[str, int] = {"float32": 0, "float16": 1, "bfloat16": 2}
+
 # Max abs error allowed between the paged kernel (fp32 accumulation) and dense
 # attention computed in fp32 on the same stored K/V. Both read identical rounded
 # inputs, so the gap is accumulation order only; the wider bounds for half types

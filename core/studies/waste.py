@@ -27,6 +27,14 @@ from core.studies.workload import RequestSpec
 
 ALLOCATORS = ("paged", "orca-oracle", "orca-pow2", "orca-max")
 CATEGORIES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
+# Short names for tables and legends.
+CATEGORY_LABELS = {
+    "token_states": "tokens",
+    "reservation": "reserved",
+    "internal_fragmentation": "internal frag.",
+    "external_fragmentation": "external frag.",
+    "free": "free",
+}
 
 
 def next_pow2(x: int) -> int:

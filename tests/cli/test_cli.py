@@ -130,3 +130,13 @@ def test_waste_prints_the_split_and_writes_per_step_json(tmp_path, capsys):
 def test_scheduler_scenarios_run_from_the_cli(capsys):
     assert main(["run", "preemption_swap", "--quiet"]) == 0
     assert capsys.readouterr().out.startswith("PASS")
+
+
+def test_benchmarks_module_runs_on_its_own(tmp_path):
+    path = tmp_path / "bench.json"
+    subprocess.run(
+        [sys.executable, "-m", "app.benchmarks", "--quick", "--backend", "cpu", "--json", str(path)],
+        check=True,
+        capture_output=True,
+    )
+    assert json.loads(path.read_text())["quick"] is True

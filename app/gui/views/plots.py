@@ -18,6 +18,8 @@ from PySide6.QtWidgets import (
 )
 
 from app.gui.palette import Theme
+from core.studies.waste import CATEGORY_LABELS as WASTE_LABELS
+from core.studies.workload import DISTRIBUTIONS
 from core.view_model import Frame
 
 # Paul Tol's "muted" scheme: colours for physical blocks, distinct from the sequence palette.
@@ -324,13 +326,6 @@ WASTE_COLOURS = {
     "external_fragmentation": "#D55E00",
     "free": "#999999",
 }
-WASTE_LABELS = {
-    "token_states": "tokens",
-    "reservation": "reserved",
-    "internal_fragmentation": "internal frag.",
-    "external_fragmentation": "external frag.",
-    "free": "free",
-}
 
 
 class WastePanel(QWidget):
@@ -340,8 +335,8 @@ class WastePanel(QWidget):
         super().__init__(parent)
         self.request_waste = request_waste
         self.workload = QComboBox()
-        self.workload.addItems(["sharegpt", "alpaca", "uniform", "zipf"])
-        self.workload.setToolTip("Length distribution of the seeded workload (see core/workload.py)")
+        self.workload.addItems(list(DISTRIBUTIONS))
+        self.workload.setToolTip("Length distribution of the seeded workload (see core/studies/workload.py)")
         self.count = QSpinBox()
         self.count.setRange(50, 5000)
         self.count.setSingleStep(50)

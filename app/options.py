@@ -1,0 +1,30 @@
+"""Command-line options shared by ``pagesim`` and ``python -m app.benchmarks``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+BACKEND_CHOICES = ["auto", "cpu", "cuda"]
+
+
+def add_backend_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--backend",
+        choices=BACKEND_CHOICES,
+        default="auto",
+        help="kernel backend: auto picks CUDA when CuPy sees a device, else the compiled CPU kernel",
+    )
+    parser.add_argument(
+        "--cuda-kernel",
+        choices=["auto", "v1", "v2"],
+        default="auto",
+        help="CUDA only: force v1 or split-K v2 (auto: v1 when the longest context is ≤ 8192 and either "
+        "it fits one 512-token partition or there are more than 512 (sequence, head) pairs)",
+    )
+
+
+def add_bench_options(parser: argparse.ArgumentParser) -> None:
+    add_backend_option(parser)
+    parser.add_argument("--json", type=Path, metavar="PATH", default=Path("bench-results/bench.json"))
+    parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (a smoke run)")

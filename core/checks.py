@@ -1,0 +1,13 @@
+"""The one definition of "an integer" that user input must meet (bools are not integers,
+though Python's ``isinstance(True, int)`` says they are)."""
+
+from __future__ import annotations
+
+
+def is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_count(value: object, minimum: int = 1) -> bool:
+    """An integer ≥ ``minimum``."""
+    return is_int(value) and value >= minimum
