@@ -166,3 +166,12 @@ class Schedule:
 
 
 Operation = Add | Grow | Fork | Free | Submit | Schedule
+
+
+def new_sequence_name(taken, prefix: str = "s") -> str:
+    """The first free name ``s1``, ``s2``, … for a sequence the user adds or forks."""
+    taken = set(taken)
+    n = 1
+    while f"{prefix}{n}" in taken:
+        n += 1
+    return f"{prefix}{n}"

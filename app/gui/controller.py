@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import traceback
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
@@ -13,6 +14,7 @@ from app.report import write_event_log
 from core.errors import PagesimError
 from core.operations import Operation
 from core.scenario import Scenario
+from core.studies.waste import WasteStudy, study
 from core.timeline import Timeline
 from core.view_model import Frame, build_frame
 from kernels.backend import BackendUnavailableError
@@ -23,14 +25,88 @@ LIVE_THREADS: weakref.WeakSet[QThread] = weakref.WeakSet()
 LIVE_TIMERS: weakref.WeakSet[QTimer] = weakref.WeakSet()
 
 
-class SimulationWorker(QObject):
-    """Lives on the worker thread. Every slot leaves the timeline untouched on error."""
+# -- requests (GUI thread -> worker) and replies (worker -> GUI thread) -------------------
+@dataclass(frozen=True)
+class Load:
+    scenario: Scenario
 
-    frameReady = Signal(object)  # Frame
-    failed = Signal(str)
-    backendReady = Signal(str, str)  # name, device
-    exported = Signal(str)
-    wasteReady = Signal(object)  # list of WasteReport dicts
+
+@dataclass(frozen=True)
+class Forward:
+    pass
+
+
+@dataclass(frozen=True)
+class Back:
+    pass
+
+
+@dataclass(frozen=True)
+class Seek:
+    step: int
+
+
+@dataclass(frozen=True)
+class Push:
+    op: Operation
+
+
+@dataclass(frozen=True)
+class Focus:
+    seq_id: str | None
+
+
+@dataclass(frozen=True)
+class ExportEvents:
+    path: str
+
+
+@dataclass(frozen=True)
+class ComputeWaste:
+    distribution: str
+    count: int
+
+
+Request = Load | Forward | Back | Seek | Push | Focus | ExportEvents | ComputeWaste
+
+
+@dataclass(frozen=True)
+class FrameReply:
+    frame: Frame
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+
+
+@dataclass(frozen=True)
+class Exported:
+    message: str
+
+
+@dataclass(frozen=True)
+class WasteReady:
+    study: WasteStudy
+
+
+@dataclass(frozen=True)
+class BackendReady:
+    """Not an answer: sent once, before the first frame."""
+
+    name: str
+    device: str
+
+
+Reply = FrameReply | Failed | Exported | WasteReady | BackendReady
+
+
+class SimulationWorker(QObject):
+    """Lives on the worker thread. One slot takes every request; each request gets exactly
+    one answer (a frame, a failure, or its result). Every request leaves the timeline
+    untouched on error."""
+
+    replied = Signal(object)  # Reply
 
     def __init__(self, backend_name: str, cuda_kernel: str = "auto") -> None:
         super().__init__()
@@ -40,20 +116,44 @@ class SimulationWorker(QObject):
         self._timeline: Timeline | None = None
         self._focus: str | None = None
         self._frame = None  # the last frame sent: the next step's frame is built from it
+        self._handlers = {
+            Forward: lambda r: self._emit(self._timeline.forward()),
+            Back: self._back,
+            Seek: self._seek,
+            Push: lambda r: self._emit(self._timeline.push(r.op)),
+            Focus: self._set_focus,
+            ExportEvents: self._export,
+            ComputeWaste: self._waste,
+        }
 
     def _emit(self, result=None) -> None:
         self._frame = build_frame(self._timeline, self._focus, result, self._frame)
-        self.frameReady.emit(self._frame)
+        self.replied.emit(FrameReply(self._frame))
 
     @Slot(object)
-    def load(self, scenario: Scenario) -> None:
+    def handle(self, request: Request) -> None:
+        if isinstance(request, Load):
+            self._load(request.scenario)
+            return
+        if self._timeline is None:
+            self.replied.emit(Failed("no scenario is loaded"))
+            return
+        try:
+            self._handlers[type(request)](request)
+        except (PagesimError, IndexError, ValueError, OSError) as exc:
+            self.replied.emit(Failed(str(exc)))
+        except Exception as exc:  # a bug: report it rather than kill the worker
+            traceback.print_exc()
+            self.replied.emit(Failed(f"internal error: {exc!r}"))
+
+    def _load(self, scenario: Scenario) -> None:
         try:
             if self._backend is None:
                 self._backend = select_backend(self._backend_name, self._cuda_kernel)
-                self.backendReady.emit(self._backend.name, self._backend.device)
+                self.replied.emit(BackendReady(self._backend.name, self._backend.device))
             timeline = Timeline(scenario, self._backend)
         except (PagesimError, BackendUnavailableError, ValueError) as exc:
-            self.failed.emit(str(exc))
+            self.replied.emit(Failed(str(exc)))
             return
         self._timeline = timeline
         self._focus = None
@@ -62,93 +162,45 @@ class SimulationWorker(QObject):
         # Then compile (or load from cache) the kernel for this dtype, before the first step.
         timeline.sim.warm_up()
 
-    def _guard(self, action) -> None:
-        if self._timeline is None:
-            self.failed.emit("no scenario is loaded")
-            return
-        try:
-            action()
-        except (PagesimError, IndexError, ValueError) as exc:
-            self.failed.emit(str(exc))
-        except Exception as exc:  # a bug: report it rather than kill the worker
-            traceback.print_exc()
-            self.failed.emit(f"internal error: {exc!r}")
+    def _back(self, _: Back) -> None:
+        self._timeline.back()
+        self._emit()
 
-    @Slot()
-    def forward(self) -> None:
-        self._guard(lambda: self._emit(self._timeline.forward()))
-
-    @Slot()
-    def back(self) -> None:
-        def step_back():
-            self._timeline.back()
+    def _seek(self, request: Seek) -> None:
+        # One step forward from here is an ordinary step: animate its events.
+        if request.step == self._timeline.position + 1:
+            self._emit(self._timeline.forward())
+        else:
+            self._timeline.seek(request.step)
             self._emit()
 
-        self._guard(step_back)
+    def _set_focus(self, request: Focus) -> None:
+        self._focus = request.seq_id or None
+        self._emit()
 
-    @Slot(int)
-    def seek(self, step: int) -> None:
-        def go():
-            # One step forward from here is an ordinary step: animate its events.
-            if step == self._timeline.position + 1:
-                self._emit(self._timeline.forward())
-            else:
-                self._timeline.seek(step)
-                self._emit()
+    def _waste(self, request: ComputeWaste) -> None:
+        c = self._timeline.sim.config
+        self.replied.emit(
+            WasteReady(study(request.distribution, request.count, c.num_slots, c.block_size, c.max_model_len))
+        )
 
-        self._guard(go)
-
-    @Slot(object)
-    def push(self, op: Operation) -> None:
-        self._guard(lambda: self._emit(self._timeline.push(op)))
-
-    @Slot(str)
-    def focus(self, seq_id: str) -> None:
-        self._focus = seq_id or None
-        self._guard(self._emit)
-
-    @Slot(str, int)
-    def waste(self, distribution: str, count: int) -> None:
-        def compute():
-            from core.studies.waste import compare
-            from core.studies.workload import generate
-
-            c = self._timeline.sim.config
-            workload = generate(distribution, count, rate=2000.0, seed=0, max_len=c.max_model_len)
-            reports = compare(workload, c.num_slots, block_size=c.block_size, max_len=c.max_model_len)
-            result = {"distribution": distribution, "count": count, "slots": c.num_slots}
-            self.wasteReady.emit(result | {"reports": [r.as_dict() for r in reports]})
-
-        self._guard(compute)
-
-    @Slot(str)
-    def export_events(self, path: str) -> None:
-        def export():
-            results = [r for k in range(1, self._timeline.position + 1) if (r := self._timeline.result(k))]
-            count = write_event_log(Path(path), results)
-            self.exported.emit(f"wrote {count} events of {len(results)} steps to {path}")
-
-        self._guard(export)
+    def _export(self, request: ExportEvents) -> None:
+        results = [r for k in range(1, self._timeline.position + 1) if (r := self._timeline.result(k))]
+        count = write_event_log(Path(request.path), results)
+        self.replied.emit(Exported(f"wrote {count} events of {len(results)} steps to {request.path}"))
 
 
 class SimulationController(QObject):
-    """GUI-thread face of the worker: requests out, frames in, play/pause timing."""
+    """GUI-thread face of the worker: requests out, replies in, play/pause timing."""
 
     frameChanged = Signal(object)  # Frame
     errorRaised = Signal(str)
     backendReady = Signal(str, str)
     playingChanged = Signal(bool)
     exported = Signal(str)
-    wasteReady = Signal(object)
+    wasteReady = Signal(object)  # WasteStudy
 
-    _load = Signal(object)
-    _forward = Signal()
-    _back = Signal()
-    _seek = Signal(int)
-    _push = Signal(object)
-    _focus = Signal(str)
-    _export = Signal(str)
-    _waste = Signal(str, int)
+    _request = Signal(object)  # Request
 
     def __init__(self, backend_name: str = "auto", parent: QObject | None = None, cuda_kernel: str = "auto") -> None:
         super().__init__(parent)
@@ -161,22 +213,8 @@ class SimulationController(QObject):
         self._worker = SimulationWorker(backend_name, cuda_kernel)
         self._worker.moveToThread(self._thread)
         self._thread.finished.connect(self._worker.deleteLater)
-        for request, slot in (
-            (self._load, self._worker.load),
-            (self._forward, self._worker.forward),
-            (self._back, self._worker.back),
-            (self._seek, self._worker.seek),
-            (self._push, self._worker.push),
-            (self._focus, self._worker.focus),
-            (self._export, self._worker.export_events),
-            (self._waste, self._worker.waste),
-        ):
-            request.connect(slot)
-        self._worker.frameReady.connect(self._on_frame)
-        self._worker.failed.connect(self._on_failed)
-        self._worker.backendReady.connect(self.backendReady)
-        self._worker.exported.connect(self._on_exported)
-        self._worker.wasteReady.connect(self._on_waste)
+        self._request.connect(self._worker.handle)
+        self._worker.replied.connect(self._on_reply)
         self._play_timer = QTimer(self)
         self._play_timer.setObjectName("pagesim-play")
         LIVE_TIMERS.add(self._play_timer)
@@ -185,43 +223,43 @@ class SimulationController(QObject):
         self._thread.start()
 
     # -- requests -----------------------------------------------------------------
-    def _send(self, signal, *args) -> None:
+    def _send(self, request: Request) -> None:
         self.pending += 1
-        signal.emit(*args)
+        self._request.emit(request)
 
     def load(self, scenario: Scenario) -> None:
         self.pause()
         self.scenario = scenario
-        self._send(self._load, scenario)
+        self._send(Load(scenario))
 
     def forward(self) -> None:
         if self.frame is not None and self.frame.position >= self.frame.length:
             self.errorRaised.emit("at the last step: nothing to step forward to")
             return
-        self._send(self._forward)
+        self._send(Forward())
 
     def back(self) -> None:
         if self.frame is not None and self.frame.position == 0:
             self.errorRaised.emit("at the start: nothing to step back to")
             return
-        self._send(self._back)
+        self._send(Back())
 
     def seek(self, step: int) -> None:
-        self._send(self._seek, step)
+        self._send(Seek(step))
 
     def apply(self, op: Operation) -> None:
         self.pause()
-        self._send(self._push, op)
+        self._send(Push(op))
 
     def set_focus(self, seq_id: str | None) -> None:
-        self._send(self._focus, seq_id or "")
+        self._send(Focus(seq_id))
 
     def export_events(self, path: str) -> None:
-        self._send(self._export, path)
+        self._send(ExportEvents(path))
 
     def compute_waste(self, distribution: str, count: int) -> None:
         """Where KV memory goes for a workload on this pool: paged vs contiguous (off the GUI thread)."""
-        self._send(self._waste, distribution, count)
+        self._send(ComputeWaste(distribution, count))
 
     # -- playback -----------------------------------------------------------------
     @property
@@ -256,28 +294,26 @@ class SimulationController(QObject):
         if self.frame is None or self.frame.position >= self.frame.length:
             self.pause()
             return
-        self._send(self._forward)
+        self._send(Forward())
 
-    # -- answers -----------------------------------------------------------------
-    def _on_frame(self, frame: Frame) -> None:
+    # -- replies ------------------------------------------------------------------
+    def _on_reply(self, reply: Reply) -> None:
+        if isinstance(reply, BackendReady):  # not an answer to a request
+            self.backendReady.emit(reply.name, reply.device)
+            return
         self.pending = max(0, self.pending - 1)
-        self.frame = frame
-        self.frameChanged.emit(frame)
-        if self.playing and frame.position >= frame.length:
+        if isinstance(reply, FrameReply):
+            self.frame = reply.frame
+            self.frameChanged.emit(reply.frame)
+            if self.playing and reply.frame.position >= reply.frame.length:
+                self.pause()
+        elif isinstance(reply, Failed):
             self.pause()
-
-    def _on_failed(self, message: str) -> None:
-        self.pending = max(0, self.pending - 1)
-        self.pause()
-        self.errorRaised.emit(message)
-
-    def _on_waste(self, result) -> None:
-        self.pending = max(0, self.pending - 1)
-        self.wasteReady.emit(result)
-
-    def _on_exported(self, message: str) -> None:
-        self.pending = max(0, self.pending - 1)
-        self.exported.emit(message)
+            self.errorRaised.emit(reply.message)
+        elif isinstance(reply, WasteReady):
+            self.wasteReady.emit(reply.study)
+        elif isinstance(reply, Exported):
+            self.exported.emit(reply.message)
 
     def shutdown(self) -> None:
         self.pause()

@@ -6,41 +6,36 @@ from importlib import resources
 from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt
-from PySide6.QtGui import QAction, QColor, QKeySequence
+from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QApplication,
-    QComboBox,
     QDockWidget,
     QFileDialog,
     QLabel,
     QMainWindow,
     QMenu,
-    QSlider,
-    QSpinBox,
     QStyle,
     QTextBrowser,
-    QToolBar,
     QVBoxLayout,
     QWidget,
 )
 
+from app.gui.actions import LAYOUT_VERSION, SPEEDS, WindowActions
 from app.gui.animation import AnimationDirector, beats_for
 from app.gui.controller import SimulationController
 from app.gui.guide import GUIDE_HTML
 from app.gui.palette import THEMES, SequenceColours, qpalette
+from app.gui.selection import Selection
 from app.gui.views.plots import KernelPanel, MemoryPanel, WastePanel
 from app.gui.views.pool_view import PoolView
 from app.gui.views.sequence_view import SequenceView
 from core.errors import PagesimError
-from core.operations import Add, Fork, Free, Grow
+from core.operations import Add, Fork, Free, Grow, new_sequence_name
 from core.scenario import Scenario, load_scenario
 from core.view_model import Frame
 
-SPEEDS = [("Instant", 0.0), ("0.25×", 0.25), ("0.5×", 0.5), ("1×", 1.0), ("2×", 2.0), ("4×", 4.0)]
 BASE_STEP_MS = 1100  # between steps while playing at 1×
 INSTANT_STEP_MS = 60
-MAX_RECENT = 8
-LAYOUT_VERSION = 2  # bump when docks change: an older saved layout is then ignored
 
 
 class MainWindow(QMainWindow):
@@ -56,9 +51,8 @@ class MainWindow(QMainWindow):
         self.colours = SequenceColours()
         self.theme = THEMES.get(str(self.settings.value("theme", "dark")), THEMES["dark"])
         self.frame: Frame | None = None
-        self.selected_seq: str | None = None
+        self.selection = Selection()
         self._syncing = False
-        self._pending_select: str | None = None
         self.last_error: str | None = None
         self.setWindowTitle("pagesim — PagedAttention simulator")
         self.resize(1400, 860)
@@ -72,9 +66,7 @@ class MainWindow(QMainWindow):
         self.director = AnimationDirector(self.pool_view, self.sequence_view, self)
         self._build_central()
         self._build_docks()
-        self._build_actions()
-        self._build_toolbars()
-        self._build_menus()
+        self.actions = WindowActions(self)
         self.backend_label = QLabel("backend: starting…")
         self.backend_label.setToolTip("Kernel backend and device (compiled at start-up, off the GUI thread)")
         self.statusBar().addPermanentWidget(self.backend_label)
@@ -96,7 +88,7 @@ class MainWindow(QMainWindow):
         geometry = self.settings.value("geometry")
         if geometry is not None:
             self.restoreGeometry(geometry)
-        self._default_state = self.saveState(LAYOUT_VERSION)
+        self.default_state = self.saveState(LAYOUT_VERSION)
         state = self.settings.value("windowState")
         if state is not None:
             self.restoreState(state, LAYOUT_VERSION)
@@ -149,182 +141,18 @@ class MainWindow(QMainWindow):
         self.resizeDocks([self.sequences_dock, self.kernel_dock], [380, 420], Qt.Orientation.Horizontal)
         self.resizeDocks([self.memory_dock], [200], Qt.Orientation.Vertical)
 
-    def _action(self, text: str, slot, shortcut=None, tip: str = "") -> QAction:
-        action = QAction(text, self)
-        if shortcut is not None:
-            action.setShortcut(QKeySequence(shortcut))
-        action.setToolTip(f"{tip} ({action.shortcut().toString()})" if shortcut else tip)
-        action.setStatusTip(tip)
-        action.triggered.connect(slot)
-        self.addAction(action)
-        return action
-
-    def _build_actions(self) -> None:
-        a = self._action
-        self.add_action = a("Add", self.add_sequence, "A", "Add a sequence with a prompt of the given length")
-        self.grow_action = a(
-            "Grow +1", lambda: self.grow_selected(1), "G", "Decode one token for the selected sequence"
-        )
-        self.grow_n_action = a(
-            "Grow +N",
-            lambda: self.grow_selected(self.grow_spin.value()),
-            "Shift+G",
-            "Decode N tokens for the selected sequence",
-        )
-        self.fork_action = a("Fork", self.fork_selected, "F", "Fork the selected sequence: share all its blocks")
-        self.free_action = a("Free", self.free_selected, Qt.Key.Key_Delete, "Free the selected sequence's blocks")
-        self.start_action = a("Start", lambda: self.controller.seek(0), Qt.Key.Key_Home, "Go to the start")
-        self.back_action = a("Back", self.controller.back, Qt.Key.Key_Left, "Step back")
-        self.play_action = a("Play", self.controller.toggle_play, Qt.Key.Key_Space, "Play / pause the scenario")
-        self.forward_action = a("Forward", self.controller.forward, Qt.Key.Key_Right, "Step forward")
-        self.end_action = a("End", self.seek_end, Qt.Key.Key_End, "Go to the last step")
-        icons = {
-            self.start_action: QStyle.StandardPixmap.SP_MediaSkipBackward,
-            self.back_action: QStyle.StandardPixmap.SP_MediaSeekBackward,
-            self.play_action: QStyle.StandardPixmap.SP_MediaPlay,
-            self.forward_action: QStyle.StandardPixmap.SP_MediaSeekForward,
-            self.end_action: QStyle.StandardPixmap.SP_MediaSkipForward,
-        }
-        for action, icon in icons.items():
-            action.setIcon(self.style().standardIcon(icon))
-        self.zoom_in_action = a(
-            "Zoom in", lambda: self.pool_view.zoom(1.25), QKeySequence.StandardKey.ZoomIn, "Zoom the pool in"
-        )
-        self.zoom_out_action = a(
-            "Zoom out", lambda: self.pool_view.zoom(0.8), QKeySequence.StandardKey.ZoomOut, "Zoom the pool out"
-        )
-        self.fit_action = a("Fit pool", self.pool_view.fit, "Ctrl+0", "Fit the whole pool in view")
-
-    def _build_toolbars(self) -> None:
-        ops = QToolBar("Operations")
-        ops.setObjectName("operations")
-        self.addToolBar(ops)
-        self.prompt_spin = QSpinBox()
-        self.prompt_spin.setRange(1, 100_000)
-        self.prompt_spin.setValue(int(self.settings.value("prompt_len", 10)))
-        self.prompt_spin.setPrefix("prompt ")
-        self.prompt_spin.setToolTip("Prompt length (tokens) for Add")
-        self.grow_spin = QSpinBox()
-        self.grow_spin.setRange(1, 10_000)
-        self.grow_spin.setValue(4)
-        self.grow_spin.setPrefix("N = ")
-        self.grow_spin.setToolTip("Tokens decoded by Grow +N")
-        for widget in (
-            self.add_action,
-            self.prompt_spin,
-            None,
-            self.grow_action,
-            self.grow_n_action,
-            self.grow_spin,
-            None,
-            self.fork_action,
-            self.free_action,
-            None,
-            self.zoom_in_action,
-            self.zoom_out_action,
-            self.fit_action,
-        ):
-            if widget is None:
-                ops.addSeparator()
-            elif isinstance(widget, QAction):
-                ops.addAction(widget)
-            else:
-                ops.addWidget(widget)
-
-        timeline = QToolBar("Timeline")
-        timeline.setObjectName("timeline")
-        timeline.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
-        self.addToolBar(Qt.ToolBarArea.BottomToolBarArea, timeline)
-        for action in (self.start_action, self.back_action, self.play_action, self.forward_action, self.end_action):
-            timeline.addAction(action)
-        self.scrubber = QSlider(Qt.Orientation.Horizontal)
-        self.scrubber.setToolTip("Scrub through the scenario's steps; going back shows exactly the earlier state")
-        self.scrubber.setMinimumWidth(120)
-        self.scrubber.valueChanged.connect(self._scrubbed)
-        timeline.addWidget(self.scrubber)
-        self.step_label = QLabel("step 0 / 0")
-        timeline.addWidget(self.step_label)
-        self.speed_box = QComboBox()
-        for label, _ in SPEEDS:
-            self.speed_box.addItem(label)
-        self.speed_box.setToolTip("Animation and playback speed (Instant: no animation)")
-        self.speed_box.currentIndexChanged.connect(lambda i: self.set_speed(SPEEDS[i][1]))
-        timeline.addWidget(QLabel(" speed "))
-        timeline.addWidget(self.speed_box)
-
-    def _build_menus(self) -> None:
-        bar = self.menuBar()
-        file_menu = bar.addMenu("&File")
-        file_menu.addAction(
-            self._action("Open scenario…", self._open_dialog, QKeySequence.StandardKey.Open, "Open a scenario (TOML)")
-        )
-        self.recent_menu = file_menu.addMenu("Open recent")
-        file_menu.addAction(
-            self._action(
-                "Save scenario as…",
-                self._save_dialog,
-                QKeySequence.StandardKey.SaveAs,
-                "Save the scenario, with your own actions, as TOML",
-            )
-        )
-        file_menu.addSeparator()
-        file_menu.addAction(
-            self._action("Export screenshot…", self._screenshot_dialog, "Ctrl+Shift+P", "Save a PNG of the window")
-        )
-        file_menu.addAction(
-            self._action(
-                "Export event log…", self._events_dialog, "Ctrl+Shift+E", "Save every event so far as JSON lines"
-            )
-        )
-        file_menu.addSeparator()
-        file_menu.addAction(self._action("Quit", self.close, QKeySequence.StandardKey.Quit, "Quit pagesim"))
-        seq_menu = bar.addMenu("&Sequence")
-        for action in (self.add_action, self.grow_action, self.grow_n_action, self.fork_action, self.free_action):
-            seq_menu.addAction(action)
-        play_menu = bar.addMenu("&Timeline")
-        for action in (self.play_action, self.back_action, self.forward_action, self.start_action, self.end_action):
-            play_menu.addAction(action)
-        view_menu = bar.addMenu("&View")
-        for name in THEMES:
-            view_menu.addAction(
-                self._action(
-                    f"{name.title()} theme",
-                    lambda _=False, n=name: self.apply_theme(n),
-                    tip=f"Switch to the {name} theme",
-                )
-            )
-        view_menu.addSeparator()
-        for action in (self.zoom_in_action, self.zoom_out_action, self.fit_action):
-            view_menu.addAction(action)
-        view_menu.addAction(
-            self._action(
-                "Reset layout",
-                lambda: self.restoreState(self._default_state, LAYOUT_VERSION),
-                tip="Put every panel back where it started",
-            )
-        )
-        view_menu.addSeparator()
-        for dock in (self.sequences_dock, self.kernel_dock, self.memory_dock, self.waste_dock, self.guide_dock):
-            view_menu.addAction(dock.toggleViewAction())
-        help_menu = bar.addMenu("&Help")
-        help_menu.addAction(
-            self._action(
-                "Guide",
-                self._show_guide,
-                QKeySequence.StandardKey.HelpContents,
-                "What every element means, in vLLM's words",
-            )
-        )
-        self._rebuild_recent()
-
     # -- scenario --------------------------------------------------------------------
+    @property
+    def selected_seq(self) -> str | None:
+        return self.selection.current
+
     def load(self, scenario: Scenario) -> None:
         self.colours.reset()
-        self.selected_seq = None
+        self.selection.reset()
         self.frame = None
         self.controller.load(scenario)
         if Path(scenario.source).exists():
-            self._remember(scenario.source)
+            self.actions.remember(scenario.source)
 
     def open_scenario(self, path: str) -> bool:
         try:
@@ -342,7 +170,7 @@ class MainWindow(QMainWindow):
         # The worker's timeline is the truth; the frame's steps mirror it.
         scenario = self._current_scenario()
         Path(path).write_text(scenario.to_toml(), encoding="utf-8")
-        self._remember(path)
+        self.actions.remember(path)
         self.statusBar().showMessage(f"saved {path}", 6000)
 
     def _current_scenario(self) -> Scenario:
@@ -352,23 +180,7 @@ class MainWindow(QMainWindow):
     def operations(self):
         return self.frame.operations if self.frame is not None else ()
 
-    def _remember(self, path: str) -> None:
-        path = str(Path(path).resolve())
-        recent = [p for p in self._recent() if p != path]
-        self.settings.setValue("recent", [path, *recent][:MAX_RECENT])
-        self._rebuild_recent()
-
-    def _recent(self) -> list[str]:
-        value = self.settings.value("recent", [])
-        return [value] if isinstance(value, str) else list(value or [])
-
-    def _rebuild_recent(self) -> None:
-        self.recent_menu.clear()
-        for path in self._recent():
-            self.recent_menu.addAction(Path(path).name, lambda p=path: self.open_scenario(p)).setToolTip(path)
-        self.recent_menu.setEnabled(bool(self._recent()))
-
-    def _open_dialog(self) -> None:
+    def open_dialog(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Open scenario", "", "Scenarios (*.toml)")
         if path:
             self.open_scenario(path)
@@ -378,7 +190,7 @@ class MainWindow(QMainWindow):
         if path:
             then(path)
 
-    def _save_dialog(self) -> None:
+    def save_dialog(self) -> None:
         self._save_to("Save scenario", "scenario.toml", "Scenarios (*.toml)", self.save_scenario)
 
     def save_screenshot(self, path: str) -> bool:
@@ -386,13 +198,13 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"saved {path}" if ok else f"could not write {path}", 6000)
         return ok
 
-    def _screenshot_dialog(self) -> None:
+    def screenshot_dialog(self) -> None:
         self._save_to("Export screenshot", "pagesim.png", "PNG (*.png)", self.save_screenshot)
 
-    def _events_dialog(self) -> None:
+    def events_dialog(self) -> None:
         self._save_to("Export event log", "events.jsonl", "JSON lines (*.jsonl)", self.controller.export_events)
 
-    def _show_guide(self) -> None:
+    def show_guide(self) -> None:
         self.guide_dock.show()
         self.guide_dock.raise_()
 
@@ -403,17 +215,13 @@ class MainWindow(QMainWindow):
         return self.selected_seq
 
     def _new_name(self) -> str:
-        live = {s.seq_id for s in self.frame.sequences} if self.frame else set()
-        n = 1
-        while f"s{n}" in live:
-            n += 1
-        return f"s{n}"
+        return new_sequence_name(s.seq_id for s in self.frame.sequences) if self.frame else new_sequence_name(())
 
     def add_sequence(self) -> None:
-        self.settings.setValue("prompt_len", self.prompt_spin.value())
+        self.settings.setValue("prompt_len", self.actions.prompt_spin.value())
         name = self._new_name()
-        self._pending_select = name
-        self.controller.apply(Add(name, self.prompt_spin.value()))
+        self.selection.expect(name)
+        self.controller.apply(Add(name, self.actions.prompt_spin.value()))
 
     def grow_selected(self, tokens: int) -> None:
         if seq := self._need_selection("grow"):
@@ -433,9 +241,9 @@ class MainWindow(QMainWindow):
 
     def select_sequence(self, seq_id: str | None) -> None:
         seq_id = seq_id or None
-        if seq_id == self.selected_seq:
+        if seq_id == self.selection.current:
             return
-        self.selected_seq = seq_id
+        self.selection.current = seq_id
         self.sequence_view.select(seq_id)  # echoes back here, and stops at the check above
         if self.frame is not None:
             self.pool_view.show_frame(self.frame, seq_id)
@@ -444,17 +252,15 @@ class MainWindow(QMainWindow):
     def _block_clicked(self, block: int) -> None:
         holders = self.frame.holders.get(block, ()) if self.frame else ()
         if holders:
-            # Clicking a shared block cycles through its holders.
-            seqs = [seq for seq, _ in holders]
-            nxt = seqs[(seqs.index(self.selected_seq) + 1) % len(seqs)] if self.selected_seq in seqs else seqs[0]
-            self.select_sequence(nxt)
+            self.select_sequence(self.selection.next_holder(holders))
         else:
             self.statusBar().showMessage(f"block {block} is free", 4000)
 
     def _sequence_menu(self, seq_id: str, global_pos) -> None:
         self.select_sequence(seq_id)
         menu = QMenu(self)
-        for action in (self.grow_action, self.grow_n_action, self.fork_action, self.free_action):
+        a = self.actions
+        for action in (a.grow_action, a.grow_n_action, a.fork_action, a.free_action):
             menu.addAction(action)
         menu.popup(global_pos)
 
@@ -475,8 +281,8 @@ class MainWindow(QMainWindow):
     def set_speed(self, speed: float) -> None:
         self.speed = speed
         index = next((i for i, (_, s) in enumerate(SPEEDS) if s == speed), 3)
-        if self.speed_box.currentIndex() != index:
-            self.speed_box.setCurrentIndex(index)
+        if self.actions.speed_box.currentIndex() != index:
+            self.actions.speed_box.setCurrentIndex(index)
         self.settings.setValue("speed", speed)
         self.controller.set_step_interval(int(BASE_STEP_MS / speed) if speed > 0 else INSTANT_STEP_MS)
         if speed <= 0:
@@ -498,9 +304,9 @@ class MainWindow(QMainWindow):
         self.kernel_panel.set_backend(name, device)
 
     def _on_playing(self, playing: bool) -> None:
-        self.play_action.setText("Pause" if playing else "Play")
+        self.actions.play_action.setText("Pause" if playing else "Play")
         icon = QStyle.StandardPixmap.SP_MediaPause if playing else QStyle.StandardPixmap.SP_MediaPlay
-        self.play_action.setIcon(self.style().standardIcon(icon))
+        self.actions.play_action.setIcon(self.style().standardIcon(icon))
 
     def _on_frame(self, frame: Frame) -> None:
         first = self.frame is None
@@ -510,13 +316,7 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(
                 f"{frame.scenario_name}: {frame.length} steps · Space plays, → steps, A adds a sequence", 10_000
             )
-        live = {s.seq_id for s in frame.sequences}
-        pending = self._pending_select
-        if pending in live:
-            self.selected_seq = pending
-        self._pending_select = None
-        if self.selected_seq not in live:
-            self.selected_seq = frame.focus.seq_id if frame.focus else (frame.sequences[0].seq_id if live else None)
+        self.selection.reconcile(frame)
         self.sequence_view.show_frame(frame)
         self.sequence_view.select(self.selected_seq)
         self.pool_view.show_frame(frame, self.selected_seq)
@@ -550,20 +350,20 @@ class MainWindow(QMainWindow):
 
     def _sync_timeline(self, frame: Frame) -> None:
         self._syncing = True
-        self.scrubber.setMaximum(frame.length)
-        self.scrubber.setValue(frame.position)
+        self.actions.scrubber.setMaximum(frame.length)
+        self.actions.scrubber.setValue(frame.position)
         self._syncing = False
         attention = frame.attention
         check = ""
         if attention is not None:
             check = " · ✓ kernel = dense" if attention.passed else " · ✗ kernel ≠ dense"
-        self.step_label.setText(f"step {frame.position} / {frame.length} · {frame.label}{check}")
-        self.back_action.setEnabled(frame.position > 0)
-        self.start_action.setEnabled(frame.position > 0)
-        self.forward_action.setEnabled(frame.position < frame.length)
-        self.end_action.setEnabled(frame.position < frame.length)
+        self.actions.step_label.setText(f"step {frame.position} / {frame.length} · {frame.label}{check}")
+        self.actions.back_action.setEnabled(frame.position > 0)
+        self.actions.start_action.setEnabled(frame.position > 0)
+        self.actions.forward_action.setEnabled(frame.position < frame.length)
+        self.actions.end_action.setEnabled(frame.position < frame.length)
 
-    def _scrubbed(self, value: int) -> None:
+    def scrubbed(self, value: int) -> None:
         if not self._syncing and self.frame is not None and value != self.frame.position:
             self.controller.seek(value)
 

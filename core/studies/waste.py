@@ -228,3 +228,32 @@ def simulate(
 
 def compare(workload: list[RequestSpec], pool_slots: int, **kw) -> list[WasteReport]:
     return [simulate(a, workload, pool_slots, **kw) for a in ALLOCATORS]
+
+
+@dataclass(frozen=True)
+class AllocatorShares:
+    """One allocator's split of the pool (shares by category, they sum to 1)."""
+
+    allocator: str
+    shares: dict[str, float]
+    peak_batch: int
+
+
+@dataclass(frozen=True)
+class WasteStudy:
+    """Where KV memory goes for a seeded workload on one pool: paging against the contiguous
+    allocators, as the app's Waste tab shows it."""
+
+    distribution: str
+    count: int
+    slots: int
+    allocators: tuple[AllocatorShares, ...]
+
+
+def study(distribution: str, count: int, slots: int, block_size: int, max_len: int) -> WasteStudy:
+    from core.studies.workload import generate
+
+    workload = generate(distribution, count, rate=2000.0, seed=0, max_len=max_len)
+    reports = compare(workload, slots, block_size=block_size, max_len=max_len)
+    rows = tuple(AllocatorShares(r.allocator, dict(r.shares), r.peak_batch) for r in reports)
+    return WasteStudy(distribution, count, slots, rows)

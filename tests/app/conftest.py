@@ -1,6 +1,7 @@
 from pathlib import Path
 
 import pytest
+import shiboken6
 from PySide6.QtCore import QSettings
 
 from app.gui.animation import LIVE_ANIMATIONS
@@ -52,9 +53,13 @@ def nothing_left_running(request):
     yield
     if "qtbot" not in request.fixturenames:
         return
-    running = [t.objectName() for t in list(LIVE_THREADS) if t.isRunning()]
-    running += [t.objectName() for t in list(LIVE_TIMERS) if t.isActive()]
-    running += ["animation" for a in list(LIVE_ANIMATIONS) if a.state() == a.State.Running]
+    # An object whose C++ side Qt already deleted cannot be running (its wrapper may outlive it).
+    threads, timers, animations = (
+        [o for o in list(s) if shiboken6.isValid(o)] for s in (LIVE_THREADS, LIVE_TIMERS, LIVE_ANIMATIONS)
+    )
+    running = [t.objectName() for t in threads if t.isRunning()]
+    running += [t.objectName() for t in timers if t.isActive()]
+    running += ["animation" for a in animations if a.state() == a.State.Running]
     assert not running, f"left running after the test: {running}"
 
 

@@ -43,7 +43,7 @@ def test_opens_on_the_default_scenario_and_names_the_backend(window):
 
 
 def test_step_forward_button_fills_the_pool_as_the_model_says(window, qtbot):
-    button(window, window.forward_action).click()
+    button(window, window.actions.forward_action).click()
     frame = wait_idle(qtbot, window)
     assert frame.position == 1 and frame.sequence("A").block_table == (0, 1)
     items = window.pool_view.items
@@ -54,8 +54,8 @@ def test_step_forward_button_fills_the_pool_as_the_model_says(window, qtbot):
 
 
 def test_add_grow_fork_free_through_the_widgets(window, qtbot):
-    window.prompt_spin.setValue(9)
-    button(window, window.add_action).click()
+    window.actions.prompt_spin.setValue(9)
+    button(window, window.actions.add_action).click()
     frame = wait_idle(qtbot, window)
     assert frame.sequence("s1").num_tokens == 9 and len(frame.sequence("s1").block_table) == 3
     assert window.selected_seq == "s1"
@@ -65,12 +65,12 @@ def test_add_grow_fork_free_through_the_widgets(window, qtbot):
     frame = wait_idle(qtbot, window)
     assert frame.sequence("s1").num_tokens == 10
 
-    window.grow_spin.setValue(3)
+    window.actions.grow_spin.setValue(3)
     qtbot.keyClick(window, Qt.Key.Key_G, Qt.KeyboardModifier.ShiftModifier)
     frame = wait_idle(qtbot, window)
     assert frame.sequence("s1").num_tokens == 13
 
-    button(window, window.fork_action).click()
+    button(window, window.actions.fork_action).click()
     frame = wait_idle(qtbot, window)
     child = frame.sequence("s2")
     assert child.block_table == frame.sequence("s1").block_table
@@ -102,12 +102,12 @@ def test_step_back_restores_the_earlier_picture(window, qtbot):
 
 
 def test_scrubber_and_end_seek(window, qtbot):
-    window.scrubber.setValue(9)
+    window.actions.scrubber.setValue(9)
     assert wait_idle(qtbot, window).position == 9
-    button(window, window.end_action).click()
+    button(window, window.actions.end_action).click()
     assert wait_idle(qtbot, window).position == 17
-    assert not window.forward_action.isEnabled()
-    button(window, window.start_action).click()
+    assert not window.actions.forward_action.isEnabled()
+    button(window, window.actions.start_action).click()
     frame = wait_idle(qtbot, window)
     assert frame.position == 0 and not frame.sequences
     assert all(item.ref_count == 0 for item in window.pool_view.items)
@@ -115,10 +115,10 @@ def test_scrubber_and_end_seek(window, qtbot):
 
 def test_play_advances_and_pause_stops(window, qtbot):
     qtbot.keyClick(window, Qt.Key.Key_Space)
-    assert window.controller.playing and window.play_action.text() == "Pause"
+    assert window.controller.playing and window.actions.play_action.text() == "Pause"
     qtbot.waitUntil(lambda: window.frame.position >= 3, timeout=10_000)
-    button(window, window.play_action).click()
-    assert not window.controller.playing and window.play_action.text() == "Play"
+    button(window, window.actions.play_action).click()
+    assert not window.controller.playing and window.actions.play_action.text() == "Play"
     wait_idle(qtbot, window)
     stopped_at = window.frame.position
     with qtbot.assertNotEmitted(window.controller.frameChanged, wait=400):
@@ -135,26 +135,26 @@ def test_play_stops_by_itself_at_the_end(make_window, qtbot):
 
 def test_errors_are_shown_and_change_nothing(window, qtbot):
     window.sequence_view.select(None)
-    window.selected_seq = None
+    window.selection.current = None
     before = window.frame
-    button(window, window.grow_action).click()
+    button(window, window.actions.grow_action).click()
     assert "select a sequence to grow" in window.statusBar().currentMessage()
     assert window.controller.pending == 0 and window.frame is before
 
-    window.prompt_spin.setValue(1000)
+    window.actions.prompt_spin.setValue(1000)
     with qtbot.waitSignal(window.controller.errorRaised, timeout=10_000):
-        button(window, window.add_action).click()
+        button(window, window.actions.add_action).click()
     wait_idle(qtbot, window)
     assert "pool exhausted" in window.statusBar().currentMessage()
     assert window.frame is before and pool_state(window) == [(0, 0, ())] * 24
 
-    assert not window.back_action.isEnabled()
+    assert not window.actions.back_action.isEnabled()
     window.controller.back()
     assert "at the start" in window.statusBar().currentMessage()
 
 
 def test_kernel_panel_shows_the_match(window, qtbot):
-    window.scrubber.setValue(7)
+    window.actions.scrubber.setValue(7)
     frame = wait_idle(qtbot, window)
     focus = frame.focus
     assert focus is not None and focus.seq_id == window.selected_seq
@@ -170,7 +170,7 @@ def test_kernel_panel_shows_the_match(window, qtbot):
 
 
 def test_selecting_a_sequence_highlights_its_blocks_and_focuses_the_kernel(window, qtbot):
-    window.scrubber.setValue(6)
+    window.actions.scrubber.setValue(6)
     wait_idle(qtbot, window)
     window.sequence_view.select("B")
     frame = wait_idle(qtbot, window)
@@ -180,7 +180,7 @@ def test_selecting_a_sequence_highlights_its_blocks_and_focuses_the_kernel(windo
 
 
 def test_clicking_a_block_selects_its_sequence(window, qtbot):
-    window.scrubber.setValue(2)
+    window.actions.scrubber.setValue(2)
     wait_idle(qtbot, window)
     view = window.pool_view
     block = window.frame.sequence("B").block_table[0]
@@ -203,7 +203,7 @@ def test_every_shipped_scenario_plays_to_the_end(make_window, qtbot, name):
 
 def test_animations_follow_events_and_never_touch_the_model(make_window, qtbot):
     window = make_window(speed=4.0)
-    window.scrubber.setValue(6)
+    window.actions.scrubber.setValue(6)
     wait_idle(qtbot, window)
     qtbot.keyClick(window, Qt.Key.Key_Right)  # step 7: copy-on-write for A2
     frame = wait_idle(qtbot, window)
@@ -219,7 +219,7 @@ def test_animations_follow_events_and_never_touch_the_model(make_window, qtbot):
 
 
 def test_lookup_beats_follow_the_kernels_access_order(window, qtbot):
-    window.scrubber.setValue(5)
+    window.actions.scrubber.setValue(5)
     wait_idle(qtbot, window)
     qtbot.keyClick(window, Qt.Key.Key_Right)
     frame = wait_idle(qtbot, window)
@@ -232,20 +232,20 @@ def test_lookup_beats_follow_the_kernels_access_order(window, qtbot):
 def test_theme_speed_and_recent_files_persist(make_window, settings, qtbot, tmp_path):
     window = make_window()
     window.apply_theme("light")
-    window.speed_box.setCurrentIndex(4)
+    window.actions.speed_box.setCurrentIndex(4)
     path = tmp_path / "mine.toml"
     window.save_scenario(str(path))
     window.close()
     settings.sync()
     again = make_window(speed=None)
     assert again.theme.name == "light" and again.speed == 2.0
-    assert str(path.resolve()) in again._recent()
+    assert str(path.resolve()) in again.actions.recent()
 
 
 def test_save_and_open_keep_the_users_own_actions(window, qtbot, tmp_path):
-    window.scrubber.setValue(3)
+    window.actions.scrubber.setValue(3)
     wait_idle(qtbot, window)
-    window.prompt_spin.setValue(5)
+    window.actions.prompt_spin.setValue(5)
     window.add_sequence()
     wait_idle(qtbot, window)
     path = tmp_path / "branch.toml"
@@ -263,7 +263,7 @@ def test_opening_a_malformed_scenario_reports_it(window, tmp_path):
 
 
 def test_export_event_log(window, qtbot, tmp_path):
-    window.scrubber.setValue(7)
+    window.actions.scrubber.setValue(7)
     wait_idle(qtbot, window)
     path = tmp_path / "events.jsonl"
     with qtbot.waitSignal(window.controller.exported, timeout=10_000):
@@ -291,8 +291,10 @@ def test_waste_panel_compares_allocators_off_the_gui_thread(window, qtbot):
     with qtbot.waitSignal(window.controller.wasteReady, timeout=30_000) as blocker:
         window.waste_panel.run_button.click()
     wait_idle(qtbot, window)
-    reports = blocker.args[0]["reports"]
-    assert [r["allocator"] for r in reports] == ["paged", "orca-oracle", "orca-pow2", "orca-max"]
+    study = blocker.args[0]
+    assert [r.allocator for r in study.allocators] == ["paged", "orca-oracle", "orca-pow2", "orca-max"]
+    with pytest.raises(AttributeError):  # a frozen record, not a dict to write into
+        study.count = 1
     tops = sum(bar.opts["height"] for bar in window.waste_panel.bars)
     np.testing.assert_allclose(tops, 100.0, atol=1e-6)  # each stack is the whole pool
     assert "token states" in window.waste_panel.summary.text()
@@ -300,7 +302,7 @@ def test_waste_panel_compares_allocators_off_the_gui_thread(window, qtbot):
 
 def test_scheduler_scenarios_show_their_queues(make_window, qtbot):
     window = make_window("preemption_swap")
-    window.scrubber.setValue(20)
+    window.actions.scrubber.setValue(20)
     frame = wait_idle(qtbot, window)
     assert frame.queues is not None and frame.scheduler_counts["preemptions"] >= 1
     assert "scheduler" in window.memory_panel.summary.text()

@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
 
 from app.gui.palette import Theme
 from core.studies.waste import CATEGORY_LABELS as WASTE_LABELS
+from core.studies.waste import WasteStudy
 from core.studies.workload import DISTRIBUTIONS
 from core.view_model import Frame
 
@@ -374,26 +375,26 @@ class WastePanel(QWidget):
         keys = " · ".join(_key(WASTE_COLOURS[c], "■ " + WASTE_LABELS[c]) for c in WASTE_COLOURS)
         _style_plot(self.plot, theme, f"KV pool under load: {keys}", "% of the pool", "", grid=False)
 
-    def show_result(self, result: dict) -> None:
+    def show_result(self, result: WasteStudy) -> None:
         self.result = result
         for bar in self.bars:
             self.plot.removeItem(bar)
         self.bars = []
-        reports = result["reports"]
-        x = np.arange(len(reports))
-        bottom = np.zeros(len(reports))
+        rows = result.allocators
+        x = np.arange(len(rows))
+        bottom = np.zeros(len(rows))
         for category, colour in WASTE_COLOURS.items():
-            height = np.array([100 * r["shares"][category] for r in reports])
+            height = np.array([100 * r.shares[category] for r in rows])
             bar = pg.BarGraphItem(x=x, height=height, y0=bottom, width=0.6, brush=colour, pen=None)
             self.plot.addItem(bar)
             self.bars.append(bar)
             bottom = bottom + height
-        self.plot.getAxis("bottom").setTicks([[(i, r["allocator"]) for i, r in enumerate(reports)]])
+        self.plot.getAxis("bottom").setTicks([[(i, r.allocator) for i, r in enumerate(rows)]])
         self.plot.setYRange(0, 100, padding=0.02)
-        self.plot.setXRange(-0.6, len(reports) - 0.4, padding=0)
-        tokens = ", ".join(f"{r['allocator']} {r['shares']['token_states']:.0%}" for r in reports)
+        self.plot.setXRange(-0.6, len(rows) - 0.4, padding=0)
+        tokens = ", ".join(f"{r.allocator} {r.shares['token_states']:.0%}" for r in rows)
         self.summary.setText(
-            f"{result['count']} {result['distribution']}-like requests on a pool of {result['slots']} slots: "
+            f"{result.count} {result.distribution}-like requests on a pool of {result.slots} slots: "
             f"share of the pool holding token states — {tokens}. Peak batch: "
-            + ", ".join(f"{r['allocator']} {r['peak_batch']}" for r in reports)
+            + ", ".join(f"{r.allocator} {r.peak_batch}" for r in rows)
         )

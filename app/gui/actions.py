@@ -1,0 +1,215 @@
+"""The main window's actions, toolbars and menus, and its list of recent files.
+
+The window keeps the layout and its reactions to frames; what each action does is a
+window or controller method, named here, so the keyboard map and the menus can be read
+in one place.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import QComboBox, QLabel, QSlider, QSpinBox, QStyle, QToolBar
+
+from app.gui.palette import THEMES
+
+SPEEDS = [("Instant", 0.0), ("0.25×", 0.25), ("0.5×", 0.5), ("1×", 1.0), ("2×", 2.0), ("4×", 4.0)]
+MAX_RECENT = 8
+LAYOUT_VERSION = 2  # bump when docks change: an older saved layout is then ignored
+
+
+class WindowActions:
+    def __init__(self, window) -> None:
+        self.window = window
+        self._build_actions()
+        self._build_toolbars()
+        self._build_menus()
+
+    def _action(self, text: str, slot, shortcut=None, tip: str = "") -> QAction:
+        w = self.window
+        action = QAction(text, w)
+        if shortcut is not None:
+            action.setShortcut(QKeySequence(shortcut))
+        action.setToolTip(f"{tip} ({action.shortcut().toString()})" if shortcut else tip)
+        action.setStatusTip(tip)
+        action.triggered.connect(slot)
+        w.addAction(action)
+        return action
+
+    def _build_actions(self) -> None:
+        w = self.window
+        a = self._action
+        self.add_action = a("Add", w.add_sequence, "A", "Add a sequence with a prompt of the given length")
+        self.grow_action = a("Grow +1", lambda: w.grow_selected(1), "G", "Decode one token for the selected sequence")
+        self.grow_n_action = a(
+            "Grow +N",
+            lambda: w.grow_selected(self.grow_spin.value()),
+            "Shift+G",
+            "Decode N tokens for the selected sequence",
+        )
+        self.fork_action = a("Fork", w.fork_selected, "F", "Fork the selected sequence: share all its blocks")
+        self.free_action = a("Free", w.free_selected, Qt.Key.Key_Delete, "Free the selected sequence's blocks")
+        self.start_action = a("Start", lambda: w.controller.seek(0), Qt.Key.Key_Home, "Go to the start")
+        self.back_action = a("Back", w.controller.back, Qt.Key.Key_Left, "Step back")
+        self.play_action = a("Play", w.controller.toggle_play, Qt.Key.Key_Space, "Play / pause the scenario")
+        self.forward_action = a("Forward", w.controller.forward, Qt.Key.Key_Right, "Step forward")
+        self.end_action = a("End", w.seek_end, Qt.Key.Key_End, "Go to the last step")
+        icons = {
+            self.start_action: QStyle.StandardPixmap.SP_MediaSkipBackward,
+            self.back_action: QStyle.StandardPixmap.SP_MediaSeekBackward,
+            self.play_action: QStyle.StandardPixmap.SP_MediaPlay,
+            self.forward_action: QStyle.StandardPixmap.SP_MediaSeekForward,
+            self.end_action: QStyle.StandardPixmap.SP_MediaSkipForward,
+        }
+        for action, icon in icons.items():
+            action.setIcon(w.style().standardIcon(icon))
+        self.zoom_in_action = a(
+            "Zoom in", lambda: w.pool_view.zoom(1.25), QKeySequence.StandardKey.ZoomIn, "Zoom the pool in"
+        )
+        self.zoom_out_action = a(
+            "Zoom out", lambda: w.pool_view.zoom(0.8), QKeySequence.StandardKey.ZoomOut, "Zoom the pool out"
+        )
+        self.fit_action = a("Fit pool", w.pool_view.fit, "Ctrl+0", "Fit the whole pool in view")
+
+    def _build_toolbars(self) -> None:
+        w = self.window
+        ops = QToolBar("Operations")
+        ops.setObjectName("operations")
+        w.addToolBar(ops)
+        self.prompt_spin = QSpinBox()
+        self.prompt_spin.setRange(1, 100_000)
+        self.prompt_spin.setValue(int(w.settings.value("prompt_len", 10)))
+        self.prompt_spin.setPrefix("prompt ")
+        self.prompt_spin.setToolTip("Prompt length (tokens) for Add")
+        self.grow_spin = QSpinBox()
+        self.grow_spin.setRange(1, 10_000)
+        self.grow_spin.setValue(4)
+        self.grow_spin.setPrefix("N = ")
+        self.grow_spin.setToolTip("Tokens decoded by Grow +N")
+        for widget in (
+            self.add_action,
+            self.prompt_spin,
+            None,
+            self.grow_action,
+            self.grow_n_action,
+            self.grow_spin,
+            None,
+            self.fork_action,
+            self.free_action,
+            None,
+            self.zoom_in_action,
+            self.zoom_out_action,
+            self.fit_action,
+        ):
+            if widget is None:
+                ops.addSeparator()
+            elif isinstance(widget, QAction):
+                ops.addAction(widget)
+            else:
+                ops.addWidget(widget)
+
+        timeline = QToolBar("Timeline")
+        timeline.setObjectName("timeline")
+        timeline.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        w.addToolBar(Qt.ToolBarArea.BottomToolBarArea, timeline)
+        for action in (self.start_action, self.back_action, self.play_action, self.forward_action, self.end_action):
+            timeline.addAction(action)
+        self.scrubber = QSlider(Qt.Orientation.Horizontal)
+        self.scrubber.setToolTip("Scrub through the scenario's steps; going back shows exactly the earlier state")
+        self.scrubber.setMinimumWidth(120)
+        self.scrubber.valueChanged.connect(w.scrubbed)
+        timeline.addWidget(self.scrubber)
+        self.step_label = QLabel("step 0 / 0")
+        timeline.addWidget(self.step_label)
+        self.speed_box = QComboBox()
+        for label, _ in SPEEDS:
+            self.speed_box.addItem(label)
+        self.speed_box.setToolTip("Animation and playback speed (Instant: no animation)")
+        self.speed_box.currentIndexChanged.connect(lambda i: w.set_speed(SPEEDS[i][1]))
+        timeline.addWidget(QLabel(" speed "))
+        timeline.addWidget(self.speed_box)
+
+    def _build_menus(self) -> None:
+        w = self.window
+        bar = w.menuBar()
+        file_menu = bar.addMenu("&File")
+        file_menu.addAction(
+            self._action("Open scenario…", w.open_dialog, QKeySequence.StandardKey.Open, "Open a scenario (TOML)")
+        )
+        self.recent_menu = file_menu.addMenu("Open recent")
+        file_menu.addAction(
+            self._action(
+                "Save scenario as…",
+                w.save_dialog,
+                QKeySequence.StandardKey.SaveAs,
+                "Save the scenario, with your own actions, as TOML",
+            )
+        )
+        file_menu.addSeparator()
+        file_menu.addAction(
+            self._action("Export screenshot…", w.screenshot_dialog, "Ctrl+Shift+P", "Save a PNG of the window")
+        )
+        file_menu.addAction(
+            self._action("Export event log…", w.events_dialog, "Ctrl+Shift+E", "Save every event so far as JSON lines")
+        )
+        file_menu.addSeparator()
+        file_menu.addAction(self._action("Quit", w.close, QKeySequence.StandardKey.Quit, "Quit pagesim"))
+        seq_menu = bar.addMenu("&Sequence")
+        for action in (self.add_action, self.grow_action, self.grow_n_action, self.fork_action, self.free_action):
+            seq_menu.addAction(action)
+        play_menu = bar.addMenu("&Timeline")
+        for action in (self.play_action, self.back_action, self.forward_action, self.start_action, self.end_action):
+            play_menu.addAction(action)
+        view_menu = bar.addMenu("&View")
+        for name in THEMES:
+            view_menu.addAction(
+                self._action(
+                    f"{name.title()} theme",
+                    lambda _=False, n=name: w.apply_theme(n),
+                    tip=f"Switch to the {name} theme",
+                )
+            )
+        view_menu.addSeparator()
+        for action in (self.zoom_in_action, self.zoom_out_action, self.fit_action):
+            view_menu.addAction(action)
+        view_menu.addAction(
+            self._action(
+                "Reset layout",
+                lambda: w.restoreState(w.default_state, LAYOUT_VERSION),
+                tip="Put every panel back where it started",
+            )
+        )
+        view_menu.addSeparator()
+        for dock in (w.sequences_dock, w.kernel_dock, w.memory_dock, w.waste_dock, w.guide_dock):
+            view_menu.addAction(dock.toggleViewAction())
+        help_menu = bar.addMenu("&Help")
+        help_menu.addAction(
+            self._action(
+                "Guide",
+                w.show_guide,
+                QKeySequence.StandardKey.HelpContents,
+                "What every element means, in vLLM's words",
+            )
+        )
+        self._rebuild_recent()
+
+    def remember(self, path: str) -> None:
+        w = self.window
+        path = str(Path(path).resolve())
+        recent = [p for p in self.recent() if p != path]
+        w.settings.setValue("recent", [path, *recent][:MAX_RECENT])
+        self._rebuild_recent()
+
+    def recent(self) -> list[str]:
+        w = self.window
+        value = w.settings.value("recent", [])
+        return [value] if isinstance(value, str) else list(value or [])
+
+    def _rebuild_recent(self) -> None:
+        w = self.window
+        self.recent_menu.clear()
+        for path in self.recent():
+            self.recent_menu.addAction(Path(path).name, lambda p=path: w.open_scenario(p)).setToolTip(path)
+        self.recent_menu.setEnabled(bool(self.recent()))

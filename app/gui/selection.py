@@ -1,0 +1,38 @@
+"""Which sequence the user is looking at, kept consistent with the frames that arrive."""
+
+from __future__ import annotations
+
+from core.view_model import Frame
+
+
+class Selection:
+    """The selected sequence. A sequence the user just added is selected as soon as a
+    frame shows it; a selection that disappears (freed, preempted) falls back to the
+    worker's focus, then to the first sequence."""
+
+    def __init__(self) -> None:
+        self.current: str | None = None
+        self._expected: str | None = None
+
+    def expect(self, seq_id: str) -> None:
+        """Select ``seq_id`` once a frame shows it (an operation that creates it is on its way)."""
+        self._expected = seq_id
+
+    def reset(self) -> None:
+        self.current = self._expected = None
+
+    def reconcile(self, frame: Frame) -> str | None:
+        live = {s.seq_id for s in frame.sequences}
+        if self._expected in live:
+            self.current = self._expected
+        self._expected = None
+        if self.current not in live:
+            self.current = frame.focus.seq_id if frame.focus else (frame.sequences[0].seq_id if live else None)
+        return self.current
+
+    def next_holder(self, holders: tuple[tuple[str, int], ...]) -> str | None:
+        """Clicking a shared block cycles through the sequences that hold it."""
+        seqs = [seq for seq, _ in holders]
+        if not seqs:
+            return None
+        return seqs[(seqs.index(self.current) + 1) % len(seqs)] if self.current in seqs else seqs[0]
