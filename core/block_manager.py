@@ -170,14 +170,18 @@ class BlockManager:
             self.events.emit(ev.BlockReleased(block, seq_id, ref_count))
 
     # -- prefix cache -----------------------------------------------------------------------
+    def _chunks(self, token_ids: list[int], start: int, stop: int):
+        """(index, token ids) of full logical blocks ``start`` … ``stop - 1``."""
+        bs = self.config.block_size
+        for index in range(start, stop):
+            yield index, tuple(token_ids[index * bs : (index + 1) * bs])
+
     def cached_prefix(self, token_ids: list[int]) -> list[tuple[int, int]]:
         """(block, hash) of the cached full blocks this prompt starts with. The block of the
         last prompt token is never reused: its query must be computed."""
-        bs = self.config.block_size
         hits: list[tuple[int, int]] = []
         parent = None
-        for i in range((len(token_ids) - 1) // bs):
-            chunk = tuple(token_ids[i * bs : (i + 1) * bs])
+        for _, chunk in self._chunks(token_ids, 0, (len(token_ids) - 1) // self.config.block_size):
             h = block_hash(parent, chunk)
             block = self.pool.cached_block(h, chunk)
             if block is None:
@@ -187,9 +191,8 @@ class BlockManager:
         return hits
 
     def _cache_full_blocks(self, seq: Sequence) -> None:
-        bs = self.config.block_size
-        for index in range(len(seq.block_hashes), seq.num_tokens // bs):
-            chunk = tuple(seq.token_ids[index * bs : (index + 1) * bs])
+        full = seq.num_tokens // self.config.block_size
+        for index, chunk in self._chunks(seq.token_ids, len(seq.block_hashes), full):
             h = block_hash(seq.block_hashes[-1] if seq.block_hashes else None, chunk)
             seq.block_hashes.append(h)
             block = seq.block_table[index]
@@ -357,8 +360,8 @@ class BlockManager:
                 self._hold(block, seq.seq_id, index)
             self._count_tokens(None, seq.num_tokens)
             if self.config.prefix_caching:
-                for index, h in enumerate(seq.block_hashes):
-                    chunk = tuple(seq.token_ids[index * bs : (index + 1) * bs])
+                chunks = self._chunks(seq.token_ids, 0, len(seq.block_hashes))
+                for (index, chunk), h in zip(chunks, seq.block_hashes, strict=True):
                     if self.pool.register(seq.block_table[index], h, chunk):
                         self.events.emit(ev.BlockCached(seq.block_table[index], seq.seq_id, h))
         return list(to_gpu.items())

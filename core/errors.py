@@ -35,7 +35,12 @@ class InvalidPlacementError(PagesimError):
 
 
 class InvalidOperationError(PagesimError):
-    """An operation whose own fields make no sense (e.g. zero tokens)."""
+    """An operation whose own fields make no sense (e.g. zero tokens). ``field`` names the
+    one at fault, in the scenario files' vocabulary (``tokens``, ``output``, ``as``, …)."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class ScenarioError(PagesimError):

@@ -8,17 +8,25 @@ from core.checks import is_count, is_int
 from core.errors import InvalidOperationError
 
 
+# Every operation checks its own fields, here and nowhere else: scenario files and the app
+# build operations and report these errors with the field they name.
 def _check_seq_id(seq_id: object, name: str = "seq") -> None:
     if not isinstance(seq_id, str) or not seq_id:
-        raise InvalidOperationError(f"{name} must be a non-empty sequence name; got {seq_id!r}")
+        raise InvalidOperationError(f"{name} must be a non-empty sequence name; got {seq_id!r}", name)
 
 
 def _check_token_ids(token_ids: tuple[int, ...], field: str) -> None:
     if not token_ids:
-        raise InvalidOperationError(f"{field} must hold at least one token id")
+        raise InvalidOperationError(f"{field} must hold at least one token id", field)
     if not all(is_int(token) for token in token_ids):
         bad = next(t for t in token_ids if not is_int(t))
-        raise InvalidOperationError(f"{field} must hold integer token ids; got {bad!r}")
+        raise InvalidOperationError(f"{field} must hold integer token ids; got {bad!r}", field)
+
+
+def _check_count(value, field: str, minimum: int = 1) -> None:
+    if not is_count(value, minimum):
+        kind = "a positive integer" if minimum == 1 else f"an integer ≥ {minimum}"
+        raise InvalidOperationError(f"{field} must be {kind}; got {value!r}", field)
 
 
 @dataclass(frozen=True)
@@ -34,9 +42,9 @@ class Add:
     def __post_init__(self) -> None:
         _check_seq_id(self.seq)
         if (self.num_tokens is None) == (self.prompt is None):
-            raise InvalidOperationError("add needs exactly one of tokens (a count) or prompt (token ids)")
-        if self.num_tokens is not None and not is_count(self.num_tokens):
-            raise InvalidOperationError(f"tokens must be a positive integer; got {self.num_tokens!r}")
+            raise InvalidOperationError("add needs exactly one of tokens (a count) or prompt (token ids)", "tokens")
+        if self.num_tokens is not None:
+            _check_count(self.num_tokens, "tokens")
         if self.prompt is not None:
             object.__setattr__(self, "prompt", tuple(self.prompt))
             _check_token_ids(self.prompt, "prompt")
@@ -54,20 +62,24 @@ class Add:
 
 @dataclass(frozen=True)
 class Grow:
-    """Decode ``num_tokens`` new tokens (synthetic) or the explicit ``token_ids``."""
+    """Decode ``num_tokens`` new tokens (synthetic; one if neither is given) or the
+    explicit ``token_ids``."""
 
     seq: str
-    num_tokens: int | None = 1
+    num_tokens: int | None = None
     token_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         _check_seq_id(self.seq)
         if self.token_ids is not None:
+            if self.num_tokens is not None:
+                raise InvalidOperationError("grow takes tokens (a count) or token_ids, not both", "tokens")
             object.__setattr__(self, "token_ids", tuple(self.token_ids))
             _check_token_ids(self.token_ids, "token_ids")
-            object.__setattr__(self, "num_tokens", None)
-        elif not is_count(self.num_tokens):
-            raise InvalidOperationError(f"tokens must be a positive integer; got {self.num_tokens!r}")
+            return
+        if self.num_tokens is None:
+            object.__setattr__(self, "num_tokens", 1)
+        _check_count(self.num_tokens, "tokens")
 
     @property
     def length(self) -> int:
@@ -103,11 +115,6 @@ class Free:
         return f"free {self.seq}"
 
 
-def _check_count(value, field: str, minimum: int = 1) -> None:
-    if not is_count(value, minimum):
-        raise InvalidOperationError(f"{field} must be an integer ≥ {minimum}; got {value!r}")
-
-
 @dataclass(frozen=True)
 class Submit:
     """A request for the scheduler: a prompt (``prompt_len`` synthetic tokens, the first
@@ -125,7 +132,7 @@ class Submit:
     def __post_init__(self) -> None:
         _check_seq_id(self.request, "request")
         if (self.prompt_len is None) == (self.prompt is None):
-            raise InvalidOperationError("submit needs exactly one of tokens (a count) or prompt (token ids)")
+            raise InvalidOperationError("submit needs exactly one of tokens (a count) or prompt (token ids)", "tokens")
         if self.prompt is not None:
             object.__setattr__(self, "prompt", tuple(self.prompt))
             _check_token_ids(self.prompt, "prompt")

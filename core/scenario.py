@@ -22,9 +22,9 @@ from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 
-from core.checks import is_count, is_int
+from core.checks import is_int
 from core.config import CacheConfig
-from core.errors import PagesimError, ScenarioError
+from core.errors import InvalidOperationError, PagesimError, ScenarioError
 from core.operations import Add, Fork, Free, Grow, Operation, Schedule, Submit
 
 HEADER_FIELDS = {f.name for f in fields(CacheConfig)}
@@ -101,13 +101,9 @@ def _int_list(value, source: str, step: int, field: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _positive_int(value, source: str, step: int, field: str) -> int:
-    if not is_count(value):
-        raise ScenarioError(source, f"must be a positive integer; got {value!r}", step, field)
-    return value
-
-
 def parse_step(raw: dict, source: str, step: int) -> Operation:
+    """One [[steps]] table as an operation. The TOML's shape (known fields, names, lists)
+    is checked here; what the values must be, by the operation itself."""
     if not isinstance(raw, dict):
         raise ScenarioError(source, "each [[steps]] entry must be a table", step)
     op = raw.get("op")
@@ -117,60 +113,43 @@ def parse_step(raw: dict, source: str, step: int) -> Operation:
     if unknown:
         allowed = ", ".join(sorted(STEP_FIELDS[op]))
         raise ScenarioError(source, f"unknown field for op {op!r} (allowed: {allowed})", step, unknown[0])
-    if op == "schedule":
-        return Schedule(_positive_int(raw.get("steps", 1), source, step, "steps"))
-    if op == "submit":
-        return _parse_submit(raw, source, step)
-    if "seq" not in raw:
-        raise ScenarioError(source, "missing", step, "seq")
-    seq = _seq_name(raw["seq"], source, step, "seq")
-    if op == "add":
-        if ("tokens" in raw) == ("prompt" in raw):
-            raise ScenarioError(source, "add needs exactly one of tokens (a count) or prompt (ids)", step, "tokens")
-        count = _positive_int(raw["tokens"], source, step, "tokens") if "tokens" in raw else None
-        prompt = _int_list(raw["prompt"], source, step, "prompt") if "prompt" in raw else None
-        if prompt is not None and not prompt:
-            raise ScenarioError(source, "must hold at least one token id", step, "prompt")
-        blocks = _int_list(raw["blocks"], source, step, "blocks") if "blocks" in raw else None
-        return Add(seq, count, prompt, blocks)
-    if op == "grow":
-        if "tokens" in raw and "token_ids" in raw:
-            raise ScenarioError(source, "grow takes tokens (a count) or token_ids, not both", step, "tokens")
-        if "token_ids" in raw:
-            ids = _int_list(raw["token_ids"], source, step, "token_ids")
-            if not ids:
-                raise ScenarioError(source, "must hold at least one token id", step, "token_ids")
-            return Grow(seq, None, ids)
-        return Grow(seq, _positive_int(raw.get("tokens", 1), source, step, "tokens"))
-    if op == "fork":
-        if "as" not in raw:
-            raise ScenarioError(source, "missing: the forked sequence's name", step, "as")
-        return Fork(seq, _seq_name(raw["as"], source, step, "as"))
-    return Free(seq)
+    required = {"schedule": (), "submit": ("request", "output"), "fork": ("seq", "as")}.get(op, ("seq",))
+    for name in required:
+        if name not in raw:
+            what = {
+                "as": "the forked sequence's name",
+                "request": "the request's name",
+                "output": "how many tokens to decode",
+            }
+            raise ScenarioError(source, f"missing: {what[name]}" if name in what else "missing", step, name)
 
+    def ids(name: str) -> tuple[int, ...] | None:
+        return _int_list(raw[name], source, step, name) if name in raw else None
 
-def _parse_submit(raw: dict, source: str, step: int) -> Submit:
-    if "request" not in raw:
-        raise ScenarioError(source, "missing: the request's name", step, "request")
-    request = _seq_name(raw["request"], source, step, "request")
-    if ("tokens" in raw) == ("prompt" in raw):
-        raise ScenarioError(source, "submit needs exactly one of tokens (a count) or prompt (ids)", step, "tokens")
-    if "output" not in raw:
-        raise ScenarioError(source, "missing: how many tokens to decode", step, "output")
-    output = _positive_int(raw["output"], source, step, "output")
-    count = _positive_int(raw["tokens"], source, step, "tokens") if "tokens" in raw else None
-    prompt = _int_list(raw["prompt"], source, step, "prompt") if "prompt" in raw else None
-    n = _positive_int(raw.get("n", 1), source, step, "n")
-    beam = raw.get("beam_width", 0)
-    if beam != 0:
-        beam = _positive_int(beam, source, step, "beam_width")
-    shared = raw.get("shared_prefix", 0)
-    if shared != 0:
-        shared = _positive_int(shared, source, step, "shared_prefix")
     try:
-        return Submit(request, output, count, prompt, n, beam, shared)
-    except PagesimError as exc:
-        raise ScenarioError(source, str(exc), step) from None
+        if op == "schedule":
+            return Schedule(raw.get("steps", 1))
+        if op == "submit":
+            request = _seq_name(raw["request"], source, step, "request")
+            return Submit(
+                request,
+                raw["output"],
+                raw.get("tokens"),
+                ids("prompt"),
+                raw.get("n", 1),
+                raw.get("beam_width", 0),
+                raw.get("shared_prefix", 0),
+            )
+        seq = _seq_name(raw["seq"], source, step, "seq")
+        if op == "add":
+            return Add(seq, raw.get("tokens"), ids("prompt"), ids("blocks"))
+        if op == "grow":
+            return Grow(seq, raw.get("tokens"), ids("token_ids"))
+        if op == "fork":
+            return Fork(seq, _seq_name(raw["as"], source, step, "as"))
+        return Free(seq)
+    except InvalidOperationError as exc:
+        raise ScenarioError(source, str(exc), step, exc.field) from None
 
 
 def parse_scenario(text: str, source: str = "<memory>") -> Scenario:
