@@ -118,6 +118,14 @@ class BlockManager:
         u.logical_tokens += (new or 0) - (old or 0)
         u.contiguous_blocks += (0 if new is None else res(new)) - (0 if old is None else res(old))
 
+    def _count_decoded(self, lengths_before: list[int]) -> None:
+        """Each of these sequences grew by one token (a decode step)."""
+        u, limit, res = self.usage, self.config.max_model_len, self.contiguous_reservation
+        u.logical_tokens += len(lengths_before)
+        for n in lengths_before:
+            if n + 1 > limit:  # past the reservation's length, the contiguous baseline grows too
+                u.contiguous_blocks += res(n + 1) - res(n)
+
     def _add_fill(self, block: int, tokens: int) -> None:
         self._fill[block] += tokens
         self.usage.slots_filled += tokens
@@ -275,6 +283,34 @@ class BlockManager:
                 self.events.emit(ev.TokenWritten(seq.seq_id, start + i, token_ids[i], slot // bs, slot % bs))
         if self.config.prefix_caching:
             self._cache_full_blocks(seq)
+        return Appended(slots, copies)
+
+    def append_decode(self, seqs: list[Sequence], tokens: list[int]) -> Appended:
+        """The batched form of :meth:`append_slots`: one new token for each sequence (a
+        decode step), with the same copy-on-write, block and hashing rules, in one pass.
+        The caller has checked :meth:`decode_blocks_needed` against the free pool."""
+        bs, refs, fill = self.config.block_size, self.pool._ref_counts, self._fill
+        emit = self.events.emit if self.events.enabled else None
+        caching = self.config.prefix_caching
+        slots: list[int] = []
+        copies: list[tuple[int, int]] = []
+        lengths = [len(seq.token_ids) for seq in seqs]
+        for seq, token, n in zip(seqs, tokens, lengths, strict=True):
+            offset = n % bs
+            if offset == 0:
+                self._new_block(seq)
+            elif refs[seq.block_table[-1]] > 1:
+                copies.append(self._copy_on_write(seq))
+            block = seq.block_table[-1]
+            seq.token_ids.append(token)
+            fill[block] += 1
+            slots.append(block * bs + offset)
+            if emit is not None:
+                emit(ev.TokenWritten(seq.seq_id, n, token, block, offset))
+            if caching and offset == bs - 1:
+                self._cache_full_blocks(seq)
+        self.usage.slots_filled += len(seqs)
+        self._count_decoded(lengths)
         return Appended(slots, copies)
 
     def _copy_on_write(self, seq: Sequence) -> tuple[int, int]:

@@ -11,3 +11,8 @@ def is_int(value: object) -> bool:
 def is_count(value: object, minimum: int = 1) -> bool:
     """An integer ≥ ``minimum``."""
     return is_int(value) and value >= minimum
+
+
+def all_ints(values) -> bool:
+    """Every value an integer (exact type: a bool is not a token id; the fast test for long lists)."""
+    return all(type(v) is int for v in values)

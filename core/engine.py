@@ -136,6 +136,13 @@ class Simulator:
         except KeyError:
             raise UnknownSequenceError(seq_id, list(self.sequences)) from None
 
+    def sequences_of(self, seq_ids: list[str]) -> list[Sequence]:
+        """Many live sequences at once (a decode batch)."""
+        try:
+            return [self.sequences[s] for s in seq_ids]
+        except KeyError as exc:
+            raise UnknownSequenceError(exc.args[0], list(self.sequences)) from None
+
     def swapped_sequence(self, seq_id: str) -> Sequence:
         return self.swapped[seq_id]
 
@@ -279,34 +286,38 @@ class Simulator:
         """One new token for each sequence at once (a decode step), validated as a whole.
         ``checked``: the caller has just compared the block manager's
         ``decode_blocks_needed`` with the free pool."""
-        seqs = [self.sequence(s) for s in seq_ids]
+        seqs = self.sequences_of(seq_ids)
         if not checked and (need := self.blocks.decode_blocks_needed(seqs)) > self.blocks.num_free:
             raise PoolExhaustedError(need, self.blocks.num_free, f"a decode step of {len(seqs)} sequences")
-        tokens = self.model.next_token_ids(seq_ids, [s.num_tokens for s in seqs])
-        self._append(seqs, [[t] for t in tokens])
+        starts = [len(s.token_ids) for s in seqs]
+        tokens = self.model.next_token_ids(seq_ids, starts)
+        done = self.blocks.append_decode(seqs, tokens)
+        if self.kv_data and seqs:
+            self._write_kv(seqs, starts, [[t] for t in tokens], done.slots, done.copies)
 
     def _append(self, seqs: list[Sequence], token_ids: list[list[int]], skip: int = 0) -> None:
-        """The one way tokens join sequences: block manager first (slots, copy-on-write),
-        then the K/V writes and the dense reference. Several sequences: a batched decode."""
+        """Tokens join a sequence: block manager first (slots, copy-on-write), then the K/V."""
         starts = [s.num_tokens for s in seqs]
         slots, copies = [], []
         for seq, ids in zip(seqs, token_ids, strict=True):
             done = self.blocks.append_slots(seq, ids, skip)
             slots += done.slots
             copies += done.copies
-        if not self.kv_data:
-            return
+        if self.kv_data:
+            self._write_kv(seqs, starts, token_ids, slots, copies, skip)
+
+    def _write_kv(self, seqs, starts, token_ids, slots, copies, skip: int = 0) -> None:
+        """The K/V side of an append: copy-on-write copies, then the new tokens' K/V into
+        their slots and into the dense reference (the first ``skip`` tokens of a single
+        sequence are prefix-cache hits, already in their blocks)."""
         for src, dst in copies:  # before the writes: the new token goes into the copy
             self.cache.copy_block(src, dst)
         flat = [t for ids in token_ids for t in ids]
         positions = np.concatenate([np.arange(n, n + len(ids)) for n, ids in zip(starts, token_ids, strict=True)])
         queries, keys, values = self.model.qkv(flat, positions)
         keys, values = keys.astype(self.cache.dtype), values.astype(self.cache.dtype)
-        written = np.ones(len(flat), bool)
-        if skip:
-            written[:skip] = False  # a single sequence's prefix-cache hits: already in their blocks
         if slots:
-            self.cache.write(np.array(slots, np.int64), keys[written], values[written])
+            self.cache.write(np.array(slots, np.int64), keys[skip:], values[skip:])
         offset = 0
         for seq, ids in zip(seqs, token_ids, strict=True):
             end = offset + len(ids)

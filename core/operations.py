@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.checks import is_count, is_int
+from core.checks import all_ints, is_count, is_int
 from core.errors import InvalidOperationError
 
 
@@ -18,7 +18,7 @@ def _check_seq_id(seq_id: object, name: str = "seq") -> None:
 def _check_token_ids(token_ids: tuple[int, ...], field: str) -> None:
     if not token_ids:
         raise InvalidOperationError(f"{field} must hold at least one token id", field)
-    if not all(is_int(token) for token in token_ids):
+    if not all_ints(token_ids):
         bad = next(t for t in token_ids if not is_int(t))
         raise InvalidOperationError(f"{field} must hold integer token ids; got {bad!r}", field)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 
-from core.checks import is_int
+from core.checks import all_ints, is_int
 from core.config import CacheConfig
 from core.errors import InvalidOperationError, PagesimError, ScenarioError
 from core.operations import Add, Fork, Free, Grow, Operation, Schedule, Submit
@@ -96,7 +96,7 @@ def _seq_name(value, source: str, step: int, field: str) -> str:
 
 
 def _int_list(value, source: str, step: int, field: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(is_int(v) for v in value):
+    if not isinstance(value, list) or not all_ints(value):
         raise ScenarioError(source, f"must be a list of integers; got {value!r}", step, field)
     return tuple(value)
 

@@ -48,6 +48,7 @@ class SequenceEngine(Protocol):
     sequence registry and the operations that change it, each emitting its events."""
 
     def sequence(self, seq_id: str) -> Sequence: ...
+    def sequences_of(self, seq_ids: list[str]) -> list[Sequence]: ...
     def is_taken(self, seq_id: str) -> bool: ...
     def add_owned(self, seq_id: str, prompt: tuple[int, ...], owner: str) -> None: ...
     def fork_owned(self, parent: str, child: str, owner: str) -> None: ...
@@ -280,7 +281,7 @@ class Scheduler:
             self._admit(state)
             running_seqs += len(state.seqs)
         # 3. Decode one token for every sequence that was running, preempting from the back.
-        decode_seqs = [engine.sequence(s) for s in decode_ids]
+        decode_seqs = engine.sequences_of(decode_ids)
         while decoding and blocks.decode_blocks_needed(decode_seqs) > blocks.num_free:
             if self.running == decoding[:1] and len(decoding) == 1:
                 # Alone and still short: preempting it would only bring it back to this point.
@@ -291,7 +292,7 @@ class Scheduler:
             if victim in decoding:
                 decoding.remove(victim)
             decode_ids = self._decode_seq_ids(decoding)
-            decode_seqs = [engine.sequence(s) for s in decode_ids]
+            decode_seqs = engine.sequences_of(decode_ids)
         if decoding:
             engine.decode(decode_ids, checked=True)
         for request in decoding:

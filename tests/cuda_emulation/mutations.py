@@ -86,16 +86,21 @@ def mutate(source: str, mutation: Mutation) -> str:
     return source.replace(mutation.before, mutation.after)
 
 
-def _asan_runtime() -> str:
+def asan_runtime() -> str | None:
+    """AddressSanitizer's runtime library, to preload into a Python that loads a sanitized build."""
     compiler = emulator.find_compiler()
-    return subprocess.run([compiler, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    if compiler is None:
+        return None
+    found = subprocess.run([compiler, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    return found if os.path.isabs(found) and os.path.exists(found) else None
 
 
 def run_subset(library, sanitize: bool) -> tuple[int, str]:
+    """Run ``sanitized_run`` on ``library`` in a fresh process: (exit status, its output)."""
     env = dict(os.environ)
     if sanitize:
         env |= {
-            "LD_PRELOAD": _asan_runtime(),
+            "LD_PRELOAD": asan_runtime() or "",
             "ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1",
             "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=0",
         }

@@ -143,13 +143,19 @@ def test_the_reference_bound_is_tight_enough_to_catch_one_zeroed_slot():
     assert (np.abs(moved - exact).max(axis=2) > tol).all()
 
 
+def _cache_on_device(be, seed, **shape):
+    """A case's caches on the (emulated) device, and host copies of them as they start."""
+    rng = np.random.default_rng(seed)
+    case = make_case(rng, **shape)
+    kc, vc = be.to_device(case.key_cache), be.to_device(case.value_cache)
+    return rng, case, kc, vc, be.to_numpy(kc).copy(), be.to_numpy(vc).copy()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_reshape_and_cache_writes_slots_and_skips_minus_one(emulated_backend, dtype):
-    rng = np.random.default_rng(7)
-    case = make_case(rng, context_lens=[5], block_size=4, num_heads=2, num_kv_heads=2, head_dim=24, dtype=dtype)
     be = emulated_backend
-    kc, vc = be.to_device(case.key_cache), be.to_device(case.value_cache)
-    before_k, before_v = be.to_numpy(kc).copy(), be.to_numpy(vc).copy()
+    shape = dict(context_lens=[5], block_size=4, num_heads=2, num_kv_heads=2, head_dim=24, dtype=dtype)
+    rng, case, kc, vc, before_k, before_v = _cache_on_device(be, 7, **shape)
     slots = np.array([9, -1, 0, 7], np.int64)
     keys = rng.standard_normal((4, 2, 24), dtype=np.float32).astype(case.key_cache.dtype)
     values = rng.standard_normal((4, 2, 24), dtype=np.float32).astype(case.key_cache.dtype)
@@ -165,11 +171,9 @@ def test_reshape_and_cache_writes_slots_and_skips_minus_one(emulated_backend, dt
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_copy_blocks_copies_whole_blocks_bit_for_bit(emulated_backend, dtype):
-    rng = np.random.default_rng(8)
-    case = make_case(rng, context_lens=[40], block_size=8, num_heads=2, num_kv_heads=1, head_dim=136, dtype=dtype)
     be = emulated_backend
-    kc, vc = be.to_device(case.key_cache), be.to_device(case.value_cache)
-    before_k, before_v = be.to_numpy(kc).copy(), be.to_numpy(vc).copy()
+    shape = dict(context_lens=[40], block_size=8, num_heads=2, num_kv_heads=1, head_dim=136, dtype=dtype)
+    _, _, kc, vc, before_k, before_v = _cache_on_device(be, 8, **shape)
     mapping = np.array([[0, 3], [2, 1], [5, 6]], np.int64)
     be.copy_blocks(kc, vc, mapping)
     expect_k, expect_v = before_k.copy(), before_v.copy()

@@ -4,10 +4,6 @@ instead of hanging. Also the sanitizer build of the real kernels."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -129,35 +125,13 @@ def test_zero_sized_grids_and_oversized_blocks_are_refused(probes):
         probes.get_function("probe::xor_lanes")((1,), (2048,), (out, np.int32(1)))
 
 
-def asan_runtime() -> str | None:
-    compiler = emulator.find_compiler()
-    if compiler is None:
-        return None
-    found = subprocess.run([compiler, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
-    return found if os.path.isabs(found) and os.path.exists(found) else None
-
-
 def test_sanitizer_build_finds_no_out_of_bounds_or_misaligned_access():
-    runtime = asan_runtime()
-    if runtime is None:
+    if mutations.asan_runtime() is None:
         pytest.skip("needs a C++20 compiler with AddressSanitizer's runtime (libasan)")
     names = emulator.backend_module_names(kinds=sanitized_run.KINDS, head_dims=sanitized_run.HEAD_DIMS)
-    library = emulator.build(names=names, sanitize=True)
-    env = {
-        **os.environ,
-        "LD_PRELOAD": runtime,
-        "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=0:halt_on_error=1",
-        "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.cuda_emulation.sanitized_run", str(library)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
-    assert f"{2 * len(SUBSET)} passed, 0 failed" in done.stdout
+    rc, output = mutations.run_subset(emulator.build(names=names, sanitize=True), sanitize=True)
+    assert rc == 0, output[-8000:]
+    assert f"{2 * len(SUBSET)} passed, 0 failed" in output
 
 
 @pytest.mark.parametrize(
