@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
-from app.options import add_backend_option, add_bench_options
+from app.options import add_backend_option, add_bench_options, writable_problem
 from app.report import TABLE_HEADER, dump_step, format_block_tables, format_config, format_step, write_json
 from core.errors import PagesimError
 from core.scenario import DEFAULT_SCENARIO, load_scenario, shipped_scenarios
@@ -15,6 +16,26 @@ from core.studies.workload import DISTRIBUTIONS
 from core.timeline import Timeline
 from kernels.backend import BackendUnavailableError
 from kernels.selection import available_backends, select_backend
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer; got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer; got {value}")
+    return value
+
+
+def _positive_rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number; got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive, finite number; got {text}")
+    return value
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -35,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a scenario headless and check the kernel against dense attention")
     run.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO, help="a .toml file or a shipped name")
     add_backend_option(run)
-    run.add_argument("--json", type=Path, metavar="REPORT", help="write a JSON report here")
+    run.add_argument("--json", type=Path, metavar="REPORT", help="write a JSON report here ('-': standard output)")
     run.add_argument("--dump", type=Path, metavar="DIR", help="write each step's kernel inputs/outputs as .npz")
     run.add_argument("--quiet", action="store_true", help="print only the summary line")
 
@@ -47,12 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
         "waste", help="where KV memory goes: paging against contiguous reservations (the vLLM paper's Fig. 2)"
     )
     waste.add_argument("--workload", choices=DISTRIBUTIONS, default="sharegpt")
-    waste.add_argument("--requests", type=int, default=1000)
-    waste.add_argument("--rate", type=float, default=2000.0, help="Poisson arrivals per second (high: under load)")
+    waste.add_argument("--requests", type=_positive_int, default=1000)
+    waste.add_argument(
+        "--rate", type=_positive_rate, default=2000.0, help="Poisson arrivals per second (high: under load)"
+    )
     waste.add_argument("--seed", type=int, default=0)
-    waste.add_argument("--slots", type=int, default=32768, help="KV-cache pool size in token slots")
-    waste.add_argument("--block-size", type=int, default=16)
-    waste.add_argument("--max-len", type=int, default=2048, help="the model's max length (Orca-Max reserves it)")
+    waste.add_argument("--slots", type=_positive_int, default=32768, help="KV-cache pool size in token slots")
+    waste.add_argument("--block-size", type=_positive_int, default=16)
+    waste.add_argument(
+        "--max-len", type=_positive_int, default=2048, help="the model's max length (Orca-Max reserves it)"
+    )
     waste.add_argument("--json", type=Path, metavar="PATH", help="write the breakdown here")
     waste.add_argument("--per-step", action="store_true", help="with --json: every step's split too")
 
@@ -70,9 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    for path, what, folder in ((args.json, "--json", False), (args.dump, "--dump", True)):
+        if path is not None and (reason := writable_problem(path, what, folder)):
+            print(f"error: {reason}", file=sys.stderr)
+            return 2
     backend = select_backend(args.backend, args.cuda_kernel)
     timeline = Timeline(load_scenario(args.scenario), backend)
-    say = (lambda *_: None) if args.quiet else print
+    out = sys.stderr if str(args.json) == "-" else sys.stdout  # the report owns stdout then
+    say = (lambda *_: None) if args.quiet else (lambda *a: print(*a, file=out))
     say(f"pagesim run · {timeline.scenario.name} ({timeline.scenario.source})")
     say(f"backend: {backend.name} · {backend.device}")
     say(f"cache: {format_config(timeline)}")
@@ -99,8 +129,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"kernel output shape {(len(last.seq_ids), c.num_heads, 1, c.head_dim)} "
             "(num_seqs, num_heads, 1, head_dim) as in the seed article"
         )
+    scheduler = timeline.sim.scheduler
+    stalled = scheduler.stalled() if scheduler.used and error is None else None
     if args.json:
-        write_json(args.json, timeline, results, error)
+        write_json(args.json, timeline, results, error, stalled)
     failed = [r.step for r in results if r.attention is not None and not r.attention.passed]
     worst = max((r.attention.max_abs_error for r in results if r.attention), default=0.0)
     if error:
@@ -109,7 +141,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if failed:
         print(f"FAIL: kernel and dense attention differ beyond tolerance at steps {failed}", file=sys.stderr)
         return 1
-    print(f"PASS: {len(results)} steps, kernel matches dense attention (max |err| {worst:.2e})")
+    if stalled:
+        print(f"STALLED: the scheduler can never finish its requests: {stalled}", file=sys.stderr)
+        return 3
+    print(f"PASS: {len(results)} steps, kernel matches dense attention (max |err| {worst:.2e})", file=out)
     return 0
 
 
@@ -127,6 +162,16 @@ def cmd_waste(args: argparse.Namespace) -> int:
     from core.studies.waste import CATEGORIES, CATEGORY_LABELS, compare
     from core.studies.workload import generate
 
+    if args.slots < args.max_len:
+        print(
+            f"error: --slots {args.slots} is smaller than --max-len {args.max_len}: a contiguous allocator that "
+            "reserves the max length could never place a request",
+            file=sys.stderr,
+        )
+        return 2
+    if args.json is not None and (reason := writable_problem(args.json, "--json")):
+        print(f"error: {reason}", file=sys.stderr)
+        return 2
     workload = generate(args.workload, args.requests, rate=args.rate, seed=args.seed, max_len=args.max_len)
     reports = compare(workload, args.slots, block_size=args.block_size, max_len=args.max_len, keep_steps=args.per_step)
     mean_in = sum(r.prompt_len for r in workload) / max(1, len(workload))

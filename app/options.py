@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 BACKEND_CHOICES = ["auto", "cpu", "cuda"]
@@ -28,3 +29,23 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
     add_backend_option(parser)
     parser.add_argument("--json", type=Path, metavar="PATH", default=Path("bench-results/bench.json"))
     parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (a smoke run)")
+
+
+def writable_problem(path: Path, what: str, folder: bool = False) -> str | None:
+    """Why ``path`` cannot be written (as a file, or a folder to write into), or None.
+    Checked before a run, so that a long run does not end in a traceback."""
+    if str(path) == "-" and not folder:
+        return None
+    if path.exists():
+        if folder != path.is_dir():
+            return f"{what} {path} is {'a file' if folder else 'a folder'}, not {'a folder' if folder else 'a file'}"
+        target = path if folder else path.parent
+    else:
+        target = path.parent
+    while not target.exists():
+        target = target.parent
+    if not target.is_dir():
+        return f"{what} {path} is under {target}, which is a file"
+    if not os.access(target, os.W_OK | os.X_OK):
+        return f"{what} {path}: {target} is not writable"
+    return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -70,8 +71,26 @@ def step_report(result: StepResult) -> dict:
     return out
 
 
-def write_json(path: Path, timeline: Timeline, results: list[StepResult], error: str | None) -> None:
+def scheduler_queues(timeline: Timeline) -> dict[str, list[str]]:
+    """The request names in each of the scheduler's queues."""
+    scheduler = timeline.sim.scheduler
+    finished = [r for r, state in scheduler.requests.items() if state.status == "finished"]
+    rejected = [r for r, state in scheduler.requests.items() if state.status == "rejected"]
+    return {
+        "waiting": list(scheduler.waiting),
+        "running": list(scheduler.running),
+        "swapped": list(scheduler.swapped),
+        "finished": finished,
+        "rejected": rejected,
+    }
+
+
+def write_json(
+    path: Path, timeline: Timeline, results: list[StepResult], error: str | None, stalled: str | None = None
+) -> None:
     steps = [step_report(r) for r in results]
+    if steps and timeline.sim.scheduler.used:
+        steps[-1]["scheduler"] = scheduler_queues(timeline)
     report = {
         "scenario": timeline.scenario.name,
         "source": timeline.scenario.source,
@@ -80,10 +99,15 @@ def write_json(path: Path, timeline: Timeline, results: list[StepResult], error:
         "device": timeline.sim.backend.device,
         "steps": steps,
         "error": error,
-        "passed": error is None and all(s["passed"] for s in steps),
+        "stalled": stalled,
+        "passed": error is None and stalled is None and all(s["passed"] for s in steps),
     }
+    text = json.dumps(report, indent=2, allow_nan=False) + "\n"
+    if str(path) == "-":
+        sys.stdout.write(text)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    path.write_text(text, encoding="utf-8")
 
 
 def _savable(array: np.ndarray) -> np.ndarray:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from core.checks import is_count, is_int
+from core.checks import is_count
 from kernels.backend import MAX_HEAD_DIM
 from kernels.dtypes import STORAGE_DTYPES, tolerance
 
@@ -35,32 +36,39 @@ class CacheConfig:
     swap_bandwidth_gbs: float = 25.0
 
     def __post_init__(self) -> None:
+        for name in ("num_blocks", "block_size", "num_heads", "num_kv_heads", "head_dim", "max_model_len"):
+            value = getattr(self, name)
+            if not is_count(value) and not (value is None and name in ("num_kv_heads", "max_model_len")):
+                raise ValueError(f"{name} must be a positive integer; got {value!r}")
         if self.num_kv_heads is None:
             object.__setattr__(self, "num_kv_heads", self.num_heads)
         if self.max_model_len is None:
             object.__setattr__(self, "max_model_len", min(DEFAULT_MAX_MODEL_LEN, self.num_blocks * self.block_size))
-        for name in ("num_blocks", "block_size", "num_heads", "num_kv_heads", "head_dim", "max_model_len"):
-            value = getattr(self, name)
-            if not is_count(value):
-                raise ValueError(f"{name} must be a positive integer; got {value!r}")
         if self.head_dim > MAX_HEAD_DIM:
             raise ValueError(f"head_dim must be ≤ {MAX_HEAD_DIM}; got {self.head_dim}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
         if self.dtype not in STORAGE_DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(STORAGE_DTYPES)}; got {self.dtype!r}")
-        if not is_int(self.seed):
-            raise ValueError(f"seed must be an integer; got {self.seed!r}")
+        if not is_count(self.seed, 0):
+            raise ValueError(f"seed must be a non-negative integer; got {self.seed!r}")
         if self.preemption not in ("recompute", "swap"):
             raise ValueError(f"preemption must be recompute or swap; got {self.preemption!r}")
         if not is_count(self.num_cpu_blocks, 0):
             raise ValueError(f"num_cpu_blocks must be a non-negative integer; got {self.num_cpu_blocks!r}")
-        if not isinstance(self.watermark, int | float) or not 0 <= self.watermark < 1:
+        if (
+            isinstance(self.watermark, bool)
+            or not isinstance(self.watermark, int | float)
+            or not 0 <= self.watermark < 1
+        ):
             raise ValueError(f"watermark must be a fraction in [0, 1); got {self.watermark!r}")
         if not is_count(self.max_num_seqs):
             raise ValueError(f"max_num_seqs must be a positive integer; got {self.max_num_seqs!r}")
-        if not isinstance(self.swap_bandwidth_gbs, int | float) or self.swap_bandwidth_gbs <= 0:
-            raise ValueError(f"swap_bandwidth_gbs must be positive; got {self.swap_bandwidth_gbs!r}")
+        bandwidth = self.swap_bandwidth_gbs
+        if isinstance(bandwidth, bool) or not isinstance(bandwidth, int | float) or not 0 < bandwidth < math.inf:
+            raise ValueError(f"swap_bandwidth_gbs must be a positive, finite number; got {bandwidth!r}")
+        if self.preemption == "swap" and self.num_cpu_blocks < 1:
+            raise ValueError("preemption = 'swap' needs num_cpu_blocks ≥ 1 (the CPU pool swapped blocks wait in)")
         if not isinstance(self.prefix_caching, bool):
             raise ValueError(f"prefix_caching must be true or false; got {self.prefix_caching!r}")
 

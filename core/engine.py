@@ -28,6 +28,7 @@ from core.errors import (
     DuplicateSequenceError,
     InvalidOperationError,
     InvalidPlacementError,
+    OutOfMemoryError,
     PoolExhaustedError,
     UnknownSequenceError,
 )
@@ -38,7 +39,8 @@ from core.operations import Add, Fork, Free, Grow, Operation, Schedule, Submit
 from core.scheduler import Scheduler, SchedulerSnapshot
 from core.sequence import Sequence
 from core.token_model import TokenModel, check_vocab
-from kernels.backend import Backend, default_scale
+from kernels.backend import Backend, default_scale, host_memory_available
+from kernels.dtypes import storage_dtype
 from kernels.selection import select_backend
 
 
@@ -99,6 +101,38 @@ class SimulatorSnapshot:
     scheduler: SchedulerSnapshot
 
 
+# What the bookkeeping costs per block (Python lists of ints and the free queue's links),
+# measured on CPython 3.11; generous, so that a refusal is never wrong by much.
+BOOKKEEPING_BYTES_PER_BLOCK = 160
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def check_memory(config: CacheConfig, backend: Backend, kv_data: bool) -> None:
+    """Refuse a configuration whose caches cannot fit, before allocating any of them."""
+    itemsize = storage_dtype(config.dtype).itemsize
+    per_block = 2 * config.block_size * config.num_kv_heads * config.head_dim * itemsize  # K and V
+    kv = config.num_blocks * per_block if kv_data else 0
+    host = (config.num_blocks + config.num_cpu_blocks) * BOOKKEEPING_BYTES_PER_BLOCK
+    host += config.num_cpu_blocks * per_block if kv_data else 0  # the swap space, on the host
+    where = backend.memory_available()
+    free_host = host_memory_available()
+    if where is not None and free_host is not None and where == free_host:  # the cache is on the host too
+        host += kv
+        kv = 0
+    if kv and where is not None and kv > where:
+        raise OutOfMemoryError(
+            f"the KV cache of {config.num_blocks} blocks needs {_gib(kv)} on {backend.device}; {_gib(where)} is free"
+        )
+    if free_host is not None and host > free_host:
+        raise OutOfMemoryError(
+            f"{config.num_blocks} GPU blocks and {config.num_cpu_blocks} CPU blocks need {_gib(host)} of host "
+            f"memory (the caches and their bookkeeping); {_gib(free_host)} is available"
+        )
+
+
 class Simulator:
     def __init__(self, config: CacheConfig, backend: Backend | None = None, kv_data: bool = True) -> None:
         """``kv_data=False`` simulates memory management only: token ids, blocks, tables and
@@ -107,6 +141,7 @@ class Simulator:
         self.config = config
         self.kv_data = kv_data
         self.backend = backend or select_backend("auto" if kv_data else "cpu")
+        check_memory(config, self.backend, kv_data)
         self.model = TokenModel(config)
         self.events = EventLog()
         self.blocks = BlockManager(config, self.events)
@@ -228,28 +263,45 @@ class Simulator:
 
     # The scheduler's side of the registry (core.scheduler.SequenceEngine).
     def add_owned(self, seq_id: str, prompt: tuple[int, ...], owner: str) -> None:
-        self._add(Add(seq_id, prompt=prompt), owner)
+        self._check_new_id(seq_id, by_user=False)
+        self._add_sequence(seq_id, list(prompt), None, owner)
 
     def fork_owned(self, parent: str, child: str, owner: str) -> None:
-        self._fork(Fork(parent, child), owner)
+        self._check_new_id(child, by_user=False)
+        self._fork_sequence(parent, child, owner)
 
     def free_owned(self, seq_id: str) -> None:
         self._free(Free(seq_id))
 
-    def _check_new_id(self, seq_id: str) -> None:
-        if seq_id in self.sequences:
+    def _check_new_id(self, seq_id: str, by_user: bool = True) -> None:
+        """A new name must be free: no live or swapped sequence holds it, and (for the
+        user's own) no waiting request of the scheduler will take it when admitted."""
+        if self.is_taken(seq_id):
             raise DuplicateSequenceError(seq_id)
+        if by_user and (request := self.scheduler.reserving(seq_id)) is not None:
+            raise DuplicateSequenceError(seq_id, f"request {request!r} will run a sequence of that name")
 
-    def _add(self, op: Add, owner: str | None = None) -> None:
+    def _add(self, op: Add) -> None:
         self._check_new_id(op.seq)
-        c, blocks = self.config, self.blocks
+        if op.prompt is None:
+            # Refuse what cannot fit before generating the prompt (a long one costs time and memory).
+            c, blocks = self.config, self.blocks
+            reusable = blocks.pool.num_used if c.prefix_caching else 0  # hits on held blocks take none
+            if c.blocks_for(op.num_tokens) > blocks.num_free + reusable:
+                need = c.blocks_for(op.num_tokens)
+                raise PoolExhaustedError(need, blocks.num_free, f"add {op.seq} ({op.num_tokens} tokens)")
         token_ids = list(op.prompt) if op.prompt is not None else self.model.token_ids(op.seq, 0, op.num_tokens)
+        self._add_sequence(op.seq, token_ids, op.blocks, None)
+
+    def _add_sequence(
+        self, seq_id: str, token_ids: list[int], placement: tuple[int, ...] | None, owner: str | None
+    ) -> None:
         check_vocab(token_ids, "prompt")
-        caching = c.prefix_caching and op.blocks is None
+        c, blocks = self.config, self.blocks
+        caching = c.prefix_caching and placement is None
         hits = blocks.cached_prefix(token_ids) if caching else []
-        placement = None
-        if op.blocks is not None:
-            placement = blocks.pool.check_placement(op.blocks)
+        if placement is not None:
+            placement = blocks.pool.check_placement(placement)
             needed = c.blocks_for(len(token_ids)) - len(hits)
             if len(placement) != needed:
                 raise InvalidPlacementError(
@@ -258,13 +310,13 @@ class Simulator:
                 )
         elif not blocks.can_allocate(len(token_ids), hits):
             taken = blocks.allocation_need(len(token_ids), hits)
-            raise PoolExhaustedError(taken, blocks.num_free, f"add {op.seq} ({len(token_ids)} tokens)")
+            raise PoolExhaustedError(taken, blocks.num_free, f"add {seq_id} ({len(token_ids)} tokens)")
         # -- validated; apply --
-        seq = Sequence(op.seq, owner=owner)
-        self.sequences[op.seq] = seq
+        seq = Sequence(seq_id, owner=owner)
+        self.sequences[seq_id] = seq
         if self.kv_data:
-            self.dense.add(op.seq)
-        self.events.emit(ev.SequenceAdded(op.seq, len(token_ids)))
+            self.dense.add(seq_id)
+        self.events.emit(ev.SequenceAdded(seq_id, len(token_ids)))
         blocks.allocate(seq, len(token_ids), hits, placement)
         if caching:
             blocks.note_prefix_lookup(len(token_ids), len(hits))
@@ -272,14 +324,14 @@ class Simulator:
 
     def _grow(self, op: Grow) -> None:
         seq = self.sequence(op.seq)
+        if not self.blocks.can_append(seq, op.length):  # before generating the tokens
+            needed = self.blocks.append_plan(seq, op.length).blocks_needed
+            raise PoolExhaustedError(needed, self.blocks.num_free, f"grow {op.seq} by {op.length}")
         if op.token_ids is not None:
             token_ids = list(op.token_ids)
         else:
             token_ids = self.model.token_ids(op.seq, seq.num_tokens, op.num_tokens)
         check_vocab(token_ids, "token_ids")
-        if not self.blocks.can_append(seq, len(token_ids)):
-            needed = self.blocks.append_plan(seq, len(token_ids)).blocks_needed
-            raise PoolExhaustedError(needed, self.blocks.num_free, f"grow {op.seq} by {len(token_ids)}")
         self._append([seq], [token_ids])
 
     def decode(self, seq_ids: list[str], checked: bool = False) -> None:
@@ -326,16 +378,20 @@ class Simulator:
                 self._last_query[seq.seq_id] = queries[end - 1]  # the decode query until the next write
             offset = end
 
-    def _fork(self, op: Fork, owner: str | None = None) -> None:
-        parent = self.sequence(op.seq)
+    def _fork(self, op: Fork) -> None:
+        self.sequence(op.seq)
         self._check_new_id(op.new_seq)
-        child = parent.copy(op.new_seq)
+        self._fork_sequence(op.seq, op.new_seq, None)
+
+    def _fork_sequence(self, parent_id: str, child_id: str, owner: str | None) -> None:
+        parent = self.sequence(parent_id)
+        child = parent.copy(child_id)
         child.owner = owner
-        self.sequences[op.new_seq] = child
+        self.sequences[child_id] = child
         if self.kv_data:
-            self.dense.fork(op.seq, op.new_seq)
-            self._last_query[op.new_seq] = self._last_query[op.seq]
-        self.events.emit(ev.SequenceForked(op.seq, op.new_seq))
+            self.dense.fork(parent_id, child_id)
+            self._last_query[child_id] = self._last_query[parent_id]
+        self.events.emit(ev.SequenceForked(parent_id, child_id))
         self.blocks.fork(parent, child)
 
     def _free(self, op: Free) -> None:

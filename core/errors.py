@@ -18,8 +18,8 @@ class UnknownSequenceError(PagesimError, KeyError):
 
 
 class DuplicateSequenceError(PagesimError):
-    def __init__(self, seq_id: str) -> None:
-        super().__init__(f"sequence {seq_id!r} already exists")
+    def __init__(self, seq_id: str, why: str = "") -> None:
+        super().__init__(f"the name {seq_id!r} is taken: {why}" if why else f"sequence {seq_id!r} already exists")
         self.seq_id = seq_id
 
 
@@ -41,6 +41,10 @@ class InvalidOperationError(PagesimError):
     def __init__(self, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field
+
+
+class OutOfMemoryError(PagesimError):
+    """A configuration whose caches would not fit in the memory there is."""
 
 
 class ScenarioError(PagesimError):

@@ -7,12 +7,22 @@ from dataclasses import dataclass
 from core.checks import all_ints, is_count, is_int
 from core.errors import InvalidOperationError
 
-
 # Every operation checks its own fields, here and nowhere else: scenario files and the app
 # build operations and report these errors with the field they name.
-def _check_seq_id(seq_id: object, name: str = "seq") -> None:
+CHILD_SEPARATOR = "/"  # the scheduler names a request's samples and beams request/s0, request/b1
+
+
+def _check_seq_id(seq_id: object, name: str = "seq", new: bool = False) -> None:
+    """A name; one the user gives to something new may not contain ``/``, so that it can
+    never collide with, or pass for, a sequence the scheduler forks from a request."""
     if not isinstance(seq_id, str) or not seq_id:
         raise InvalidOperationError(f"{name} must be a non-empty sequence name; got {seq_id!r}", name)
+    if new and CHILD_SEPARATOR in seq_id:
+        raise InvalidOperationError(
+            f"{name} {seq_id!r} may not contain '{CHILD_SEPARATOR}': it is reserved for the scheduler's samples "
+            "and beams (request/s0, request/b1)",
+            name,
+        )
 
 
 def _check_token_ids(token_ids: tuple[int, ...], field: str) -> None:
@@ -40,7 +50,7 @@ class Add:
     blocks: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        _check_seq_id(self.seq)
+        _check_seq_id(self.seq, new=True)
         if (self.num_tokens is None) == (self.prompt is None):
             raise InvalidOperationError("add needs exactly one of tokens (a count) or prompt (token ids)", "tokens")
         if self.num_tokens is not None:
@@ -98,7 +108,7 @@ class Fork:
 
     def __post_init__(self) -> None:
         _check_seq_id(self.seq)
-        _check_seq_id(self.new_seq, "as")
+        _check_seq_id(self.new_seq, "as", new=True)
 
     def describe(self) -> str:
         return f"fork {self.seq} → {self.new_seq}"
@@ -130,7 +140,7 @@ class Submit:
     shared_prefix: int = 0
 
     def __post_init__(self) -> None:
-        _check_seq_id(self.request, "request")
+        _check_seq_id(self.request, "request", new=True)
         if (self.prompt_len is None) == (self.prompt is None):
             raise InvalidOperationError("submit needs exactly one of tokens (a count) or prompt (token ids)", "tokens")
         if self.prompt is not None:
@@ -143,7 +153,7 @@ class Submit:
         _check_count(self.beam_width, "beam_width", 0)
         _check_count(self.shared_prefix, "shared_prefix", 0)
         if self.n > 1 and self.beam_width:
-            raise InvalidOperationError("a request samples n > 1 or searches with beams, not both")
+            raise InvalidOperationError("a request samples n > 1 or searches with beams, not both", "beam_width")
 
     @property
     def length(self) -> int:

@@ -153,10 +153,14 @@ def parse_step(raw: dict, source: str, step: int) -> Operation:
 
 
 def parse_scenario(text: str, source: str = "<memory>") -> Scenario:
+    if text.startswith("\ufeff"):
+        raise ScenarioError(source, "starts with a UTF-8 byte-order mark (BOM): save it as UTF-8 without a BOM")
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(source, f"not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ScenarioError(source, "not valid TOML: arrays or tables nested too deeply") from None
     unknown = sorted(set(doc) - HEADER_FIELDS - set(TEXT_FIELDS) - {"steps"})
     if unknown:
         raise ScenarioError(
@@ -198,6 +202,10 @@ def load_scenario(path: str | Path) -> Scenario:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ScenarioError(str(path), f"cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(
+            str(path), f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): is it a TOML file?"
+        ) from None
     return parse_scenario(text, str(path))
 
 

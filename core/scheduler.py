@@ -137,7 +137,21 @@ class Scheduler:
 
     def submit(self, op: Submit) -> None:
         if op.request in self.requests:
-            raise DuplicateSequenceError(op.request)
+            raise DuplicateSequenceError(op.request, "a request of that name was submitted already")
+        c = self.config
+        # Refused at once, before its prompt is generated: what no state of the pool can run.
+        refusal = None
+        if op.num_seqs > c.max_num_seqs:
+            field = "beam_width" if op.beam_width else "n"
+            refusal = f"{field} = {op.num_seqs} sequences, but max_num_seqs is {c.max_num_seqs}"
+        elif c.blocks_for(op.length) > c.num_blocks:
+            refusal = f"a {op.length}-token prompt needs {c.blocks_for(op.length)} blocks; the pool has {c.num_blocks}"
+        if refusal is not None:
+            state = RequestState(op.request, len(self.requests), (), op.output_len, op.n, op.beam_width)
+            self.requests[op.request] = state
+            self.events.emit(ev.RequestSubmitted(op.request, op.length, op.output_len, state.num_seqs))
+            self._reject(state, refusal)
+            return
         model = self.model
         if op.prompt is not None:
             prompt = op.prompt
@@ -152,6 +166,37 @@ class Scheduler:
         self.requests[op.request] = state
         self.waiting.append(op.request)
         self.events.emit(ev.RequestSubmitted(op.request, len(prompt), op.output_len, state.num_seqs))
+
+    def reserving(self, seq_id: str) -> str | None:
+        """The waiting request that will run a sequence named ``seq_id`` when admitted, if any."""
+        for request in self.waiting:
+            if seq_id in self._planned_names(self.requests[request]):
+                return request
+        return None
+
+    def stalled(self) -> str | None:
+        """Why the unfinished requests can never make progress, or None. With nothing
+        running, scheduling alone frees no block: if the next step could neither swap the
+        oldest swapped group in nor admit (or reject) the head of the queue, no later step
+        can (the blocks are held by the user's own sequences, or the watermark keeps them)."""
+        if self.running or not (self.waiting or self.swapped):
+            return None
+        free, total = self.blocks.num_free, self.config.num_blocks
+        if self.swapped:
+            state = self.requests[self.swapped[0]]
+            need = len(self.blocks.distinct_blocks(self.engine.swapped_sequence(s) for s in state.seqs))
+            if need <= free:
+                return None
+            return f"swapped-out request {state.request} needs {need} blocks to come back; {free} of {total} are free"
+        state = self.requests[self.waiting[0]]
+        if any(self.engine.is_taken(name) for name in self._planned_names(state)):
+            return None  # the next step rejects it
+        if self.alloc_status(state) != AllocStatus.LATER:
+            return None
+        return (
+            f"waiting request {state.request} needs {self.admission_blocks(state)} blocks; {free} of {total} are free "
+            f"with {self.watermark_blocks} kept as the watermark, and nothing running will free more"
+        )
 
     @staticmethod
     def _planned_names(state: RequestState) -> list[str]:
@@ -245,8 +290,10 @@ class Scheduler:
             need = len(blocks.distinct_blocks(engine.swapped_sequence(s) for s in state.seqs))
             # Room for the group and its next token, or it would be swapped straight out again
             # (alone, it comes back anyway: there is nobody to make room for).
+            # The watermark keeps room for the running ones to decode; with none, it is moot.
             headroom = len(state.seqs) if self.running else 0
-            if blocks.num_free - need - headroom < self.watermark_blocks:
+            floor = self.watermark_blocks if self.running else 0
+            if blocks.num_free - need - headroom < floor:
                 break
             self.swapped.popleft()
             engine.swap_in(state.seqs)

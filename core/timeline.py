@@ -12,7 +12,7 @@ from core.errors import (
     ScenarioError,
     UnknownSequenceError,
 )
-from core.operations import Fork, Operation
+from core.operations import Fork, Operation, Submit
 from core.scenario import Scenario
 from kernels.backend import Backend
 
@@ -23,7 +23,7 @@ def _field_at_fault(op: Operation, exc: PagesimError) -> str | None:
     if isinstance(exc, UnknownSequenceError):
         return "seq"
     if isinstance(exc, DuplicateSequenceError):
-        return "as" if isinstance(op, Fork) else "seq"
+        return "as" if isinstance(op, Fork) else "request" if isinstance(op, Submit) else "seq"
     if isinstance(exc, InvalidPlacementError):
         return "blocks"
     if isinstance(exc, PoolExhaustedError):

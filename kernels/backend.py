@@ -111,6 +111,27 @@ class Backend(ABC):
     def synchronize(self) -> None:  # noqa: B027 - a default no-op, overridden on devices
         """Wait for queued device work; a no-op on the CPU."""
 
+    def memory_available(self) -> int | None:
+        """Bytes free where this backend keeps the KV cache (None: unknown)."""
+        return host_memory_available()
+
+
+def host_memory_available() -> int | None:
+    """The kernel's estimate of memory available to a new allocation (MemAvailable), in bytes."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import os
+
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
 
 def validate_kernel_inputs(
     query: Any,

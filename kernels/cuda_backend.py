@@ -121,6 +121,11 @@ class CudaBackend(Backend):
     def synchronize(self) -> None:
         self.xp.cuda.get_current_stream().synchronize()
 
+    def memory_available(self) -> int | None:
+        with self._device:
+            free, _ = self.xp.cuda.runtime.memGetInfo()
+        return int(free)
+
     def _module_for(self, cache) -> tuple[Instantiation, Any]:
         _, block_size, _, head_dim = cache.shape
         inst = instantiation_for(self.kv_dtype_name(cache.dtype), head_dim, block_size)

@@ -12,12 +12,14 @@ from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtWidgets import QApplication
 
 from app.gui.main_window import MainWindow
+from app.options import writable_problem
 from core.errors import PagesimError
 from core.scenario import load_scenario
 
 # The GUI shares the cores with the kernel's and torch's thread pools: threads that
 # spin while idle (OpenMP's default) would take the time the GUI needs to repaint.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+IMAGE_FORMATS = ("png", "jpg", "jpeg", "bmp")
 
 
 def _application() -> QApplication:
@@ -41,6 +43,18 @@ def main(args: argparse.Namespace) -> int:
     except PagesimError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.screenshot is not None:
+        suffix = args.screenshot.suffix.lower().lstrip(".")
+        if suffix not in IMAGE_FORMATS:
+            print(
+                f"error: --screenshot {args.screenshot}: name an image file ending in "
+                f"{', '.join('.' + f for f in IMAGE_FORMATS)}",
+                file=sys.stderr,
+            )
+            return 2
+        if reason := writable_problem(args.screenshot, "--screenshot"):
+            print(f"error: {reason}", file=sys.stderr)
+            return 2
     if not _has_display():
         if args.screenshot is None:
             print(
@@ -76,7 +90,9 @@ def main(args: argparse.Namespace) -> int:
         if remaining[0] > 0 and frame.position < frame.length:
             remaining[0] -= 1
             window.controller.forward()
-        elif (headless and frame.focus is not None) or (headless and not frame.sequences and remaining[0] == 0):
+            return
+        remaining[0] = 0  # done stepping (or asked for more steps than the scenario has)
+        if headless and (frame.focus is not None or not frame.sequences):
             # Let the last frame paint, then save and quit.
             QTimer.singleShot(50, window, finish)
 
@@ -88,9 +104,11 @@ def main(args: argparse.Namespace) -> int:
 
     def finish() -> None:
         if window.isVisible():
-            if not window.save_screenshot(str(args.screenshot)):
+            if window.save_screenshot(str(args.screenshot)):
+                print(f"saved {args.screenshot} at step {window.frame.position}")
+            else:
+                print(f"error: could not write {args.screenshot}", file=sys.stderr)
                 outcome["code"] = 2
-            print(f"saved {args.screenshot} at step {window.frame.position}")
             window.close()
 
     window.controller.frameChanged.connect(on_frame)

@@ -157,7 +157,7 @@ class MainWindow(QMainWindow):
     def open_scenario(self, path: str) -> bool:
         try:
             scenario = load_scenario(path)
-        except PagesimError as exc:
+        except (PagesimError, OSError) as exc:
             self.show_error(str(exc))
             return False
         self.load(scenario)
@@ -169,7 +169,11 @@ class MainWindow(QMainWindow):
             return
         # The worker's timeline is the truth; the frame's steps mirror it.
         scenario = self._current_scenario()
-        Path(path).write_text(scenario.to_toml(), encoding="utf-8")
+        try:
+            Path(path).write_text(scenario.to_toml(), encoding="utf-8")
+        except OSError as exc:
+            self.show_error(f"could not save {path}: {exc.strerror or exc}")
+            return
         self.actions.remember(path)
         self.statusBar().showMessage(f"saved {path}", 6000)
 

@@ -23,6 +23,7 @@ import bisect
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+from core.checks import is_count
 from core.studies.workload import RequestSpec
 
 ALLOCATORS = ("paged", "orca-oracle", "orca-pow2", "orca-max")
@@ -134,6 +135,13 @@ def simulate(
     step) through ``allocator`` and account each slot of a ``pool_slots`` pool."""
     if allocator not in ALLOCATORS:
         raise ValueError(f"unknown allocator {allocator!r}; expected one of {', '.join(ALLOCATORS)}")
+    if not (is_count(pool_slots) and is_count(block_size) and is_count(max_len) and is_count(max_batch)):
+        raise ValueError(
+            f"pool_slots, block_size, max_len and max_batch must be positive integers; got "
+            f"{pool_slots}, {block_size}, {max_len}, {max_batch}"
+        )
+    if pool_slots < max_len:
+        raise ValueError(f"a pool of {pool_slots} slots cannot hold one max-length ({max_len}) request")
     report = WasteReport(allocator, pool_slots)
     pending = deque(sorted(workload, key=lambda s: s.arrival))
     waiting: deque[RequestSpec] = deque()

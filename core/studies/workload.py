@@ -13,6 +13,8 @@ import math
 import random
 from dataclasses import dataclass
 
+from core.checks import is_count
+
 # name -> ((prompt mean, sigma), (output mean, sigma))
 LENGTH_MODELS = {
     "sharegpt": ((161.31, 1.0), (337.99, 1.0)),
@@ -56,6 +58,12 @@ def generate(
     zipf_alpha: float = 1.2,
 ) -> list[RequestSpec]:
     """``count`` requests with Poisson arrivals at ``rate`` per second; prompt + output ≤ max_len."""
+    if not is_count(count, 0):
+        raise ValueError(f"count must be a non-negative integer; got {count!r}")
+    if not (isinstance(rate, int | float) and math.isfinite(rate) and rate > 0):
+        raise ValueError(f"rate must be a positive, finite number of arrivals per second; got {rate!r}")
+    if not is_count(max_len):
+        raise ValueError(f"max_len must be a positive integer; got {max_len!r}")
     if distribution not in DISTRIBUTIONS:
         raise ValueError(f"unknown length distribution {distribution!r}; expected one of {', '.join(DISTRIBUTIONS)}")
     if count < 0 or rate <= 0 or max_len < 2:

@@ -317,3 +317,18 @@ def test_a_preemption_says_what_it_cost(make_window, qtbot):
         assert frame.position < frame.length, "the scenario should preempt"
     message = window.statusBar().currentMessage()
     assert "preempted by recompute" in message and "tokens to compute again" in message
+
+
+def test_bad_files_and_unwritable_paths_are_shown_not_raised(window, qtbot, tmp_path):
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(bytes(range(256)))
+    deep = tmp_path / "deep.toml"
+    deep.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    for path, message in ((binary, "not UTF-8"), (deep, "nested too deeply"), (tmp_path, "cannot read")):
+        assert not window.open_scenario(str(path))
+        assert message in window.last_error
+    wait_idle(qtbot, window)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    window.save_scenario(str(blocker / "under-a-file.toml"))
+    assert "could not save" in window.last_error

@@ -124,7 +124,7 @@ def test_scheduler_operations_parse_and_round_trip():
         ('op = "submit"\ntokens = 3\noutput = 2\n', "request", "missing"),
         ('op = "submit"\nrequest = "r"\ntokens = 3\n', "output", "missing"),
         ('op = "submit"\nrequest = "r"\noutput = 2\n', "tokens", "exactly one of"),
-        ('op = "submit"\nrequest = "r"\ntokens = 3\noutput = 2\nn = 2\nbeam_width = 2\n', None, "not both"),
+        ('op = "submit"\nrequest = "r"\ntokens = 3\noutput = 2\nn = 2\nbeam_width = 2\n', "beam_width", "not both"),
         ('op = "schedule"\nsteps = 0\n', "steps", "positive integer"),
         ('op = "schedule"\nseq = "a"\n', "seq", "unknown field"),
     ],

@@ -1,0 +1,154 @@
+"""Input a hostile user can reach gets one clear line, never a traceback (issue: hardening)."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from core.config import CacheConfig
+from core.engine import Simulator
+from core.errors import OutOfMemoryError, PoolExhaustedError, ScenarioError
+from core.operations import Add
+from core.scenario import load_scenario, parse_scenario
+
+HEADER = "num_blocks = 8\nblock_size = 4\nnum_heads = 2\nhead_dim = 8\n"
+
+
+@pytest.mark.parametrize(
+    "text, field, message",
+    [
+        (HEADER.replace("num_blocks = 8", 'num_blocks = "8"'), "num_blocks", "positive integer"),
+        (HEADER + "seed = -1\n", "seed", "non-negative integer"),
+        (HEADER + "swap_bandwidth_gbs = nan\n", "swap_bandwidth_gbs", "positive, finite"),
+        (HEADER + 'preemption = "swap"\n', "preemption", "needs num_cpu_blocks ≥ 1"),
+        (HEADER + "watermark = true\n", "watermark", "fraction"),
+        ("x = " + "[" * 5000 + "]" * 5000 + "\n", None, "nested too deeply"),
+        ("\ufeff" + HEADER, None, "byte-order mark"),
+    ],
+)
+def test_malformed_headers_name_the_field(text, field, message):
+    with pytest.raises(ScenarioError, match=message) as info:
+        parse_scenario(text, "bad.toml")
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize("content", [bytes(range(256)), "name = 'café'\n".encode("latin-1")])
+def test_files_that_are_not_utf8_text_are_refused(tmp_path, content):
+    path = tmp_path / "bad.toml"
+    path.write_bytes(content)
+    with pytest.raises(ScenarioError, match="not UTF-8 text"):
+        load_scenario(path)
+
+
+def test_a_duplicated_request_names_the_request_field(tmp_path):
+    path = tmp_path / "dup.toml"
+    steps = '[[steps]]\nop = "submit"\nrequest = "r"\ntokens = 2\noutput = 2\n'
+    path.write_text(HEADER + steps + steps)
+    from core.timeline import Timeline
+    from kernels.cpu_backend import CpuBackend
+
+    timeline = Timeline(load_scenario(path), CpuBackend())
+    timeline.forward()
+    with pytest.raises(ScenarioError, match="'r' is taken: a request of that name was submitted already") as info:
+        timeline.forward()
+    assert (info.value.step, info.value.field) == (2, "request")
+
+
+@pytest.mark.parametrize("field", ["num_blocks", "num_cpu_blocks"])
+def test_a_pool_that_cannot_fit_in_memory_is_refused_before_allocating(cpu_backend, field):
+    shape = {"num_blocks": 8, "block_size": 16, "num_heads": 8, "head_dim": 128, field: 10**9}
+    started = time.perf_counter()
+    with pytest.raises(OutOfMemoryError, match=r"GiB.*available|GiB.*free"):
+        Simulator(CacheConfig(**shape), cpu_backend)
+    assert time.perf_counter() - started < 1.0
+
+
+def test_a_huge_prompt_on_a_small_pool_is_refused_before_its_tokens_exist(cpu_backend):
+    sim = Simulator(CacheConfig(num_blocks=8, block_size=4, num_heads=2, head_dim=8), cpu_backend)
+    started = time.perf_counter()
+    with pytest.raises(PoolExhaustedError, match="needs 5000000 free block"):
+        sim.apply(Add("a", 20_000_000))
+    assert time.perf_counter() - started < 0.5
+
+
+def _run(*argv):
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *argv], capture_output=True, text=True, env=os.environ | {"CI": "1"}
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--slots", "0"],
+        ["--rate", "nan"],
+        ["--rate", "0"],
+        ["--requests", "-3"],
+        ["--max-len", "0"],
+        ["--block-size", "0"],
+        ["--slots", "100", "--max-len", "200"],
+    ],
+)
+def test_waste_refuses_bad_arguments_with_one_line(argv):
+    done = _run("waste", "--requests", "10", *argv) if "--requests" not in argv else _run("waste", *argv)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr and "error" in done.stderr
+
+
+@pytest.mark.parametrize("kind", ["a folder", "under a file", "unwritable"])
+def test_run_checks_its_output_paths_before_running(tmp_path, kind, capsys, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    target = {"a folder": tmp_path, "under a file": blocker / "report.json", "unwritable": locked / "r.json"}[kind]
+    if kind == "unwritable":  # root may write anywhere: have the OS say no to this folder
+        real_access = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode: Path(p) != locked and real_access(p, mode))
+    assert main(["run", "seed_demo", "--backend", "cpu", "--quiet", "--json", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert "--json" in err and str(target) in err
+    assert main(["run", "seed_demo", "--backend", "cpu", "--quiet", "--dump", str(blocker)]) == 2
+
+
+def test_json_dash_writes_the_report_to_stdout():
+    done = _run("run", "seed_demo", "--backend", "cpu", "--json", "-")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["passed"] is True and report["stalled"] is None
+    assert "PASS" in done.stderr  # the human lines move out of the report's way
+
+
+def test_gui_screenshot_paths_are_checked_first(tmp_path):
+    env = os.environ | {"QT_QPA_PLATFORM": "offscreen"}
+    for target in (tmp_path / "shot", tmp_path / "file.png" / "x.png"):
+        if target.name == "x.png":
+            (tmp_path / "file.png").write_text("x")
+        done = subprocess.run(
+            [sys.executable, "-m", "app.cli", "gui", "seed_demo", "--screenshot", str(target)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert done.returncode == 2 and "saved" not in done.stdout and "error" in done.stderr
+
+
+def test_gui_steps_past_the_end_of_an_emptied_scenario_still_exit(tmp_path):
+    path = tmp_path / "empty_end.toml"
+    path.write_text(HEADER + '[[steps]]\nop = "add"\nseq = "a"\ntokens = 3\n[[steps]]\nop = "free"\nseq = "a"\n')
+    shot = tmp_path / "end.png"
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "gui", str(path), "--steps", "50", "--screenshot", str(shot)],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"QT_QPA_PLATFORM": "offscreen"},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert Path(shot).stat().st_size > 0 and "at step 2" in done.stdout
