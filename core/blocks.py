@@ -47,7 +47,9 @@ class BlockPool:
         self._num_free = num_blocks
         self._hash_of: dict[int, int] = {}  # block -> its registered hash
         self._tokens_of: dict[int, tuple[int, ...]] = {}  # block -> the token ids it holds
-        self._block_of: dict[int, int] = {}  # hash -> block
+        # hash -> the blocks cached under it (insertion order): as vLLM v1, every full block
+        # keeps its hash, so evicting one twin leaves the prefix reachable through another.
+        self._block_of: dict[int, dict[int, None]] = {}
         self._cached_free = 0  # free blocks that still hold a cached prefix
 
     # -- queries -------------------------------------------------------------
@@ -80,10 +82,14 @@ class BlockPool:
     # -- prefix cache ---------------------------------------------------------------
     def cached_block(self, block_hash: int, token_ids: tuple[int, ...]) -> int | None:
         """The block cached under ``block_hash`` if it holds exactly ``token_ids``."""
-        block = self._block_of.get(block_hash)
-        if block is None or self._tokens_of[block] != token_ids:  # never trust a hash alone
-            return None
-        return block
+        for block in self._block_of.get(block_hash, ()):
+            if self._tokens_of[block] == token_ids:  # never trust a hash alone
+                return block
+        return None
+
+    def blocks_under(self, block_hash: int) -> list[int]:
+        """Every block cached under ``block_hash`` (twins holding the same prefix)."""
+        return list(self._block_of.get(block_hash, ()))
 
     def hash_of(self, block_id: int) -> int | None:
         return self._hash_of.get(block_id)
@@ -98,12 +104,13 @@ class BlockPool:
         return list(self._hash_of)
 
     def register(self, block_id: int, block_hash: int, token_ids: tuple[int, ...]) -> bool:
-        """Cache a full, referenced block under its hash (unless another block has it)."""
+        """Cache a full, referenced block under its hash (False if it is cached already).
+        Another block may hold the same prefix: both stay cached."""
         if self.ref_count(block_id) == 0:
             raise ValueError(f"block {block_id} is free and cannot be cached")
-        if block_hash in self._block_of or block_id in self._hash_of:
+        if block_id in self._hash_of:
             return False
-        self._block_of[block_hash] = block_id
+        self._block_of.setdefault(block_hash, {})[block_id] = None
         self._hash_of[block_id] = block_hash
         self._tokens_of[block_id] = token_ids
         return True
@@ -121,7 +128,10 @@ class BlockPool:
         block_hash = self._hash_of.pop(block_id, None)
         if block_hash is None:
             return False
-        del self._block_of[block_hash]
+        twins = self._block_of[block_hash]
+        del twins[block_id]
+        if not twins:
+            del self._block_of[block_hash]
         del self._tokens_of[block_id]
         return True
 
@@ -200,7 +210,9 @@ class BlockPool:
         self._head, self._tail, self._num_free = snap.head, snap.tail, snap.num_free
         self._hash_of = {b: h for b, h, _ in snap.hashes}
         self._tokens_of = {b: t for b, _, t in snap.hashes}
-        self._block_of = {h: b for b, h, _ in snap.hashes}
+        self._block_of = {}
+        for b, h, _ in snap.hashes:
+            self._block_of.setdefault(h, {})[b] = None
         self._cached_free = sum(1 for b in self._hash_of if self._ref_counts[b] == 0)
 
     # -- internals -------------------------------------------------------------

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+from array import array
 from dataclasses import dataclass, field
 
 
@@ -24,6 +27,14 @@ class Sequence:
         )
 
 
+# The chain's root is random per run (vLLM's NONE_HASH): a hash cannot be predicted, so a
+# crafted prompt cannot be made to collide with another's prefix (CVE-2025-25183).
+_ROOT = os.urandom(16)
+
+
 def block_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
-    """vLLM's chained block hash: equal only for equal prefixes (ints hash stably)."""
-    return hash((parent, token_ids))
+    """vLLM's chained block hash: SHA-256 of the parent's hash and the block's token ids,
+    so a hash names a whole prefix. Hits still compare the tokens."""
+    digest = hashlib.sha256(_ROOT if parent is None else parent.to_bytes(16, "little"))
+    digest.update(array("q", token_ids).tobytes())
+    return int.from_bytes(digest.digest()[:16], "little")

@@ -20,7 +20,11 @@ prefix. A new prompt that starts with cached blocks takes them (a green flash) i
 of allocating and computing them — only the block of its last token is always
 computed. A freed block keeps its tokens and hash (dashed outline, grey cells) until
 allocation reaches it at the head of the free queue, which is least recently used
-first; that eviction flashes red.</p>
+first; that eviction flashes red. The hash is SHA-256 with a root that is random for each
+run, as vLLM's: an ordinary hash can be made to collide on purpose, and a crafted prompt
+would then be served another user's cached prefix (CVE-2025-25183); a hit compares the
+tokens too. Two blocks holding the same prefix both stay cached, so evicting one leaves
+the prefix reachable through the other.</p>
 <p><b>Scheduler</b> (scenarios with <code>submit</code> and <code>schedule</code> steps):
 requests wait in a first-come-first-served queue and are admitted while the free blocks,
 less a small <i>watermark</i>, cover their prompt; each schedule step decodes one token for

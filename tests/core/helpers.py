@@ -38,8 +38,9 @@ def check_invariants(sim: Simulator) -> None:
         for index, h in enumerate(seq.block_hashes):
             block = seq.block_table[index]
             if pool.is_cached(block):
-                assert pool.hash_of(block) == h
-                assert pool.cached_block(h, tuple(seq.token_ids[index * bs : (index + 1) * bs])) == block
+                assert pool.hash_of(block) == h and block in pool.blocks_under(h)
+                tokens = tuple(seq.token_ids[index * bs : (index + 1) * bs])
+                assert pool.cached_block(h, tokens) in pool.blocks_under(h)  # this block or a twin
     # A sequence's K/V, read through its table, are exactly what its own tokens wrote.
     for seq in sim.sequences.values():
         keys, values = sim.cache.read_sequence(seq.block_table, seq.num_tokens)

@@ -105,3 +105,34 @@ def test_prefix_caching_is_off_by_default(cpu_backend):
     result = sim.apply(Add("b", prompt=(*SYSTEM, 1)))
     assert not of(result, ev.BlockReused) and not of(result, ev.BlockCached)
     assert result.metrics.used_blocks == 8
+
+
+def test_a_prefix_stays_reachable_when_its_first_cached_twin_is_evicted(cpu_backend):
+    """4 blocks of 4: A and B hold the same 8 tokens; A is freed and its blocks evicted by C.
+    B's identical blocks are cached too (as in vLLM v1 and nano-vllm), so D still gets 2 hits."""
+    sim = Simulator(CacheConfig(num_blocks=4, block_size=4, num_heads=1, head_dim=8, prefix_caching=True), cpu_backend)
+    prompt = tuple(range(1, 9))
+    sim.apply(Add("A", prompt=prompt))
+    sim.apply(Add("B", prompt=prompt))
+    sim.apply(Free("A"))
+    sim.apply(Add("C", prompt=tuple(range(100, 108))))
+    sim.apply(Free("C"))
+    result = sim.apply(Add("D", prompt=(*prompt, 9)))
+    hits = [e for e in result.events if isinstance(e, ev.BlockReused)]
+    assert [e.logical_index for e in hits] == [0, 1]
+    assert {e.block for e in hits} == set(sim.sequence("B").block_table)
+
+
+def test_block_hashes_are_cryptographic_and_seeded_per_run():
+    import subprocess
+    import sys
+
+    from core.sequence import block_hash
+
+    tokens = (1, 2, 3, 4)
+    assert block_hash(None, tokens) == block_hash(None, tokens)
+    assert block_hash(None, tokens) != block_hash(None, (1, 2, 3, 5))
+    assert block_hash(block_hash(None, tokens), tokens) != block_hash(None, tokens)  # the chain matters
+    code = "from core.sequence import block_hash; print(block_hash(None, (1, 2, 3, 4)))"
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout for _ in range(2)}
+    assert len(runs) == 2  # another process, another root: a hash cannot be predicted

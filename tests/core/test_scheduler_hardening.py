@@ -158,8 +158,8 @@ def workloads(draw):
         "num_blocks": draw(st.integers(4, 24)),
         "block_size": draw(st.sampled_from([1, 2, 4])),
         "watermark": draw(st.sampled_from([0.0, 0.1, 0.3])),
-        "preemption": draw(st.sampled_from(["recompute", "swap"])),
-        "num_cpu_blocks": draw(st.integers(0, 32)),
+        "preemption": (mode := draw(st.sampled_from(["recompute", "swap"]))),
+        "num_cpu_blocks": draw(st.integers(1 if mode == "swap" else 0, 32)),
         "prefix_caching": draw(st.booleans()),
         "max_num_seqs": draw(st.integers(1, 6)),
     }
