@@ -27,10 +27,15 @@ def check_invariants(sim: Simulator) -> None:
             expected_map.setdefault(block, set()).add((seq.seq_id, index))
     assert {b: set(h) for b, h in sim.holders_map().items()} == expected_map
     free = set(pool.free_blocks())
+    for seq in sim.swapped.values():  # swapped sequences hold CPU blocks only
+        assert all(0 <= b < sim.config.num_cpu_blocks for b in seq.block_table)
     for block in range(pool.num_blocks):
         assert (block in free) != (holders[block] > 0), f"block {block} must be free xor referenced"
         assert pool.ref_count(block) == holders[block], f"block {block}: ref count != tables holding it"
     assert pool.num_free + pool.num_used == pool.num_blocks
+    free_list = pool.free_blocks()
+    assert len(free_list) == pool.num_free, "the free queue's length and the free count disagree"
+    assert pool.num_cached_free() == sum(1 for b in free_list if pool.is_cached(b)), "cached-free count is off"
     # Prefix cache: a cached block holds exactly the tokens of every table that holds it.
     bs = sim.config.block_size
     for seq in sim.sequences.values():
