@@ -162,6 +162,6 @@ def test_planted_pool_mutations_are_caught(monkeypatch, mutation):
     config = CacheConfig(num_blocks=6, block_size=4, num_heads=1, head_dim=8, prefix_caching=True)
     sim = Simulator(config, BACKEND)
     monkeypatch.setattr(BlockPool, "_take", mutant)
-    with pytest.raises(AssertionError, match="free queue's length|cached-free count"):
+    with pytest.raises(AssertionError, match=r"free queue's length|cached-free count"):
         _exercise(sim)
         check_invariants(sim)
