@@ -131,6 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     scheduler = timeline.sim.scheduler
     stalled = scheduler.stalled() if scheduler.used and error is None else None
+    corrupt = [m for seq in timeline.sim.sequences if (m := timeline.sim.verify_kv(seq))]
     if args.json:
         write_json(args.json, timeline, results, error, stalled)
     failed = [r.step for r in results if r.attention is not None and not r.attention.passed]
@@ -139,7 +140,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if failed:
-        print(f"FAIL: kernel and dense attention differ beyond tolerance at steps {failed}", file=sys.stderr)
+        print(f"FAIL: kernel and dense attention differ beyond rounding at steps {failed}", file=sys.stderr)
+        return 1
+    if corrupt:
+        print(
+            f"FAIL: the K/V read through the block tables differ from what was written: {corrupt[0]}", file=sys.stderr
+        )
         return 1
     if stalled:
         print(f"STALLED: the scheduler can never finish its requests: {stalled}", file=sys.stderr)

@@ -32,7 +32,7 @@ def format_step(result: StepResult) -> str:
         if att is None
         else (
             f"{att.max_abs_error:9.2e}",
-            f"{att.tolerance:7.0e}",
+            f"{att.tolerance:7.1e}",
             "ok" if att.passed else "MISMATCH",
         )
     )

@@ -16,26 +16,76 @@ import numpy as np
 from core.kv_cache import ContiguousKVCache
 from kernels.reference import dense_attention_rows
 
+U32 = 2.0**-24  # unit roundoff of fp32, the arithmetic of both the kernel and dense
+
+
+def error_bounds(
+    query: np.ndarray, scale: float, context_lens: np.ndarray, k_norm_max: np.ndarray, v_abs_max: np.ndarray
+) -> np.ndarray:
+    """Largest |kernel − dense| that rounding explains, per (sequence, head).
+
+    Both sides read the same stored K/V and compute in fp32 in different orders, so
+    their gap is rounding alone (the storage dtype only sets the inputs). With
+    S = ‖q‖·max‖k‖·scale, which bounds every score:
+    - a score, a head_dim-term dot product, is off by ≲ √d·S·u (rounding errors of
+      random sign add up like a random walk);
+    - p = exp(s − m): the product (s − m)·log2 e is rounded, and |s − m| ≤ 2S; the GPU's
+      ``__expf`` adds 2 ulp: a relative error ≲ (2S + 2)·u in every p;
+    - ℓ and the weighted sum gather L terms: ≲ √L·u relative;
+    and the output, a weighted average of values, moves by at most max|v| times those.
+    Kernel and dense each round: tol = 2·u·max|v|·(√d·S + 2S + √L + 4). It is tight enough
+    to catch a wrong block at every context length and one zeroed slot up to a few
+    thousand tokens (a slot weighs ~1/L); :meth:`Simulator.verify_kv` catches the rest.
+
+    ``query`` (num_seqs, num_heads, head_dim) float; ``k_norm_max``/``v_abs_max``
+    (num_seqs, num_kv_heads)."""
+    num_seqs, num_heads, head_dim = query.shape
+    group = num_heads // k_norm_max.shape[1] if num_seqs else 1
+    q_norm = np.linalg.norm(query.astype(np.float64), axis=2)  # (S, H)
+    kv_of_head = np.arange(num_heads) // group
+    s = q_norm * k_norm_max[:, kv_of_head] * scale
+    lengths = np.sqrt(np.asarray(context_lens, np.float64))[:, None]
+    return 2 * U32 * v_abs_max[:, kv_of_head] * (np.sqrt(head_dim) * s + 2 * s + lengths + 4)
+
 
 @dataclass(frozen=True)
 class DenseCheckSnapshot:
     reference: ContiguousKVCache
     live: tuple[str, ...]  # every sequence with a row (live or swapped)
+    magnitudes: tuple = ()  # (seq, max ‖k‖ per KV head, max |v| per KV head)
 
 
 class DenseCheck:
     def __init__(self, num_kv_heads: int, head_dim: int) -> None:
         self.reference = ContiguousKVCache(num_kv_heads, head_dim)
+        self.num_kv_heads = num_kv_heads
         # Per sequence: how many writes it has had, and the dense output at that count.
         self._writes: dict[str, int] = {}
         self._outputs: dict[str, tuple[int, np.ndarray]] = {}
+        # Per sequence and KV head: the largest ‖k‖ and |v| so far, for the error bound.
+        self._k_norm: dict[str, np.ndarray] = {}
+        self._v_abs: dict[str, np.ndarray] = {}
 
     def add(self, seq_id: str) -> None:
         self.reference.add(seq_id)
+        self._k_norm[seq_id] = np.zeros(self.num_kv_heads)
+        self._v_abs[seq_id] = np.zeros(self.num_kv_heads)
 
     def append(self, seq_id: str, keys: np.ndarray, values: np.ndarray) -> None:
         self.reference.append(seq_id, keys, values)
         self.touch(seq_id)
+        if len(keys):
+            k32, v32 = keys.astype(np.float32), values.astype(np.float32)
+            np.maximum(self._k_norm[seq_id], np.linalg.norm(k32, axis=2).max(axis=0), out=self._k_norm[seq_id])
+            np.maximum(self._v_abs[seq_id], np.abs(v32).max(axis=(0, 2)), out=self._v_abs[seq_id])
+
+    def bounds(self, ids: tuple[str, ...], query: np.ndarray, scale: float, context_lens: np.ndarray) -> np.ndarray:
+        """:func:`error_bounds` for these sequences, from the magnitudes seen so far."""
+        if not ids:
+            return np.zeros((0, query.shape[1]))
+        k_norm = np.stack([self._k_norm[i] for i in ids])
+        v_abs = np.stack([self._v_abs[i] for i in ids])
+        return error_bounds(query, scale, context_lens, k_norm, v_abs)
 
     def touch(self, seq_id: str) -> None:
         """``seq_id``'s tokens changed: its dense answer must be recomputed."""
@@ -44,11 +94,15 @@ class DenseCheck:
     def fork(self, parent: str, child: str) -> None:
         self.reference.fork(parent, child)
         self._writes[child] = 0
+        self._k_norm[child] = self._k_norm[parent].copy()
+        self._v_abs[child] = self._v_abs[parent].copy()
 
     def free(self, seq_id: str) -> None:
         self.reference.free(seq_id)
         self._writes.pop(seq_id, None)
         self._outputs.pop(seq_id, None)
+        self._k_norm.pop(seq_id, None)
+        self._v_abs.pop(seq_id, None)
 
     def view(self, seq_id: str) -> tuple[np.ndarray, np.ndarray]:
         return self.reference.view(seq_id)
@@ -76,9 +130,15 @@ class DenseCheck:
         return np.stack([cached[seq_id][1] for seq_id in ids])
 
     def snapshot(self) -> DenseCheckSnapshot:
-        return DenseCheckSnapshot(self.reference.snapshot(), tuple(self._writes))
+        return DenseCheckSnapshot(
+            self.reference.snapshot(),
+            tuple(self._writes),
+            tuple((i, self._k_norm[i].copy(), self._v_abs[i].copy()) for i in self._k_norm),
+        )
 
     def restore(self, snap: DenseCheckSnapshot) -> None:
         self.reference.restore(snap.reference)
         self._writes = {seq_id: 0 for seq_id in snap.live}
         self._outputs = {}
+        self._k_norm = {i: k.copy() for i, k, _ in snap.magnitudes}
+        self._v_abs = {i: v.copy() for i, _, v in snap.magnitudes}

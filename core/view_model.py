@@ -32,7 +32,8 @@ class FocusDetail:
     output: np.ndarray  # (num_heads, head_dim): the paged kernel's
     dense: np.ndarray  # (num_heads, head_dim): dense SDPA's
     head_errors: np.ndarray  # (num_heads,)
-    tolerance: float
+    head_tolerances: np.ndarray  # (num_heads,): what rounding explains, per head
+    kv_mismatch: str | None  # None: the K/V read through the table are bit for bit what was written
     weights: np.ndarray  # (num_heads, context_len): softmax over the context
     token_blocks: np.ndarray  # (context_len,): physical block read for each token
 
@@ -103,7 +104,8 @@ def focus_detail(sim: Simulator, seq_id: str | None) -> FocusDetail | None:
         output=report.output[row],
         dense=report.dense[row],
         head_errors=report.head_errors[row],
-        tolerance=report.tolerance,
+        head_tolerances=report.tolerances[row],
+        kv_mismatch=sim.verify_kv(seq_id),
         weights=weights,
         token_blocks=token_blocks,
     )

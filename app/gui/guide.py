@@ -45,8 +45,11 @@ animation lights, in the kernel's real order, each table entry and the physical 
 it reads — no gather into a contiguous buffer, an online softmax across blocks.</p>
 <p><b>Kernel vs dense</b> (right): the kernel's output vector for one head against dense
 attention (torch SDPA) recomputed from the same tokens, the per-head max abs error
-against the tolerance of the cache dtype, and the attention weights over the context
-coloured by the physical block each token was read from.</p>
+against the bound that fp32 rounding explains for that head (it grows with the head
+dim, the scores' size and the context), and the attention weights over the context
+coloured by the physical block each token was read from. The K/V the kernel read for
+the selected sequence are also compared bit for bit with what its tokens wrote: one
+corrupted slot in a long context moves the average by only about 1/L.</p>
 <p><b>Memory</b> (bottom): blocks used per step against what reserving
 <i>max_model_len</i> contiguously for every sequence would hold; <b>utilisation</b> =
 slots holding tokens / slots allocated; <b>internal fragmentation</b> = allocated but

@@ -3,8 +3,9 @@ refactor and compared after it (a refactor changes no behaviour).
 
     python -m tests.golden.replay --record     # rewrite tests/golden/*.json.gz
 
-Timings and block hashes are dropped; error magnitudes are kept only as pass/fail in the committed files
-(they are fp32 rounding, which may differ between CPU families), and exactly with
+Timings and block hashes are dropped; error magnitudes and their bounds are kept only as
+pass/fail in the committed files (they are fp32 rounding, which may differ between CPU
+families), and exactly with
 ``--exact`` for a comparison on one machine.
 """
 
@@ -24,7 +25,7 @@ from kernels.cpu_backend import CpuBackend
 HERE = Path(__file__).resolve().parent
 # Timings vary run to run; block hashes are seeded per process (hash(None) in the chain's root).
 TIMING = {"kernel_ms", "kernel_seconds", "dense_seconds", "block_hash"}
-ERRORS = {"max_abs_error", "head_errors"}
+ERRORS = {"max_abs_error", "head_errors", "tolerance", "head_tolerances"}
 
 
 def _clean(record: dict, exact: bool) -> dict:

@@ -66,7 +66,7 @@ class KernelPanel(QWidget):
         self.verdict.setWordWrap(True)
         self.verdict.setToolTip(
             "Max abs difference between the paged kernel and dense attention (torch SDPA, fp32) on the same "
-            "tokens, against the tolerance for the cache dtype"
+            "tokens, against the bound that fp32 rounding explains (the dashed line: the tightest head's)"
         )
         top = QHBoxLayout()
         top.addWidget(self.verdict, 1)
@@ -166,14 +166,20 @@ class KernelPanel(QWidget):
         dims = np.arange(focus.output.shape[1])
         self.kernel_curve.setData(dims, focus.output[head])
         self.dense_curve.setData(dims, focus.dense[head])
-        error = float(focus.head_errors[head])
-        ok = error <= focus.tolerance
+        error, bound = float(focus.head_errors[head]), float(focus.head_tolerances[head])
+        ok = error <= bound
         colour = self.theme.good if ok else self.theme.bad
         mark = "✓ match" if ok else "✗ MISMATCH"
+        exact = focus.kv_mismatch is None
+        kv = (
+            f"<span style='color:{self.theme.good}'>K/V read = K/V written, bit for bit</span>"
+            if exact
+            else f"<span style='color:{self.theme.bad}; font-weight:bold'>✗ {focus.kv_mismatch}</span>"
+        )
         self.verdict.setText(
             f"<span style='color:{colour}; font-weight:bold'>{mark}</span> · sequence <b>{focus.seq_id}</b>, "
-            f"head {head}: max |err| {error:.2e} {'≤' if ok else '>'} tolerance {focus.tolerance:.0e} "
-            f"({focus.context_len} tokens)"
+            f"head {head}: max |err| {error:.2e} {'≤' if ok else '>'} rounding bound {bound:.1e} "
+            f"({focus.context_len} tokens) · {kv}"
         )
         blocks = focus.token_blocks
         # One brush per palette colour, shared by every bar (long contexts have thousands).
@@ -194,10 +200,11 @@ class KernelPanel(QWidget):
             height=np.log10(np.maximum(focus.head_errors, floor)) - np.log10(floor),
             y0=np.log10(floor),
             brushes=[
-                pg.mkBrush(self.theme.good if e <= focus.tolerance else self.theme.bad) for e in focus.head_errors
+                pg.mkBrush(self.theme.good if e <= t else self.theme.bad)
+                for e, t in zip(focus.head_errors, focus.head_tolerances, strict=True)
             ],
         )
-        self.tolerance_line.setValue(np.log10(focus.tolerance))
+        self.tolerance_line.setValue(np.log10(float(focus.head_tolerances.min())))
 
 
 def _same_focus(a, b) -> bool:
