@@ -9,6 +9,7 @@ import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from core.config import CacheConfig
 from core.engine import Simulator
 from core.errors import PagesimError
 from core.operations import Add, Fork, Free, Grow
+from core.scenario import Scenario
 from kernels.backend import Backend, default_scale
 from kernels.reference import dense_attention_batched, paged_attention_reference
 from kernels.selection import select_backend
@@ -239,6 +241,83 @@ def bench_scheduler(count: int) -> dict:
     }
 
 
+TARGET_MEMORY_RATIO = 3.0  # peak memory growth over the paged cache's own bytes
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _long_plus_short() -> Scenario:
+    """One 32k-token sequence beside 40 short ones, then 320 decode steps among them."""
+    config = CacheConfig(
+        num_blocks=2560, block_size=16, num_heads=8, num_kv_heads=8, head_dim=64, dtype="float32",
+        max_model_len=40_000,
+    )  # fmt: skip
+    ops: list = [Add("long", 32_768)] + [Add(f"short{i}", 64) for i in range(40)]
+    ops += [Grow("long" if i % 8 == 0 else f"short{i % 40}", 1) for i in range(320)]
+    return Scenario("long plus short", "", config, tuple(ops))
+
+
+def memory_case(name: str, snapshot_data: bool) -> dict:
+    """Run in a fresh process: memory growth over a warmed-up baseline, sampled over the
+    steps, against the paged cache's bytes."""
+    import gc
+
+    from core.scenario import load_shipped
+    from core.timeline import Timeline
+    from kernels.cpu_backend import CpuBackend
+
+    backend = CpuBackend()
+    warm = Timeline(load_shipped("seed_demo"), backend)  # compile the kernel, start torch
+    warm.run_to_end()
+    del warm
+    gc.collect()
+    baseline = rss_bytes()
+    scenario = load_shipped("stress") if name == "stress" else _long_plus_short()
+    timeline = Timeline(scenario, backend, snapshot_data=snapshot_data)
+    samples = []
+    every = max(1, timeline.length // 40)
+    while not timeline.at_end:
+        timeline.forward()
+        if timeline.position % every == 0 or timeline.at_end:
+            samples.append((timeline.position, rss_bytes() - baseline))
+    cache = timeline.sim.cache.key_cache.nbytes + timeline.sim.cache.value_cache.nbytes
+    peak = max(growth for _, growth in samples)
+    half = [g for step, g in samples if step > timeline.length // 2]
+    quarter = [g for step, g in samples if timeline.length // 4 < step <= timeline.length // 2]
+    drift = (max(half) - max(quarter)) / cache if quarter and half else 0.0
+    return {
+        "case": name,
+        "snapshots_keep_kv": snapshot_data,
+        "steps": timeline.length,
+        "paged_cache_mb": round(cache / 2**20, 2),
+        "peak_growth_mb": round(peak / 2**20, 2),
+        "ratio": round(peak / cache, 2),
+        "second_half_drift": round(drift, 3),  # growth over the second half, in caches
+        "meets_target": peak / cache <= TARGET_MEMORY_RATIO and drift <= 0.25,
+        "curve_mb": [(step, round(g / 2**20, 1)) for step, g in samples],
+    }
+
+
+def bench_memory(quick: bool) -> list[dict]:
+    """Each case in its own process, so one's allocations do not count in the next."""
+    rows = []
+    for name in ("stress",) if quick else ("stress", "long+short"):
+        for snapshot_data in (False,) if quick else (False, True):
+            code = (
+                "import json; from app.benchmarks import memory_case; "
+                f"print(json.dumps(memory_case({name!r}, {snapshot_data})))"
+            )
+            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return rows
+
+
 def run_benchmarks(args: argparse.Namespace) -> int:
     backend = select_backend(args.backend)
     if backend.name == "cuda":
@@ -277,7 +356,22 @@ def run_benchmarks(args: argparse.Namespace) -> int:
         f"{scheduler['seconds']:.2f} s ({scheduler['scheduler_steps']} steps, {scheduler['preemptions']} preemptions, "
         f"prefix hit rate {scheduler['prefix_hit_rate']:.0%}), target ≤ {scheduler['target_seconds']:.1f} s"
     )
-    report = {"machine": info, "kernel": kernel_rows, "engine": engine, "scheduler": scheduler, "quick": args.quick}
+    memory = bench_memory(args.quick)
+    for row in memory:
+        mode = "snapshots keep K/V (the app)" if row["snapshots_keep_kv"] else "no K/V in snapshots (pagesim run)"
+        print(
+            f"memory: {row['case']}, {mode}: peak growth {row['peak_growth_mb']:.1f} MB = {row['ratio']:.2f}× the "
+            f"{row['paged_cache_mb']:.1f} MB paged cache over {row['steps']} steps (second-half drift "
+            f"{row['second_half_drift']:+.2f}×), target ≤ {TARGET_MEMORY_RATIO:.0f}× and flat"
+        )
+    report = {
+        "machine": info,
+        "kernel": kernel_rows,
+        "engine": engine,
+        "scheduler": scheduler,
+        "memory": memory,
+        "quick": args.quick,
+    }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {args.json}")

@@ -9,7 +9,15 @@ import sys
 from pathlib import Path
 
 from app.options import add_backend_option, add_bench_options, writable_problem
-from app.report import TABLE_HEADER, dump_step, format_block_tables, format_config, format_step, write_json
+from app.report import (
+    TABLE_HEADER,
+    dump_step,
+    format_block_tables,
+    format_config,
+    format_step,
+    step_report,
+    write_json,
+)
 from core.errors import PagesimError
 from core.scenario import DEFAULT_SCENARIO, load_scenario, shipped_scenarios
 from core.studies.workload import DISTRIBUTIONS
@@ -100,21 +108,26 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"error: {reason}", file=sys.stderr)
             return 2
     backend = select_backend(args.backend, args.cuda_kernel)
-    timeline = Timeline(load_scenario(args.scenario), backend)
+    # A run never steps back: no snapshot keeps K/V arrays, and only each step's report stays.
+    timeline = Timeline(load_scenario(args.scenario), backend, snapshot_data=False)
     out = sys.stderr if str(args.json) == "-" else sys.stdout  # the report owns stdout then
     say = (lambda *_: None) if args.quiet else (lambda *a: print(*a, file=out))
     say(f"pagesim run · {timeline.scenario.name} ({timeline.scenario.source})")
     say(f"backend: {backend.name} · {backend.device}")
     say(f"cache: {format_config(timeline)}")
     say(TABLE_HEADER)
-    results, error = [], None
+    reports, failed, worst, error = [], [], 0.0, None
     while not timeline.at_end:
         try:
             result = timeline.forward()
         except PagesimError as exc:
             error = str(exc)
             break
-        results.append(result)
+        reports.append(step_report(result))
+        if result.attention is not None:
+            worst = max(worst, result.attention.max_abs_error)
+            if not result.attention.passed:
+                failed.append(result.step)
         say(format_step(result))
         if args.dump:
             dump_step(args.dump, timeline, result)
@@ -133,9 +146,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     stalled = scheduler.stalled() if scheduler.used and error is None else None
     corrupt = [m for seq in timeline.sim.sequences if (m := timeline.sim.verify_kv(seq))]
     if args.json:
-        write_json(args.json, timeline, results, error, stalled)
-    failed = [r.step for r in results if r.attention is not None and not r.attention.passed]
-    worst = max((r.attention.max_abs_error for r in results if r.attention), default=0.0)
+        write_json(args.json, timeline, reports, error, stalled)
     if error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -150,7 +161,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if stalled:
         print(f"STALLED: the scheduler can never finish its requests: {stalled}", file=sys.stderr)
         return 3
-    print(f"PASS: {len(results)} steps, kernel matches dense attention (max |err| {worst:.2e})", file=out)
+    print(f"PASS: {len(reports)} steps, kernel matches dense attention (max |err| {worst:.2e})", file=out)
     return 0
 
 

@@ -86,9 +86,9 @@ def scheduler_queues(timeline: Timeline) -> dict[str, list[str]]:
 
 
 def write_json(
-    path: Path, timeline: Timeline, results: list[StepResult], error: str | None, stalled: str | None = None
+    path: Path, timeline: Timeline, steps: list[dict], error: str | None, stalled: str | None = None
 ) -> None:
-    steps = [step_report(r) for r in results]
+    """The JSON report of a run; ``steps`` are the :func:`step_report` of each step."""
     if steps and timeline.sim.scheduler.used:
         steps[-1]["scheduler"] = scheduler_queues(timeline)
     report = {

@@ -204,7 +204,7 @@ class BlockManager:
             h = block_hash(seq.block_hashes[-1] if seq.block_hashes else None, chunk)
             seq.block_hashes.append(h)
             block = seq.block_table[index]
-            if self.pool.register(block, h, chunk):
+            if self.pool.register(block, h, chunk, index * self.config.block_size):
                 self.events.emit(ev.BlockCached(block, seq.seq_id, h))
 
     # -- allocate: a new sequence's blocks ---------------------------------------------------
@@ -398,7 +398,7 @@ class BlockManager:
             if self.config.prefix_caching:
                 chunks = self._chunks(seq.token_ids, 0, len(seq.block_hashes))
                 for (index, chunk), h in zip(chunks, seq.block_hashes, strict=True):
-                    if self.pool.register(seq.block_table[index], h, chunk):
+                    if self.pool.register(seq.block_table[index], h, chunk, index * bs):
                         self.events.emit(ev.BlockCached(seq.block_table[index], seq.seq_id, h))
         return list(to_gpu.items())
 

@@ -31,7 +31,7 @@ class PoolSnapshot:
     head: int
     tail: int
     num_free: int
-    hashes: tuple[tuple[int, int, tuple[int, ...]], ...] = ()  # (block, hash, token ids)
+    hashes: tuple[tuple[int, int, tuple[int, ...], int], ...] = ()  # (block, hash, token ids, first position)
 
 
 class BlockPool:
@@ -47,6 +47,7 @@ class BlockPool:
         self._num_free = num_blocks
         self._hash_of: dict[int, int] = {}  # block -> its registered hash
         self._tokens_of: dict[int, tuple[int, ...]] = {}  # block -> the token ids it holds
+        self._position_of: dict[int, int] = {}  # block -> the position of its first token
         # hash -> the blocks cached under it (insertion order): as vLLM v1, every full block
         # keeps its hash, so evicting one twin leaves the prefix reachable through another.
         self._block_of: dict[int, dict[int, None]] = {}
@@ -103,7 +104,13 @@ class BlockPool:
     def cached_blocks(self) -> list[int]:
         return list(self._hash_of)
 
-    def register(self, block_id: int, block_hash: int, token_ids: tuple[int, ...]) -> bool:
+    def cached_tokens(self, block_id: int) -> tuple[tuple[int, ...], int] | None:
+        """A cached block's token ids and the position of the first, or None."""
+        if block_id not in self._hash_of:
+            return None
+        return self._tokens_of[block_id], self._position_of[block_id]
+
+    def register(self, block_id: int, block_hash: int, token_ids: tuple[int, ...], first_position: int = 0) -> bool:
         """Cache a full, referenced block under its hash (False if it is cached already).
         Another block may hold the same prefix: both stay cached."""
         if self.ref_count(block_id) == 0:
@@ -113,6 +120,7 @@ class BlockPool:
         self._block_of.setdefault(block_hash, {})[block_id] = None
         self._hash_of[block_id] = block_hash
         self._tokens_of[block_id] = token_ids
+        self._position_of[block_id] = first_position
         return True
 
     def reuse(self, block_id: int) -> int:
@@ -133,6 +141,7 @@ class BlockPool:
         if not twins:
             del self._block_of[block_hash]
         del self._tokens_of[block_id]
+        del self._position_of[block_id]
         return True
 
     def check_placement(self, block_ids: Iterable[int]) -> list[int]:
@@ -193,7 +202,7 @@ class BlockPool:
 
     # -- snapshots -------------------------------------------------------------
     def snapshot(self) -> PoolSnapshot:
-        hashes = tuple((b, h, self._tokens_of[b]) for b, h in self._hash_of.items())
+        hashes = tuple((b, h, self._tokens_of[b], self._position_of[b]) for b, h in self._hash_of.items())
         return PoolSnapshot(
             tuple(self._ref_counts),
             tuple(self._next),
@@ -208,10 +217,11 @@ class BlockPool:
         self._ref_counts = list(snap.ref_counts)
         self._next, self._prev = list(snap.next_free), list(snap.prev_free)
         self._head, self._tail, self._num_free = snap.head, snap.tail, snap.num_free
-        self._hash_of = {b: h for b, h, _ in snap.hashes}
-        self._tokens_of = {b: t for b, _, t in snap.hashes}
+        self._hash_of = {b: h for b, h, _, _ in snap.hashes}
+        self._tokens_of = {b: t for b, _, t, _ in snap.hashes}
+        self._position_of = {b: p for b, _, _, p in snap.hashes}
         self._block_of = {}
-        for b, h, _ in snap.hashes:
+        for b, h, _, _ in snap.hashes:
             self._block_of.setdefault(h, {})[b] = None
         self._cached_free = sum(1 for b in self._hash_of if self._ref_counts[b] == 0)
 

@@ -50,9 +50,12 @@ def error_bounds(
 
 @dataclass(frozen=True)
 class DenseCheckSnapshot:
-    reference: ContiguousKVCache
+    reference: ContiguousKVCache | None  # None: rebuilt from the tokens on restore
     live: tuple[str, ...]  # every sequence with a row (live or swapped)
     magnitudes: tuple = ()  # (seq, max ‖k‖ per KV head, max |v| per KV head)
+
+    def without_data(self) -> DenseCheckSnapshot:
+        return DenseCheckSnapshot(None, self.live, self.magnitudes)
 
 
 class DenseCheck:
@@ -104,29 +107,42 @@ class DenseCheck:
         self._k_norm.pop(seq_id, None)
         self._v_abs.pop(seq_id, None)
 
+    def rebuild_row(self, seq_id: str, keys: np.ndarray | None, values: np.ndarray | None) -> None:
+        """Refill ``seq_id``'s row (after a restore without data) with its tokens' K/V."""
+        if keys is not None:
+            self.reference.append(seq_id, keys, values)
+
     def view(self, seq_id: str) -> tuple[np.ndarray, np.ndarray]:
         return self.reference.view(seq_id)
 
     def outputs(self, ids: tuple[str, ...], query: np.ndarray, scale: float) -> np.ndarray:
         """Dense SDPA for sequences ``ids`` (query rows in the same order), from their
-        contiguous K/V; recomputed only where the tokens changed since the last call."""
+        contiguous K/V; recomputed only where the tokens changed since the last call. One
+        SDPA call per capacity class: over the whole class (views, no copy) when most of
+        its rows changed, else over the changed rows only."""
         d, writes, cached = self.reference, self._writes, self._outputs
         stale = [i for i, seq_id in enumerate(ids) if cached.get(seq_id, (-1,))[0] != writes.get(seq_id, 0)]
-        if len(stale) * 2 > len(ids):  # most changed: one pass over the whole buffer, as views
-            rows = np.array([d.row_of[i] for i in ids])
-            query_rows = np.zeros((d.keys.shape[0], *query.shape[1:]), np.float32)
-            query_rows[rows] = query.astype(np.float32)
-            longest = int(d.lengths.max())  # the buffer's tail past every sequence is padding
-            keys, values = d.keys[:, :, :longest], d.values[:, :, :longest]
-            out = dense_attention_rows(query_rows, keys, values, d.lengths, scale).numpy()[rows]
-            stale = list(range(len(ids)))
-        elif stale:
-            rows = np.array([d.row_of[ids[i]] for i in stale])
-            longest = int(d.lengths[rows].max())
-            keys, values = d.keys[rows, :, :longest], d.values[rows, :, :longest]
-            out = dense_attention_rows(query[stale].astype(np.float32), keys, values, d.lengths[rows], scale).numpy()
-        for k, i in enumerate(stale):
-            cached[ids[i]] = (writes.get(ids[i], 0), out[k])
+        by_class: dict[int, list[int]] = {}
+        for i in stale:
+            by_class.setdefault(d.row_of[ids[i]][0], []).append(i)
+        for capacity, members in by_class.items():
+            group = d.classes[capacity]
+            rows = np.array([d.row_of[ids[i]][1] for i in members])
+            live_rows = int((group.lengths > 0).sum())
+            if len(members) * 2 > live_rows:  # most of the class changed: one pass over all of it
+                query_rows = np.zeros((group.keys.shape[0], *query.shape[1:]), np.float32)
+                query_rows[rows] = query[members].astype(np.float32)
+                longest = int(group.lengths.max())  # the tail past every row is padding
+                keys, values = group.keys[:, :, :longest], group.values[:, :, :longest]
+                out = dense_attention_rows(query_rows, keys, values, group.lengths, scale).numpy()[rows]
+            else:
+                longest = int(group.lengths[rows].max())
+                keys, values = group.keys[rows, :, :longest], group.values[rows, :, :longest]
+                out = dense_attention_rows(
+                    query[members].astype(np.float32), keys, values, group.lengths[rows], scale
+                ).numpy()
+            for k, i in enumerate(members):
+                cached[ids[i]] = (writes.get(ids[i], 0), out[k])
         return np.stack([cached[seq_id][1] for seq_id in ids])
 
     def snapshot(self) -> DenseCheckSnapshot:
@@ -137,7 +153,12 @@ class DenseCheck:
         )
 
     def restore(self, snap: DenseCheckSnapshot) -> None:
-        self.reference.restore(snap.reference)
+        if snap.reference is None:  # the engine rebuilds each row (rebuild_row)
+            self.reference = ContiguousKVCache(self.num_kv_heads, self.reference.head_dim)
+            for seq_id in snap.live:
+                self.reference.add(seq_id)
+        else:
+            self.reference.restore(snap.reference)
         self._writes = {seq_id: 0 for seq_id in snap.live}
         self._outputs = {}
         self._k_norm = {i: k.copy() for i, k, _ in snap.magnitudes}

@@ -16,7 +16,7 @@ sequence registry and the query of each sequence's newest token.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -519,6 +519,8 @@ class Simulator:
 
     # -- snapshots --------------------------------------------------------------------------
     def snapshot(self) -> SimulatorSnapshot:
+        """The whole state, K/V data included (:func:`without_data` drops it: :meth:`restore`
+        then rebuilds the data from the tokens)."""
         return SimulatorSnapshot(
             step=self.step,
             blocks=self.blocks.snapshot(),
@@ -537,10 +539,67 @@ class Simulator:
         self.blocks.restore(snap.blocks)
         self.sequences = {s.seq_id: s.copy() for s in snap.sequences}
         self.swapped = {s.seq_id: s.copy() for s in snap.swapped}
-        if self.kv_data:
-            self.cache.restore(snap.cache)
-            self.swap_space.restore(snap.swap_space)
         self.dense.restore(snap.dense)
+        if self.kv_data:
+            if snap.cache is None:
+                self._rebuild_kv()
+            else:
+                self.cache.restore(snap.cache)
+                self.swap_space.restore(snap.swap_space)
         self._last_query = dict(snap.last_query)
         self.last_attention = snap.last_attention
         self.scheduler.restore(snap.scheduler)
+
+    def _rebuild_kv(self) -> None:
+        """Write back every K/V that state holds — each referenced or cached block, each
+        swapped block, each sequence's dense row — from the tokens, which the token model
+        turns into bit-identical K/V. What no block holds (free slots) is left as it is:
+        the kernel never reads it."""
+        bs, pool = self.config.block_size, self.blocks.pool
+        pieces: dict[tuple[str, int], tuple[list[int], int]] = {}  # (pool, block) -> (tokens, first position)
+        for seqs, where in ((self.sequences.values(), "gpu"), (self.swapped.values(), "cpu")):
+            for seq in seqs:
+                for index, block in enumerate(seq.block_table):
+                    pieces.setdefault((where, block), (seq.token_ids[index * bs : (index + 1) * bs], index * bs))
+        for block in pool.cached_blocks():
+            if ("gpu", block) not in pieces:  # free, but holding a prefix a later prompt may reuse
+                tokens, first = pool.cached_tokens(block)
+                pieces[("gpu", block)] = (list(tokens), first)
+        keys_of: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
+        if pieces:
+            order = list(pieces)
+            flat = [t for key in order for t in pieces[key][0]]
+            positions = np.concatenate([np.arange(first, first + len(tokens)) for tokens, first in pieces.values()])
+            _, keys, values = self.model.qkv(flat, positions)
+            keys, values = keys.astype(self.cache.dtype), values.astype(self.cache.dtype)
+            offset = 0
+            gpu_slots, gpu_rows = [], []
+            for key in order:
+                tokens, _ = pieces[key]
+                end = offset + len(tokens)
+                keys_of[key] = (keys[offset:end], values[offset:end])
+                if key[0] == "gpu":
+                    gpu_slots += [key[1] * bs + i for i in range(len(tokens))]
+                    gpu_rows.append(np.arange(offset, end))
+                offset = end
+            if gpu_slots:
+                rows = np.concatenate(gpu_rows)
+                self.cache.write(np.array(gpu_slots, np.int64), keys[rows], values[rows])
+        self.swap_space.rebuild(
+            {block: kv for (where, block), kv in keys_of.items() if where == "cpu"}, self.config.block_size
+        )
+        for seqs, where in ((self.sequences.values(), "gpu"), (self.swapped.values(), "cpu")):
+            for seq in seqs:
+                if not seq.block_table:
+                    self.dense.rebuild_row(seq.seq_id, None, None)
+                    continue
+                parts = [keys_of[(where, b)] for b in seq.block_table]
+                self.dense.rebuild_row(
+                    seq.seq_id, np.concatenate([k for k, _ in parts]), np.concatenate([v for _, v in parts])
+                )
+
+
+def without_data(snap: SimulatorSnapshot) -> SimulatorSnapshot:
+    """The snapshot less its K/V arrays (paged cache, swap space, dense reference): what an
+    older snapshot keeps, so that memory does not grow with steps."""
+    return replace(snap, cache=None, swap_space=None, dense=snap.dense.without_data())

@@ -74,81 +74,136 @@ class SwapSpace:
     def snapshot(self) -> tuple[np.ndarray, np.ndarray] | None:
         return None if self.keys is None else (self.keys.copy(), self.values.copy())
 
+    def rebuild(self, blocks: dict[int, tuple[np.ndarray, np.ndarray]], block_size: int) -> None:
+        """Put back the K/V of these CPU blocks (block -> (keys, values) of its tokens)."""
+        if not blocks:
+            return
+        if self.keys is None:
+            self.keys, self.values = np.zeros(self.shape, self.dtype), np.zeros(self.shape, self.dtype)
+        for block, (keys, values) in blocks.items():
+            self.keys[block, : len(keys)] = keys
+            self.values[block, : len(values)] = values
+
     def restore(self, snap: tuple[np.ndarray, np.ndarray] | None) -> None:
         self.keys, self.values = (None, None) if snap is None else (snap[0].copy(), snap[1].copy())
 
 
-class ContiguousKVCache:
-    """The dense reference: each sequence's K/V in one contiguous row, as a non-paged
-    engine reserves them. Rows are (num_kv_heads, capacity, head_dim) so dense attention
-    runs over the whole buffer in one SDPA call, with no copy. Values are the cache
-    dtype's rounded values held as float32 (exact), ready for an fp32 reference."""
+class _CapacityClass:
+    """Rows of one capacity: (rows, num_kv_heads, capacity, head_dim), grown by doubling."""
 
-    def __init__(self, num_kv_heads: int, head_dim: int, rows: int = 4, capacity: int = 64) -> None:
+    def __init__(self, num_kv_heads: int, capacity: int, head_dim: int, rows: int = 2) -> None:
         self.keys = np.zeros((rows, num_kv_heads, capacity, head_dim), np.float32)
         self.values = np.zeros_like(self.keys)
         self.lengths = np.zeros(rows, np.int64)
-        self.row_of: dict[str, int] = {}
-        self._free_rows = list(range(rows - 1, -1, -1))
+        self.free_rows = list(range(rows - 1, -1, -1))
 
-    @property
-    def capacity(self) -> int:
-        return self.keys.shape[2]
+    def take(self) -> int:
+        if not self.free_rows:
+            old = self.keys.shape[0]
+            for name in ("keys", "values"):
+                grown = np.zeros((2 * old, *self.keys.shape[1:]), np.float32)
+                grown[:old] = getattr(self, name)
+                setattr(self, name, grown)
+            self.lengths = np.concatenate([self.lengths, np.zeros(old, np.int64)])
+            self.free_rows = list(range(2 * old - 1, old - 1, -1))
+        return self.free_rows.pop()
+
+    def release(self, row: int) -> None:
+        self.lengths[row] = 0
+        self.free_rows.append(row)
+
+    def copy(self) -> _CapacityClass:
+        out = _CapacityClass.__new__(_CapacityClass)
+        out.keys, out.values, out.lengths = self.keys.copy(), self.values.copy(), self.lengths.copy()
+        out.free_rows = list(self.free_rows)
+        return out
+
+
+class ContiguousKVCache:
+    """The dense reference: each sequence's K/V in one contiguous row, as a non-paged
+    engine reserves them. Rows live in capacity classes (64, 128, 256, … tokens): a row
+    sits in the smallest class that holds it and moves up when it outgrows it, so one long
+    sequence does not make every short one as wide (memory stays within 2× the tokens).
+    Rows are (num_kv_heads, capacity, head_dim), so dense attention runs over a class in one
+    SDPA call with no copy. Values are the cache dtype's rounded values held as float32
+    (exact), ready for an fp32 reference."""
+
+    MIN_CAPACITY = 64
+
+    def __init__(self, num_kv_heads: int, head_dim: int) -> None:
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
+        self.classes: dict[int, _CapacityClass] = {}
+        self.row_of: dict[str, tuple[int, int]] = {}  # seq -> (capacity, row)
+
+    def _class(self, capacity: int) -> _CapacityClass:
+        if capacity not in self.classes:
+            self.classes[capacity] = _CapacityClass(self.num_kv_heads, capacity, self.head_dim)
+        return self.classes[capacity]
+
+    @classmethod
+    def capacity_for(cls, length: int) -> int:
+        capacity = cls.MIN_CAPACITY
+        while capacity < length:
+            capacity *= 2
+        return capacity
 
     def add(self, seq_id: str) -> None:
-        if not self._free_rows:
-            self._resize(2 * self.keys.shape[0], self.capacity)
-        row = self._free_rows.pop()
-        self.row_of[seq_id] = row
-        self.lengths[row] = 0
+        capacity = self.MIN_CAPACITY
+        self.row_of[seq_id] = (capacity, self._class(capacity).take())
+
+    def length(self, seq_id: str) -> int:
+        capacity, row = self.row_of[seq_id]
+        return int(self.classes[capacity].lengths[row])
 
     def append(self, seq_id: str, keys: np.ndarray, values: np.ndarray) -> None:
-        row = self.row_of[seq_id]
-        start, n = int(self.lengths[row]), keys.shape[0]
-        if start + n > self.capacity:
-            self._resize(self.keys.shape[0], max(start + n, 2 * self.capacity))
-        self.keys[row, :, start : start + n] = keys.transpose(1, 0, 2)
-        self.values[row, :, start : start + n] = values.transpose(1, 0, 2)
-        self.lengths[row] = start + n
+        capacity, row = self.row_of[seq_id]
+        group = self.classes[capacity]
+        start, n = int(group.lengths[row]), keys.shape[0]
+        if start + n > capacity:  # move up to the class that holds the new length
+            bigger = self.capacity_for(start + n)
+            target = self._class(bigger)
+            new_row = target.take()
+            target.keys[new_row, :, :start] = group.keys[row, :, :start]
+            target.values[new_row, :, :start] = group.values[row, :, :start]
+            target.lengths[new_row] = start
+            group.release(row)
+            capacity, row, group = bigger, new_row, target
+            self.row_of[seq_id] = (capacity, row)
+        group.keys[row, :, start : start + n] = keys.transpose(1, 0, 2)
+        group.values[row, :, start : start + n] = values.transpose(1, 0, 2)
+        group.lengths[row] = start + n
 
     def fork(self, parent: str, child: str) -> None:
-        self.add(child)
-        src, dst = self.row_of[parent], self.row_of[child]
-        n = int(self.lengths[src])
-        self.keys[dst, :, :n] = self.keys[src, :, :n]
-        self.values[dst, :, :n] = self.values[src, :, :n]
-        self.lengths[dst] = n
+        capacity, src = self.row_of[parent]
+        group = self.classes[capacity]
+        dst = group.take()
+        n = int(group.lengths[src])
+        group.keys[dst, :, :n] = group.keys[src, :, :n]
+        group.values[dst, :, :n] = group.values[src, :, :n]
+        group.lengths[dst] = n
+        self.row_of[child] = (capacity, dst)
 
     def free(self, seq_id: str) -> None:
-        row = self.row_of.pop(seq_id)
-        self.lengths[row] = 0
-        self._free_rows.append(row)
+        capacity, row = self.row_of.pop(seq_id)
+        self.classes[capacity].release(row)
 
     def view(self, seq_id: str) -> tuple[np.ndarray, np.ndarray]:
         """(context_len, num_kv_heads, head_dim) views of one sequence's K/V."""
-        row = self.row_of[seq_id]
-        n = int(self.lengths[row])
-        return self.keys[row, :, :n].transpose(1, 0, 2), self.values[row, :, :n].transpose(1, 0, 2)
+        capacity, row = self.row_of[seq_id]
+        group = self.classes[capacity]
+        n = int(group.lengths[row])
+        return group.keys[row, :, :n].transpose(1, 0, 2), group.values[row, :, :n].transpose(1, 0, 2)
 
-    def _resize(self, rows: int, capacity: int) -> None:
-        old_rows, _, old_capacity, _ = self.keys.shape
-        for name in ("keys", "values"):
-            old = getattr(self, name)
-            new = np.zeros((rows, old.shape[1], capacity, old.shape[3]), np.float32)
-            new[:old_rows, :, :old_capacity] = old
-            setattr(self, name, new)
-        lengths = np.zeros(rows, np.int64)
-        lengths[:old_rows] = self.lengths
-        self.lengths = lengths
-        self._free_rows = list(range(rows - 1, old_rows - 1, -1)) + self._free_rows
+    @property
+    def nbytes(self) -> int:
+        return sum(g.keys.nbytes + g.values.nbytes for g in self.classes.values())
 
     def snapshot(self) -> ContiguousKVCache:
-        snap = ContiguousKVCache.__new__(ContiguousKVCache)
-        snap.keys, snap.values, snap.lengths = self.keys.copy(), self.values.copy(), self.lengths.copy()
-        snap.row_of, snap._free_rows = dict(self.row_of), list(self._free_rows)
+        snap = ContiguousKVCache(self.num_kv_heads, self.head_dim)
+        snap.classes = {c: g.copy() for c, g in self.classes.items()}
+        snap.row_of = dict(self.row_of)
         return snap
 
     def restore(self, snap: ContiguousKVCache) -> None:
         copy = snap.snapshot()
-        self.keys, self.values, self.lengths = copy.keys, copy.values, copy.lengths
-        self.row_of, self._free_rows = copy.row_of, copy._free_rows
+        self.classes, self.row_of = copy.classes, copy.row_of

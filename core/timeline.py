@@ -3,7 +3,9 @@ its first k operations. Snapshots every few steps make stepping back cheap."""
 
 from __future__ import annotations
 
-from core.engine import Simulator, StepResult
+from dataclasses import replace
+
+from core.engine import Simulator, StepResult, without_data
 from core.errors import (
     DuplicateSequenceError,
     InvalidPlacementError,
@@ -17,6 +19,7 @@ from core.scenario import Scenario
 from kernels.backend import Backend
 
 SNAPSHOT_EVERY = 16
+KEEP_ATTENTION = 32  # steps whose kernel and dense outputs stay cached; older ones recompute on a seek
 
 
 def _field_at_fault(op: Operation, exc: PagesimError) -> str | None:
@@ -34,13 +37,26 @@ def _field_at_fault(op: Operation, exc: PagesimError) -> str | None:
 class Timeline:
     """A scenario being played: step forward and back, seek, or branch with a new operation."""
 
-    def __init__(self, scenario: Scenario, backend: Backend | None = None, snapshot_every: int = SNAPSHOT_EVERY):
+    def __init__(
+        self,
+        scenario: Scenario,
+        backend: Backend | None = None,
+        snapshot_every: int = SNAPSHOT_EVERY,
+        snapshot_data: bool = True,
+    ):
+        """``snapshot_data=False``: no snapshot keeps K/V arrays (a run that never steps
+        back; a seek still works, rebuilding the data from the tokens)."""
         self.scenario = scenario
         self.sim = Simulator(scenario.config, backend)
         self.operations: list[Operation] = list(scenario.operations)
         self.snapshot_every = snapshot_every
-        self._snapshots = {0: self.sim.snapshot()}
+        self.snapshot_data = snapshot_data
+        self._snapshots = {0: self._take_snapshot()}
         self._results: dict[int, StepResult] = {}
+
+    def _take_snapshot(self):
+        snap = self.sim.snapshot()
+        return snap if self.snapshot_data else without_data(snap)
 
     @property
     def position(self) -> int:
@@ -119,5 +135,13 @@ class Timeline:
 
     def _record(self, result: StepResult) -> None:
         self._results[result.step] = result
+        # Old steps keep their events and metrics; their attention arrays are recomputed if a
+        # seek lands there, so memory does not grow with the steps played.
+        old = self._results.get(result.step - KEEP_ATTENTION)
+        if old is not None and old.attention is not None:
+            self._results[old.step] = replace(old, attention=None)
         if result.step % self.snapshot_every == 0:
-            self._snapshots[result.step] = self.sim.snapshot()
+            # Only the newest snapshot keeps the K/V arrays; older ones rebuild them from the
+            # tokens when restored, so memory stays flat however many steps are played.
+            self._snapshots = {k: without_data(v) if v.cache is not None else v for k, v in self._snapshots.items()}
+            self._snapshots[result.step] = self._take_snapshot()

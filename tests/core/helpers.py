@@ -3,14 +3,32 @@ import numpy as np
 from core.engine import Simulator
 
 
+def held_kv(sim: Simulator) -> dict:
+    """The K/V bytes the state holds: the filled slots of every referenced or cached block,
+    and of every swapped-out block. Free slots hold nothing the kernel may read (a restore
+    rebuilds only what is held), so they are not part of the state."""
+    pool, kc, vc = sim.pool, np.asarray(sim.cache.key_cache), np.asarray(sim.cache.value_cache)
+    out = {}
+    for block in range(pool.num_blocks):
+        if pool.ref_count(block) or pool.is_cached(block):
+            n = sim.block_fill(block)
+            out[("gpu", block)] = (kc[block, :n].tobytes(), vc[block, :n].tobytes())
+    bs, space = sim.config.block_size, sim.swap_space
+    for seq in sim.swapped.values():
+        for index, block in enumerate(seq.block_table):
+            n = min(bs, seq.num_tokens - index * bs)
+            out[("cpu", block)] = (space.keys[block, :n].tobytes(), space.values[block, :n].tobytes())
+    return out
+
+
 def state_fingerprint(sim: Simulator):
-    """Everything a refused operation must leave untouched, KV bytes included."""
+    """Everything a refused operation must leave untouched, the K/V the state holds included."""
     return (
         sim.step,
         sim.pool.snapshot(),
         {k: (tuple(s.token_ids), tuple(s.block_table)) for k, s in sim.sequences.items()},
-        np.asarray(sim.cache.key_cache).tobytes(),
-        np.asarray(sim.cache.value_cache).tobytes(),
+        {k: (tuple(s.token_ids), tuple(s.block_table)) for k, s in sim.swapped.items()},
+        held_kv(sim),
         {k: tuple(a.tobytes() for a in sim.dense_kv(k)) for k in sim.sequences},
         sim.metrics(),
     )
