@@ -400,7 +400,9 @@ class Simulator:
             end = offset + len(ids)
             self.dense.append(seq.seq_id, keys[offset:end], values[offset:end])
             if ids:
-                self._last_query[seq.seq_id] = queries[end - 1]  # the decode query until the next write
+                self._last_query[seq.seq_id] = queries[
+                    end - 1
+                ].copy()  # the decode query until the next write (a copy: no view keeps the batch alive)
             offset = end
 
     def _fork(self, op: Fork) -> None:
