@@ -83,7 +83,7 @@ class KernelPanel(QWidget):
         self.error_bars = pg.BarGraphItem(x=[], height=[], width=0.6)
         self.error_plot.addItem(self.error_bars)
         self.tolerance_line = pg.InfiniteLine(
-            angle=0, movable=False, label="tolerance", labelOpts={"position": 0.05, "anchors": [(0, 1), (0, 1)]}
+            angle=0, movable=False, label="rounding bound", labelOpts={"position": 0.05, "anchors": [(0, 1), (0, 1)]}
         )
         self.error_plot.addItem(self.tolerance_line)
         self.error_plot.setLogMode(y=True)
