@@ -118,3 +118,38 @@ def test_the_wheel_layouts_are_searched(monkeypatch, tmp_path):
     found = cuda_build.ptxas_candidates()
     assert str(tmp_path / "nvidia/cu13/bin/ptxas") in found
     assert str(tmp_path / "nvidia/cuda_nvcc/bin/ptxas") in found
+
+
+def test_to_device_passes_device_arrays_through_and_uploads_host_ones():
+    """CudaBackend.to_device with a stand-in for CuPy: a device array is used as it is
+    (made contiguous), a host array is uploaded, bf16 as its 16-bit patterns."""
+    from contextlib import nullcontext
+
+    import ml_dtypes
+    import numpy as np
+
+    from kernels.cuda_backend import CudaBackend
+
+    class DeviceArray(np.ndarray):
+        pass
+
+    class FakeCupy:
+        ndarray = DeviceArray
+
+        @staticmethod
+        def ascontiguousarray(a):
+            return np.ascontiguousarray(a).view(DeviceArray)
+
+        @staticmethod
+        def asarray(a):
+            return np.array(a).view(DeviceArray)
+
+    backend = CudaBackend.__new__(CudaBackend)
+    backend.xp, backend._device = FakeCupy, nullcontext()
+    on_device = np.arange(12, dtype=np.float32).reshape(3, 4).view(DeviceArray)[:, ::2]
+    out = backend.to_device(on_device)
+    assert isinstance(out, DeviceArray) and out.flags.c_contiguous
+    np.testing.assert_array_equal(out, on_device)
+    host = np.ones((2, 2), ml_dtypes.bfloat16)
+    uploaded = backend.to_device(host)
+    assert isinstance(uploaded, DeviceArray) and uploaded.dtype == np.uint16
