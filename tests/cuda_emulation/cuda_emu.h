@@ -46,8 +46,17 @@
 struct dim3 {
   unsigned int x = 1, y = 1, z = 1;
 };
+namespace cuda_emu {
+void record_load(const void* address);
+}
+
+// A 16-byte vector. Its copy constructor is where the kernels' vector loads happen
+// (``*reinterpret_cast<const uint4*>(p)``): it records the address read when recording is on.
 struct alignas(16) uint4 {
   unsigned int x, y, z, w;
+  uint4() = default;
+  uint4(const uint4& other) : x(other.x), y(other.y), z(other.z), w(other.w) { cuda_emu::record_load(&other); }
+  uint4& operator=(const uint4&) = default;
 };
 
 namespace cuda_emu {
@@ -88,6 +97,21 @@ struct Runtime {
 };
 
 inline thread_local Runtime* runtime_ptr = nullptr;
+
+// The access log: every 16-byte load, with the thread block and thread that made it.
+struct LoadRecord {
+  unsigned block_x, block_y, block_z;
+  int thread;
+  const void* address;
+};
+inline thread_local bool recording = false;
+inline thread_local std::vector<LoadRecord> load_log;
+
+inline void record_load(const void* address) {
+  if (!recording || runtime_ptr == nullptr || runtime_ptr->current == nullptr) return;
+  const Runtime& rt = *runtime_ptr;
+  load_log.push_back({rt.block_idx.x, rt.block_idx.y, rt.block_idx.z, rt.current->linear, address});
+}
 
 inline Runtime& runtime() { return *runtime_ptr; }
 inline Fiber& current() { return *runtime_ptr->current; }

@@ -121,6 +121,26 @@ void copy_error(const std::string& message, char* err, int err_len) {{
 }}
 }}  // namespace
 
+extern "C" void emu_record(int on) {{
+  cuda_emu::recording = on != 0;
+  cuda_emu::load_log.clear();
+}}
+
+// Copies up to max_records records as (block x, y, z, thread, address) uint64 rows; returns how many.
+extern "C" long emu_take_loads(unsigned long long* out, long max_records) {{
+  long n = 0;
+  for (const auto& r : cuda_emu::load_log) {{
+    if (n >= max_records) break;
+    unsigned long long* row = out + 5 * n++;
+    row[0] = r.block_x; row[1] = r.block_y; row[2] = r.block_z;
+    row[3] = static_cast<unsigned long long>(r.thread);
+    row[4] = reinterpret_cast<unsigned long long>(r.address);
+  }}
+  const long total = static_cast<long>(cuda_emu::load_log.size());
+  cuda_emu::load_log.clear();
+  return total;
+}}
+
 extern "C" int emu_launch(const char* name, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                           unsigned bz, void** args, const char* kinds, char* err, int err_len) {{
   for (const Entry& e : entries()) {{
@@ -189,6 +209,9 @@ def load(library: Path) -> ctypes.CDLL:
             ctypes.c_char_p,
             ctypes.c_int,
         ]
+        lib.emu_record.argtypes = [ctypes.c_int]
+        lib.emu_take_loads.restype = ctypes.c_long
+        lib.emu_take_loads.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_long]
         _LIBRARIES[library] = lib
     return _LIBRARIES[library]
 
@@ -238,6 +261,18 @@ class EmulatedModule:
 
     def get_function(self, name: str) -> EmulatedFunction:
         return EmulatedFunction(self.lib, name)
+
+    def record_loads(self, on: bool = True) -> None:
+        """Start (or stop) logging every 16-byte load of the launches on this thread."""
+        self.lib.emu_record(int(on))
+
+    def take_loads(self, limit: int = 20_000_000) -> np.ndarray:
+        """The loads logged so far, (n, 5) uint64: block x, y, z, thread, address."""
+        out = np.zeros((limit, 5), np.uint64)
+        total = self.lib.emu_take_loads(out.ctypes.data_as(ctypes.POINTER(ctypes.c_ulonglong)), limit)
+        if total > limit:
+            raise EmulationError(f"{total} loads logged, more than the {limit} asked for")
+        return out[:total]
 
 
 class EmulatedCudaBackend(CudaBackend):

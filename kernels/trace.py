@@ -1,0 +1,252 @@
+"""A step-by-step replay of the paged-attention kernels for one (sequence, query head):
+what the kernel walk-through shows, in plain NumPy, outside Qt.
+
+The replay follows each kernel's own order of work, so its stages are the kernel's:
+- the CPU kernel (``kernels/cpu_backend.py``) folds one block at a time: the block-table
+  lookup, the block's scores, its max, the rescale of the running sum and accumulator by
+  exp(m_old − m_new), then the block's exp-weighted values;
+- the CUDA kernel (``kernels/paged_attention.cu``) gives each of its 4 warps thread groups
+  of ``GROUP`` lanes; group g of warp w takes the tokens first + g for first = begin +
+  w·TOKENS_PER_WARP, stepping by 4·TOKENS_PER_WARP, and keeps its own online softmax; the
+  groups of a warp then merge by xor shuffles (masks GROUP, 2·GROUP, … 16), the warps through
+  shared memory; v2 does that per 512-token partition and a reduce rescales each
+  partition by exp(m_i − M) weighted by its exp-sum.
+Arithmetic is fp32, as the kernels'; the trace's output equals the kernel's within rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kernels.cuda_build import NUM_THREADS, PARTITION_SIZE
+
+WARP = 32
+NUM_WARPS = NUM_THREADS // WARP
+
+
+def _next_pow2(x: int) -> int:
+    return 1 if x <= 1 else 2 * _next_pow2((x + 1) // 2)
+
+
+@dataclass(frozen=True)
+class CudaGeometry:
+    """The thread-group layout ``paged_attention.cu`` uses for a dtype and head dim."""
+
+    vec: int  # elements per 16-byte load
+    group: int  # lanes per thread group (one token's head slice)
+    tokens_per_warp: int
+
+    @classmethod
+    def of(cls, dtype, head_dim: int) -> CudaGeometry:
+        vec = 16 // np.dtype(dtype).itemsize  # bf16 may come as its uint16 patterns
+        group = min(WARP, _next_pow2(head_dim // vec))
+        return cls(vec, group, WARP // group)
+
+    def lane_of(self, token: int, begin: int = 0) -> tuple[int, int, int]:
+        """(warp, group, iteration) that reads ``token`` in a partition starting at ``begin``."""
+        rel = token - begin
+        per_round = NUM_WARPS * self.tokens_per_warp
+        return (rel % per_round) // self.tokens_per_warp, rel % self.tokens_per_warp, rel // per_round
+
+
+@dataclass(frozen=True)
+class TokenStep:
+    """One token folded into an online-softmax state."""
+
+    token: int
+    logical_block: int
+    physical_block: int
+    slot: int
+    score: float  # (q·scale)·k
+    m_before: float
+    m_after: float
+    correction: float  # exp(m_before − m_after): how the old state was rescaled
+    l_after: float
+    lane: tuple[int, int, int] | None = None  # CUDA: (warp, group, iteration)
+    partition: int = 0
+
+
+@dataclass(frozen=True)
+class Merge:
+    """Two online-softmax states combined: ``stage`` is "group" (a xor shuffle within a warp,
+    ``mask``), "warp" (through shared memory) or "reduce" (v2's partitions)."""
+
+    stage: str
+    partition: int
+    into: int
+    other: int
+    mask: int
+    m: float
+    l: float  # noqa: E741 - the name the kernels and the literature use
+
+
+@dataclass(frozen=True)
+class PartitionResult:
+    index: int
+    begin: int
+    end: int
+    max_logit: float
+    exp_sum: float
+    output: np.ndarray  # normalised partial output (head_dim,)
+
+
+@dataclass
+class KernelTrace:
+    kernel: str  # "cpu", "cuda-v1" or "cuda-v2"
+    seq_row: int
+    head: int
+    kv_head: int
+    context_len: int
+    partition_size: int
+    lookups: list[tuple[int, int]] = field(default_factory=list)  # (logical, physical), in the kernel's order
+    scores: np.ndarray | None = None  # (context_len,)
+    steps: list[TokenStep] = field(default_factory=list)
+    block_folds: list[dict] = field(default_factory=list)  # CPU: per block (max, new max, correction, sum)
+    merges: list[Merge] = field(default_factory=list)
+    partitions: list[PartitionResult] = field(default_factory=list)
+    geometry: CudaGeometry | None = None
+    output: np.ndarray | None = None
+
+
+def _inputs(query, key_cache, value_cache, block_tables, context_lens, row: int, head: int, scale: float):
+    num_heads = query.shape[1]
+    kv_head = head // (num_heads // key_cache.shape[2])
+    q = (query[row, head].astype(np.float32) * np.float32(scale)).astype(np.float32)
+    n = int(context_lens[row])
+    bs = key_cache.shape[1]
+    positions = np.arange(n)
+    blocks = np.asarray(block_tables[row])[positions // bs]
+    keys = key_cache[blocks, positions % bs, kv_head].astype(np.float32)
+    values = value_cache[blocks, positions % bs, kv_head].astype(np.float32)
+    scores = (keys @ q).astype(np.float32)
+    return kv_head, q, n, bs, blocks, keys, values, scores
+
+
+def trace_cpu(query, key_cache, value_cache, block_tables, context_lens, row: int, head: int, scale: float):
+    """The CPU kernel's walk: block by block, one rescale per block."""
+    kv_head, _, n, bs, blocks, _, values, scores = _inputs(
+        query, key_cache, value_cache, block_tables, context_lens, row, head, scale
+    )
+    trace = KernelTrace("cpu", row, head, kv_head, n, n, scores=scores)
+    m, l = np.float32(-np.inf), np.float32(0)  # noqa: E741
+    acc = np.zeros(values.shape[1], np.float32)
+    for logical in range(-(-n // bs)):
+        trace.lookups.append((logical, int(blocks[logical * bs])))
+        here = range(logical * bs, min(n, (logical + 1) * bs))
+        block_max = np.float32(max(scores[t] for t in here))
+        new_max = max(m, block_max)
+        correction = np.float32(np.exp(m - new_max))
+        l, acc = l * correction, acc * correction  # noqa: E741
+        for t in here:
+            p = np.float32(np.exp(scores[t] - new_max))
+            l = np.float32(l + p)  # noqa: E741
+            acc = (acc + p * values[t]).astype(np.float32)
+            trace.steps.append(
+                TokenStep(t, logical, int(blocks[t]), t % bs, float(scores[t]), float(m), float(new_max),
+                          float(correction) if t == here[0] else 1.0, float(l))
+            )  # fmt: skip
+        trace.block_folds.append(
+            {"logical": logical, "block_max": float(block_max), "m": float(new_max), "correction": float(correction),
+             "l": float(l)}
+        )  # fmt: skip
+        m = new_max
+    trace.output = acc / l if l > 0 else np.zeros_like(acc)
+    return trace
+
+
+def _merge(a, b):
+    (m1, l1, acc1), (m2, l2, acc2) = a, b
+    m = max(m1, m2)
+    if m == -np.inf:
+        return a
+    wa, wb = np.float32(np.exp(m1 - m)), np.float32(np.exp(m2 - m))
+    return m, np.float32(l1 * wa + l2 * wb), (acc1 * wa + acc2 * wb).astype(np.float32)
+
+
+def _attend_range(trace: KernelTrace, geometry, scores, values, blocks, bs, begin, end, partition):
+    """One thread block's work over tokens [begin, end): groups, then warps."""
+    d = values.shape[1]
+    states = {
+        (w, g): (np.float32(-np.inf), np.float32(0), np.zeros(d, np.float32))
+        for w in range(NUM_WARPS)
+        for g in range(geometry.tokens_per_warp)
+    }
+    per_round = NUM_WARPS * geometry.tokens_per_warp
+    for first in range(begin, end, per_round):  # the kernel's iterations, all warps in step
+        for t in range(first, min(end, first + per_round)):
+            warp, group, iteration = geometry.lane_of(t, begin)
+            m, l, acc = states[(warp, group)]  # noqa: E741
+            s = scores[t]
+            m_new = max(m, s)
+            correction = np.float32(np.exp(m - m_new))
+            p = np.float32(np.exp(s - m_new))
+            l = np.float32(l * correction + p)  # noqa: E741
+            acc = (acc * correction + p * values[t]).astype(np.float32)
+            states[(warp, group)] = (m_new, l, acc)
+            trace.steps.append(
+                TokenStep(t, t // bs, int(blocks[t]), t % bs, float(s), float(m), float(m_new), float(correction),
+                          float(l), (warp, group, iteration), partition)
+            )  # fmt: skip
+    # Groups of a warp: xor shuffles; every group ends with the warp's state.
+    mask = geometry.group
+    while mask < WARP:
+        step = mask // geometry.group
+        for w in range(NUM_WARPS):
+            merged = {}
+            for g in range(geometry.tokens_per_warp):
+                merged[g] = _merge(states[(w, g)], states[(w, g ^ step)])
+                if g < (g ^ step):
+                    m, l, _ = merged[g]  # noqa: E741
+                    trace.merges.append(Merge("group", partition, g, g ^ step, mask, float(m), float(l)))
+            for g, state in merged.items():
+                states[(w, g)] = state
+        mask *= 2
+    # Warps through shared memory.
+    warps = [states[(w, 0)] for w in range(NUM_WARPS)]
+    global_max = max(m for m, _, _ in warps)
+    weights = [np.float32(0) if m == -np.inf else np.float32(np.exp(m - global_max)) for m, _, _ in warps]
+    total = np.float32(sum(exp_sum * w for (_, exp_sum, _), w in zip(warps, weights, strict=True)))
+    for w, ((_, exp_sum, _), weight) in enumerate(zip(warps, weights, strict=True)):
+        trace.merges.append(Merge("warp", partition, 0, w, 0, float(global_max), float(exp_sum * weight)))
+    acc = sum((a * weight for (_, _, a), weight in zip(warps, weights, strict=True)), np.zeros(d, np.float32))
+    out = acc / total if total > 0 else np.zeros(d, np.float32)
+    return global_max, total, out.astype(np.float32)
+
+
+def trace_cuda(
+    query, key_cache, value_cache, block_tables, context_lens, row: int, head: int, scale: float,
+    variant: str = "v1", partition_size: int = PARTITION_SIZE,
+):  # fmt: skip
+    """The CUDA kernel's walk. ``partition_size`` other than the kernel's 512 is a teaching
+    value (small scenarios can show v2's partitions); the default is the real one."""
+    kv_head, _, n, bs, blocks, _, values, scores = _inputs(
+        query, key_cache, value_cache, block_tables, context_lens, row, head, scale
+    )
+    geometry = CudaGeometry.of(key_cache.dtype, key_cache.shape[3])
+    size = n if variant == "v1" else partition_size
+    trace = KernelTrace(f"cuda-{variant}", row, head, kv_head, n, size, scores=scores, geometry=geometry)
+    for logical in range(-(-n // bs)):
+        trace.lookups.append((logical, int(blocks[logical * bs])))
+    if n == 0:
+        trace.output = np.zeros(values.shape[1], np.float32)
+        return trace
+    if variant == "v1":
+        _, _, trace.output = _attend_range(trace, geometry, scores, values, blocks, bs, 0, n, 0)
+        return trace
+    for index, begin in enumerate(range(0, n, size)):
+        end = min(begin + size, n)
+        m, total, out = _attend_range(trace, geometry, scores, values, blocks, bs, begin, end, index)
+        trace.partitions.append(PartitionResult(index, begin, end, float(m), float(total), out))
+    big_m = max(p.max_logit for p in trace.partitions)
+    weights = [np.float32(p.exp_sum * np.exp(np.float32(p.max_logit - big_m))) for p in trace.partitions]
+    total = np.float32(sum(weights))
+    for p, w in zip(trace.partitions, weights, strict=True):
+        trace.merges.append(Merge("reduce", p.index, 0, p.index, 0, float(big_m), float(w)))
+    acc = sum(
+        (p.output * w for p, w in zip(trace.partitions, weights, strict=True)),
+        np.zeros_like(trace.partitions[0].output),
+    )
+    trace.output = (acc / total).astype(np.float32)
+    return trace

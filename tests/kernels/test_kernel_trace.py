@@ -1,0 +1,85 @@
+"""The kernel walk-through's replay (kernels/trace.py) ends where the kernel ends: its
+output equals the kernel's for every shipped scenario, for the CPU kernel's block-by-block
+fold and the CUDA kernel's warps and groups, v1 and v2 (the real 512-token partitions and
+a small teaching size)."""
+
+import numpy as np
+import pytest
+
+from core.scenario import load_scenario, shipped_scenarios
+from core.timeline import Timeline
+from kernels.trace import CudaGeometry, trace_cpu, trace_cuda
+
+
+@pytest.fixture(scope="module")
+def last_steps(cpu_backend):
+    """Each shipped scenario at its last step with attention: (inputs, report)."""
+    out = {}
+    for name in sorted(shipped_scenarios()):
+        timeline = Timeline(load_scenario(name), cpu_backend)
+        report = None
+        for result in timeline.run_to_end():
+            if result.attention is not None:
+                report = result.attention
+        cache = timeline.sim.cache
+        inputs = (
+            report.query,
+            cache.key_cache.copy(),
+            cache.value_cache.copy(),
+            report.block_tables,
+            report.context_lens,
+        )
+        out[name] = (inputs, report)
+    return out
+
+
+def rows_of(report, limit=4):
+    heads = report.query.shape[1]
+    return [(r, h) for r in range(min(limit, len(report.seq_ids))) for h in sorted({0, heads - 1})]
+
+
+@pytest.mark.parametrize("name", sorted(shipped_scenarios()))
+def test_every_replay_ends_at_the_kernels_output(last_steps, name):
+    inputs, report = last_steps[name]
+    for row, head in rows_of(report):
+        want, bound = report.output[row, head], report.tolerances[row, head]
+        replays = {
+            "cpu": trace_cpu(*inputs, row, head, report.scale),
+            "cuda-v1": trace_cuda(*inputs, row, head, report.scale, "v1"),
+            "cuda-v2": trace_cuda(*inputs, row, head, report.scale, "v2"),
+            "cuda-v2 teaching": trace_cuda(*inputs, row, head, report.scale, "v2", partition_size=16),
+        }
+        for label, trace in replays.items():
+            err = float(np.abs(trace.output - want).max())
+            assert err <= bound, f"{name} row {row} head {head} {label}: {err:.2e} > {bound:.2e}"
+
+
+def test_the_replay_records_each_stage(last_steps):
+    inputs, report = last_steps["long_context"]
+    row = int(np.argmax(report.context_lens))
+    n = int(report.context_lens[row])
+    bs = inputs[1].shape[1]
+    cpu = trace_cpu(*inputs, row, 0, report.scale)
+    assert [p for _, p in cpu.lookups] == list(report.block_tables[row, : -(-n // bs)])
+    assert len(cpu.block_folds) == -(-n // bs) and len(cpu.steps) == n
+    rescaled = [f for f in cpu.block_folds if f["correction"] < 1.0]
+    assert rescaled, "a new maximum arrived in some block and rescaled what came before"
+    v2 = trace_cuda(*inputs, row, 0, report.scale, "v2")
+    assert [(p.begin, p.end) for p in v2.partitions] == [(b, min(b + 512, n)) for b in range(0, n, 512)]
+    assert {m.stage for m in v2.merges} == {"group", "warp", "reduce"}
+    geometry = v2.geometry
+    for step in v2.steps[:200]:
+        assert step.lane == geometry.lane_of(step.token, 512 * step.partition)
+
+
+@pytest.mark.parametrize(
+    "dtype, head_dim, group, tokens_per_warp",
+    [("float32", 128, 32, 1), ("float16", 128, 16, 2), ("float16", 64, 8, 4), ("bfloat16", 8, 1, 32)],
+)
+def test_geometry_follows_the_cuda_source(dtype, head_dim, group, tokens_per_warp):
+    from kernels.dtypes import storage_dtype
+
+    g = CudaGeometry.of(storage_dtype(dtype), head_dim)
+    assert (g.group, g.tokens_per_warp) == (group, tokens_per_warp)
+    assert g.lane_of(0) == (0, 0, 0) and g.lane_of(tokens_per_warp) == (1, 0, 0)
+    assert g.lane_of(4 * tokens_per_warp) == (0, 0, 1)
