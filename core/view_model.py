@@ -184,3 +184,104 @@ def build_frame(
         },
         scheduler_counts=None if not sim.scheduler.used else sim.scheduler.counts(),
     )
+
+
+KERNEL_CHOICES = {
+    "cpu": "CPU kernel: block by block",
+    "cuda-v1": "CUDA v1: warps and thread groups",
+    "cuda-v2": "CUDA v2: split-K partitions, then a reduce",
+}
+
+
+@dataclass(frozen=True)
+class WalkThrough:
+    """The kernel's work for one (sequence, head) at the current step, stage by stage."""
+
+    seq_id: str
+    head: int
+    kernel: str  # a KERNEL_CHOICES key
+    partition_size: int
+    trace: object  # kernels.trace.KernelTrace
+    kernel_output: np.ndarray  # the kernel's row, as it ran this step
+    dense_output: np.ndarray
+    bound: float  # what rounding explains for this row
+    stages: tuple[str, ...]  # one sentence per stage
+    stage_token: tuple[int, ...]  # the token each stage is about (-1: a merge or the result)
+
+    @property
+    def trace_error(self) -> float:
+        return float(np.abs(self.trace.output - self.kernel_output).max())
+
+
+def _describe_step(step, kernel: str) -> str:
+    text = (
+        f"token {step.token}: logical block {step.logical_block} → physical block #{step.physical_block}, "
+        f"slot {step.slot} · score q·k·scale = {step.score:+.3f}"
+    )
+    if step.m_before == float("-inf"):
+        text += f" · first token here: m = {step.m_after:+.3f}"
+    elif step.m_after > step.m_before:
+        text += (
+            f" · new max {step.m_before:+.3f} → {step.m_after:+.3f}: "
+            f"rescale by exp(m_old − m_new) = ×{step.correction:.3f}"
+        )
+    text += f" · ℓ = {step.l_after:.3f}"
+    if step.lane is not None:
+        warp, group, iteration = step.lane
+        text += f" · warp {warp}, thread group {group}, iteration {iteration}"
+        if kernel == "cuda-v2":
+            text += f", partition {step.partition}"
+    return text
+
+
+def walk_through(sim: Simulator, seq_id: str, head: int, kernel: str, partition_size: int) -> WalkThrough | None:
+    """Replay this step's kernel for ``seq_id``'s query head ``head`` (None if it did not attend)."""
+    from kernels.trace import trace_cpu, trace_cuda
+
+    report = sim.last_attention
+    if report is None or seq_id not in report.seq_ids or kernel not in KERNEL_CHOICES:
+        return None
+    row = report.index_of(seq_id)
+    head = min(max(0, head), report.query.shape[1] - 1)
+    backend = sim.backend
+    inputs = (
+        report.query,
+        backend.to_numpy(sim.cache.key_cache),
+        backend.to_numpy(sim.cache.value_cache),
+        report.block_tables,
+        report.context_lens,
+    )
+    if kernel == "cpu":
+        trace = trace_cpu(*inputs, row, head, report.scale)
+    else:
+        trace = trace_cuda(*inputs, row, head, report.scale, kernel[-2:], partition_size)
+    stages = [_describe_step(step, kernel) for step in trace.steps]
+    tokens = [step.token for step in trace.steps]
+    for merge in trace.merges:
+        if merge.stage == "group":
+            text = (
+                f"partition {merge.partition}: thread groups {merge.into} and {merge.other} of each warp merge by a "
+                f"xor shuffle (mask {merge.mask}): m = {merge.m:+.3f}, ℓ = {merge.l:.3f}"
+            )
+        elif merge.stage == "warp":
+            text = (
+                f"partition {merge.partition}: warp {merge.other} joins through shared memory, its ℓ weighted by "
+                f"exp(m_warp − M) to {merge.l:.3f} (M = {merge.m:+.3f})"
+            )
+        else:
+            text = (
+                f"reduce: partition {merge.other} weighted by its exp-sum × exp(mᵢ − M) = {merge.l:.4f} "
+                f"(M = {merge.m:+.3f})"
+            )
+        stages.append(text)
+        tokens.append(-1)
+    out = report.output[row, head]
+    stages.append(
+        f"output: replay vs kernel max |Δ| {float(np.abs(trace.output - out).max()):.1e}, kernel vs dense "
+        f"{float(report.head_errors[row, head]):.1e} (rounding bound {float(report.tolerances[row, head]):.1e})"
+    )
+    tokens.append(-1)
+    return WalkThrough(
+        seq_id, head, kernel, partition_size, trace, out, report.dense[row, head],
+        float(report.tolerances[row, head]), tuple(stages), tuple(tokens),
+    )  # fmt: skip

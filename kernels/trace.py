@@ -143,9 +143,10 @@ def trace_cpu(query, key_cache, value_cache, block_tables, context_lens, row: in
             p = np.float32(np.exp(scores[t] - new_max))
             l = np.float32(l + p)  # noqa: E741
             acc = (acc + p * values[t]).astype(np.float32)
+            first = t == here[0]  # the block's rescale happened before its first token
             trace.steps.append(
-                TokenStep(t, logical, int(blocks[t]), t % bs, float(scores[t]), float(m), float(new_max),
-                          float(correction) if t == here[0] else 1.0, float(l))
+                TokenStep(t, logical, int(blocks[t]), t % bs, float(scores[t]), float(m if first else new_max),
+                          float(new_max), float(correction) if first else 1.0, float(l))
             )  # fmt: skip
         trace.block_folds.append(
             {"logical": logical, "block_max": float(block_max), "m": float(new_max), "correction": float(correction),

@@ -16,7 +16,7 @@ from core.operations import Operation
 from core.scenario import Scenario
 from core.studies.waste import WasteStudy, study
 from core.timeline import Timeline
-from core.view_model import Frame, build_frame
+from core.view_model import Frame, build_frame, walk_through
 from kernels.backend import BackendUnavailableError
 from kernels.selection import select_backend
 
@@ -67,7 +67,15 @@ class ComputeWaste:
     count: int
 
 
-Request = Load | Forward | Back | Seek | Push | Focus | ExportEvents | ComputeWaste
+@dataclass(frozen=True)
+class TraceKernel:
+    seq_id: str
+    head: int
+    kernel: str
+    partition_size: int
+
+
+Request = Load | Forward | Back | Seek | Push | Focus | ExportEvents | ComputeWaste | TraceKernel
 
 
 @dataclass(frozen=True)
@@ -98,7 +106,12 @@ class BackendReady:
     device: str
 
 
-Reply = FrameReply | Failed | Exported | WasteReady | BackendReady
+@dataclass(frozen=True)
+class TraceReady:
+    walk: object  # core.view_model.WalkThrough, or None
+
+
+Reply = FrameReply | Failed | Exported | WasteReady | BackendReady | TraceReady
 
 
 class SimulationWorker(QObject):
@@ -124,6 +137,7 @@ class SimulationWorker(QObject):
             Focus: self._set_focus,
             ExportEvents: self._export,
             ComputeWaste: self._waste,
+            TraceKernel: self._trace,
         }
 
     def _emit(self, result=None) -> None:
@@ -184,6 +198,10 @@ class SimulationWorker(QObject):
             WasteReady(study(request.distribution, request.count, c.num_slots, c.block_size, c.max_model_len))
         )
 
+    def _trace(self, request: TraceKernel) -> None:
+        walk = walk_through(self._timeline.sim, request.seq_id, request.head, request.kernel, request.partition_size)
+        self.replied.emit(TraceReady(walk))
+
     def _export(self, request: ExportEvents) -> None:
         results = [r for k in range(1, self._timeline.position + 1) if (r := self._timeline.result(k))]
         count = write_event_log(Path(request.path), results)
@@ -199,6 +217,7 @@ class SimulationController(QObject):
     playingChanged = Signal(bool)
     exported = Signal(str)
     wasteReady = Signal(object)  # WasteStudy
+    traceReady = Signal(object)  # WalkThrough | None
 
     _request = Signal(object)  # Request
 
@@ -257,6 +276,10 @@ class SimulationController(QObject):
     def export_events(self, path: str) -> None:
         self._send(ExportEvents(path))
 
+    def trace_kernel(self, seq_id: str, head: int, kernel: str, partition_size: int) -> None:
+        """Replay this step's kernel for one (sequence, head), on the worker thread."""
+        self._send(TraceKernel(seq_id, head, kernel, partition_size))
+
     def compute_waste(self, distribution: str, count: int) -> None:
         """Where KV memory goes for a workload on this pool: paged vs contiguous (off the GUI thread)."""
         self._send(ComputeWaste(distribution, count))
@@ -314,6 +337,8 @@ class SimulationController(QObject):
             self.wasteReady.emit(reply.study)
         elif isinstance(reply, Exported):
             self.exported.emit(reply.message)
+        elif isinstance(reply, TraceReady):
+            self.traceReady.emit(reply.walk)
 
     def shutdown(self) -> None:
         self.pause()

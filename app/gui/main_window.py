@@ -29,6 +29,7 @@ from app.gui.selection import Selection
 from app.gui.views.plots import KernelPanel, MemoryPanel, WastePanel
 from app.gui.views.pool_view import PoolView
 from app.gui.views.sequence_view import SequenceView
+from app.gui.views.walkthrough import WalkThroughPanel
 from core.errors import PagesimError
 from core.operations import Add, Fork, Free, Grow, new_sequence_name
 from core.scenario import Scenario, load_scenario
@@ -63,6 +64,8 @@ class MainWindow(QMainWindow):
         self.kernel_panel = KernelPanel(self.theme)
         self.memory_panel = MemoryPanel(self.theme)
         self.waste_panel = WastePanel(self.theme, self.controller.compute_waste)
+        self.walkthrough = WalkThroughPanel(self.theme)
+        self.walkthrough_open = False
         self.director = AnimationDirector(self.pool_view, self.sequence_view, self)
         self._build_central()
         self._build_docks()
@@ -77,6 +80,8 @@ class MainWindow(QMainWindow):
         self.controller.playingChanged.connect(self._on_playing)
         self.controller.exported.connect(lambda msg: self.statusBar().showMessage(msg, 8000))
         self.controller.wasteReady.connect(self.waste_panel.show_result)
+        self.controller.traceReady.connect(self.walkthrough.show_walk)
+        self.walkthrough.traceRequested.connect(lambda *_: self.request_trace())
         self.sequence_view.sequenceSelected.connect(self.select_sequence)
         self.sequence_view.contextMenuRequested.connect(self._sequence_menu)
         self.pool_view.blockClicked.connect(self._block_clicked)
@@ -133,6 +138,9 @@ class MainWindow(QMainWindow):
         )
         self.tabifyDockWidget(self.memory_dock, self.waste_dock)
         self.memory_dock.raise_()
+        self.walkthrough_dock = self._dock("Kernel walk-through", self.walkthrough, right, "walkthrough")
+        self.tabifyDockWidget(self.kernel_dock, self.walkthrough_dock)
+        self.walkthrough_dock.visibilityChanged.connect(self._walkthrough_shown)
         self.guide = QTextBrowser()
         self.guide.setHtml(GUIDE_HTML)
         self.guide_dock = self._dock("Guide", self.guide, right, "guide")
@@ -299,13 +307,33 @@ class MainWindow(QMainWindow):
         style = resources.files("assets") / "styles" / f"{name}.qss"
         self.setStyleSheet(style.read_text(encoding="utf-8") if style.is_file() else "")
         self.settings.setValue("theme", name)
-        for view in (self.pool_view, self.sequence_view, self.kernel_panel, self.memory_panel, self.waste_panel):
+        for view in (
+            self.pool_view, self.sequence_view, self.kernel_panel, self.memory_panel, self.waste_panel, self.walkthrough
+        ):  # fmt: skip
             view.set_theme(self.theme)
 
     # -- frames in -------------------------------------------------------------------
+    def _walkthrough_shown(self, shown: bool) -> None:
+        # A tabbed dock's content stays "visible" behind another tab: the dock says when it shows.
+        self.walkthrough_open = shown
+        if shown:
+            self.request_trace()
+
+    def request_trace(self) -> None:
+        """Replay the kernel for the selected sequence, only while the walk-through is shown."""
+        if not self.walkthrough_open or self.frame is None or self.frame.attention is None:
+            return
+        seq = self.selected_seq
+        if seq is None or seq not in self.frame.attention.seq_ids:
+            self.walkthrough.show_walk(None)
+            return
+        w = self.walkthrough
+        self.controller.trace_kernel(seq, w.head_box.value(), w.kernel, int(w.partition_box.currentData()))
+
     def _on_backend(self, name: str, device: str) -> None:
         self.backend_label.setText(f"{name.upper()} · {device}")
         self.kernel_panel.set_backend(name, device)
+        self.walkthrough.set_default_kernel(name)
 
     def _on_playing(self, playing: bool) -> None:
         self.actions.play_action.setText("Pause" if playing else "Play")
@@ -326,6 +354,8 @@ class MainWindow(QMainWindow):
         self.pool_view.show_frame(frame, self.selected_seq)
         self.kernel_panel.show_frame(frame)
         self.memory_panel.show_frame(frame)
+        self.walkthrough.set_heads(frame.config.num_heads)
+        self.request_trace()
         c = frame.config
         self.scenario_title.setText(frame.scenario_name)
         description = " ".join(frame.scenario_description.split())
@@ -381,5 +411,6 @@ class MainWindow(QMainWindow):
         self.settings.setValue("geometry", self.saveGeometry())
         self.settings.setValue("windowState", self.saveState(LAYOUT_VERSION))
         self.director.stop()
+        self.walkthrough.timer.stop()
         self.controller.shutdown()
         super().closeEvent(event)

@@ -1,0 +1,248 @@
+"""The kernel walk-through: one (sequence, head) of the current step, stage by stage —
+which physical block the kernel reads when, the scores, the running max and the rescales,
+which warp and thread group takes which token, and v2's partitions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtWidgets import (
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QPushButton,
+    QSlider,
+    QSpinBox,
+    QStyle,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.gui.controller import LIVE_TIMERS
+from app.gui.palette import Theme
+from app.gui.views.plots import BLOCK_COLOURS, _style_plot
+from core.view_model import KERNEL_CHOICES, WalkThrough
+
+PARTITION_CHOICES = (8, 16, 32, 64, 128, 256, 512)
+REAL_PARTITION = 512
+PLAY_MS = 40
+
+
+class WalkThroughPanel(QWidget):
+    """Asks for a replay (``traceRequested``: kernel, head, partition size) and draws it."""
+
+    traceRequested = Signal(str, int, int)
+
+    def __init__(self, theme: Theme, parent=None) -> None:
+        super().__init__(parent)
+        self.theme = theme
+        self.walk: WalkThrough | None = None
+        self.stage = 0
+        self.kernel_box = QComboBox()
+        for key, label in KERNEL_CHOICES.items():
+            self.kernel_box.addItem(label, key)
+        self.kernel_box.setToolTip("Which kernel's algorithm to replay (the one this step ran is listed first)")
+        self.head_box = QSpinBox()
+        self.head_box.setPrefix("head ")
+        self.head_box.setToolTip("The query head to follow")
+        self.partition_box = QComboBox()
+        for size in PARTITION_CHOICES:
+            label = f"{size} tokens" + (" (the real kernel's)" if size == REAL_PARTITION else " (teaching size)")
+            self.partition_box.addItem(label, size)
+        self.partition_box.setCurrentIndex(PARTITION_CHOICES.index(REAL_PARTITION))
+        self.partition_box.setToolTip(
+            "v2's partition size. The real kernel uses 512; a smaller teaching size shows the partitions on "
+            "short contexts"
+        )
+        for box in (self.kernel_box, self.partition_box):
+            box.currentIndexChanged.connect(self._ask)
+        self.head_box.valueChanged.connect(self._ask)
+        self.buttons = {}
+        controls = QHBoxLayout()
+        icons = QStyle.StandardPixmap
+        for key, icon, tip in (
+            ("start", icons.SP_MediaSkipBackward, "First stage"),
+            ("back", icons.SP_MediaSeekBackward, "Previous stage"),
+            ("play", icons.SP_MediaPlay, "Play the stages (again: pause)"),
+            ("next", icons.SP_MediaSeekForward, "Next stage"),
+            ("end", icons.SP_MediaSkipForward, "Last stage: the output"),
+        ):
+            button = QPushButton()
+            button.setIcon(self.style().standardIcon(icon))
+            button.setToolTip(tip)
+            button.setFixedWidth(36)
+            button.clicked.connect(lambda _=False, k=key: self._control(k))
+            self.buttons[key] = button
+            controls.addWidget(button)
+        self.slider = QSlider(Qt.Orientation.Horizontal)
+        self.slider.setToolTip("Scrub through the stages; the scenario's timeline is separate")
+        self.slider.valueChanged.connect(self.show_stage)
+        controls.addWidget(self.slider, 1)
+        self.stage_label = QLabel("open a step with attention to walk through its kernel")
+        self.stage_label.setWordWrap(True)
+        self.lookups = QLabel()
+        self.lookups.setWordWrap(True)
+        self.lookups.setToolTip("The block table walked in the kernel's order: logical block → physical block")
+        self.score_plot = pg.PlotWidget()
+        self.lane_plot = pg.PlotWidget()
+        self.scores = pg.ScatterPlotItem(size=5, pen=None)
+        self.seen = pg.ScatterPlotItem(size=6, pen=None)
+        self.running_max = pg.PlotDataItem(stepMode=None)
+        self.current = pg.ScatterPlotItem(size=14, pen=pg.mkPen("w", width=2), brush=None)
+        for item in (self.scores, self.seen, self.running_max, self.current):
+            self.score_plot.addItem(item)
+        self.lanes = pg.ScatterPlotItem(size=5, pen=None)
+        self.lane_now = pg.ScatterPlotItem(size=14, pen=pg.mkPen("w", width=2), brush=None)
+        self.lane_plot.addItem(self.lanes)
+        self.lane_plot.addItem(self.lane_now)
+        self.bands: list = []
+        self.timer = QTimer(self)
+        self.timer.setObjectName("pagesim-walkthrough")
+        LIVE_TIMERS.add(self.timer)
+        self.timer.timeout.connect(lambda: self._control("next"))
+        top = QHBoxLayout()
+        for widget in (self.kernel_box, self.head_box, QLabel("v2 partition"), self.partition_box):
+            top.addWidget(widget)
+        top.addStretch(1)
+        layout = QVBoxLayout(self)
+        layout.addLayout(top)
+        layout.addLayout(controls)
+        layout.addWidget(self.stage_label)
+        layout.addWidget(self.lookups)
+        layout.addWidget(self.score_plot, 3)
+        layout.addWidget(self.lane_plot, 2)
+        self.set_theme(theme)
+
+    # -- requests -------------------------------------------------------------------
+    @property
+    def kernel(self) -> str:
+        return self.kernel_box.currentData()
+
+    def _ask(self) -> None:
+        self.traceRequested.emit(self.kernel, self.head_box.value(), int(self.partition_box.currentData()))
+
+    def set_heads(self, num_heads: int) -> None:
+        self.head_box.setRange(0, max(0, num_heads - 1))
+
+    def set_default_kernel(self, backend: str) -> None:
+        """Start on the kernel this machine runs."""
+        if backend == "cuda" and self.kernel == "cpu":
+            self.kernel_box.setCurrentIndex(1)
+
+    # -- drawing ---------------------------------------------------------------------
+    def set_theme(self, theme: Theme) -> None:
+        self.theme = theme
+        for plot in (self.score_plot, self.lane_plot):
+            plot.setBackground(theme.plot_background)
+        _style_plot(
+            self.score_plot.getPlotItem(), theme, "Scores (dots) and the running max m (red)", "q·k·scale", "token"
+        )
+        _style_plot(self.lane_plot.getPlotItem(), theme, "Who reads each token", "lane", "token")
+        self.running_max.setPen(pg.mkPen(theme.bad, width=2))
+        if self.walk is not None:
+            self.show_walk(self.walk)
+
+    def show_walk(self, walk: WalkThrough | None) -> None:
+        self.timer.stop()
+        self.walk = walk
+        for band in self.bands:
+            self.score_plot.removeItem(band)
+        self.bands = []
+        if walk is None:
+            self.stage_label.setText("this step ran no attention for the selected sequence")
+            for item in (self.scores, self.seen, self.current, self.lanes, self.lane_now):
+                item.setData([], [])
+            self.running_max.setData([], [])
+            self.slider.setRange(0, 0)
+            return
+        trace = walk.trace
+        n = trace.context_len
+        tokens = np.arange(n)
+        self.scores.setData(tokens, trace.scores, brush=pg.mkBrush(self.theme.muted))
+        lanes, brushes = self._lanes(walk)
+        self.lanes.setData(tokens, lanes, brush=brushes)
+        lane_axis = "lane (warp, group)" if trace.geometry is not None else "block (CPU fold)"
+        self.lane_plot.getPlotItem().setLabel("left", lane_axis, color=self.theme.muted)
+        for part in trace.partitions:
+            band = pg.LinearRegionItem((part.begin - 0.5, part.end - 0.5), movable=False)
+            band.setBrush(pg.mkBrush(BLOCK_COLOURS[part.index % len(BLOCK_COLOURS)] + "30"))
+            band.setToolTip(f"partition {part.index}: m = {part.max_logit:+.3f}, ℓ = {part.exp_sum:.3f}")
+            self.score_plot.addItem(band)
+            self.bands.append(band)
+        self.slider.blockSignals(True)
+        self.slider.setRange(0, len(walk.stages) - 1)
+        self.slider.blockSignals(False)
+        self.show_stage(min(self.stage, len(walk.stages) - 1))
+
+    def _lanes(self, walk: WalkThrough):
+        trace = walk.trace
+        lanes = np.zeros(trace.context_len)
+        colours = np.zeros(trace.context_len, np.int64)
+        for step in trace.steps:
+            if step.lane is None:
+                lanes[step.token], colours[step.token] = step.logical_block, step.physical_block
+            else:
+                warp, group, _ = step.lane
+                lanes[step.token] = warp * trace.geometry.tokens_per_warp + group
+                colours[step.token] = warp
+        palette = [pg.mkBrush(c) for c in BLOCK_COLOURS]
+        return lanes, [palette[c % len(palette)] for c in colours.tolist()]
+
+    def show_stage(self, stage: int) -> None:
+        walk = self.walk
+        if walk is None:
+            return
+        self.stage = stage
+        if self.slider.value() != stage:
+            self.slider.blockSignals(True)
+            self.slider.setValue(stage)
+            self.slider.blockSignals(False)
+        steps = walk.trace.steps[: min(stage + 1, len(walk.trace.steps))]
+        visited = np.array([s.token for s in steps], np.int64)
+        self.seen.setData(visited, walk.trace.scores[visited], brush=pg.mkBrush(self.theme.highlight))
+        maxes = np.array([s.m_after for s in steps])
+        order = np.argsort(visited, kind="stable")
+        if walk.trace.geometry is None:  # one running max, growing along the context
+            self.running_max.setData(visited[order], maxes[order], pen=pg.mkPen(self.theme.bad, width=2), symbol=None)
+        else:  # each thread group keeps its own: its m after each of its tokens
+            self.running_max.setData(
+                visited[order], maxes[order], pen=None, symbol="t1", symbolSize=6,
+                symbolBrush=pg.mkBrush(self.theme.bad), symbolPen=None,
+            )  # fmt: skip
+        token = walk.stage_token[stage]
+        if token >= 0:
+            self.current.setData([token], [walk.trace.scores[token]])
+            self.lane_now.setData([token], [self.lanes.data["y"][token]])
+        else:
+            self.current.setData([], [])
+            self.lane_now.setData([], [])
+        self.stage_label.setText(f"stage {stage + 1} / {len(walk.stages)} · {walk.stages[stage]}")
+        self.lookups.setText(self._lookup_text(walk, token))
+
+    def _lookup_text(self, walk: WalkThrough, token: int) -> str:
+        current = walk.trace.steps[0].logical_block if token < 0 and walk.trace.steps else None
+        if token >= 0:
+            current = next((s.logical_block for s in walk.trace.steps if s.token == token), None)
+        parts = []
+        for logical, physical in walk.trace.lookups[:64]:
+            text = f"L{logical}→#{physical}"
+            parts.append(f"<b><u>{text}</u></b>" if logical == current else text)
+        more = len(walk.trace.lookups) - 64
+        return "block table: " + " · ".join(parts) + (f" · … {more} more" if more > 0 else "")
+
+    def _control(self, key: str) -> None:
+        if self.walk is None:
+            return
+        last = len(self.walk.stages) - 1
+        if key == "play":
+            if self.timer.isActive():
+                self.timer.stop()
+            else:
+                self.timer.start(PLAY_MS)
+            return
+        target = {"start": 0, "back": self.stage - 1, "next": self.stage + 1, "end": last}[key]
+        if key == "next" and target > last:
+            self.timer.stop()
+            return
+        self.show_stage(max(0, min(last, target)))

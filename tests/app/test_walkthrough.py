@@ -1,0 +1,55 @@
+"""The kernel walk-through dock: traced on the worker only while it is shown, stepped stage
+by stage, v2's partitions on the long-context scenario."""
+
+from tests.app.conftest import wait_idle
+
+
+def open_walkthrough(window, qtbot):
+    window.walkthrough_dock.show()
+    window.walkthrough_dock.raise_()
+    qtbot.waitUntil(lambda: window.walkthrough.walk is not None, timeout=20_000)
+    return window.walkthrough
+
+
+def test_nothing_is_traced_while_the_walkthrough_is_hidden(window, qtbot):
+    traced = []
+    window.controller.traceReady.connect(traced.append)
+    window.actions.scrubber.setValue(5)
+    wait_idle(qtbot, window)
+    assert not window.walkthrough_open and traced == []
+
+
+def test_stages_step_forward_and_back_and_end_at_the_kernels_output(window, qtbot):
+    window.actions.scrubber.setValue(6)
+    wait_idle(qtbot, window)
+    panel = open_walkthrough(window, qtbot)
+    walk = panel.walk
+    assert walk.seq_id == window.selected_seq and walk.kernel == "cpu"
+    panel.buttons["start"].click()
+    first = panel.stage_label.text()
+    assert first.startswith("stage 1 /") and "logical block 0 → physical block #" in first
+    panel.buttons["next"].click()
+    assert panel.stage == 1 and panel.stage_label.text() != first
+    panel.buttons["back"].click()
+    assert panel.stage_label.text() == first
+    panel.buttons["end"].click()
+    last = panel.stage_label.text()
+    assert "replay vs kernel" in last and walk.trace_error <= walk.bound
+
+
+def test_cuda_v2_shows_its_partitions_on_the_long_context(make_window, qtbot):
+    window = make_window("long_context")
+    window.actions.scrubber.setValue(2)
+    wait_idle(qtbot, window)
+    panel = open_walkthrough(window, qtbot)
+    panel.kernel_box.setCurrentIndex(2)  # CUDA v2
+    qtbot.waitUntil(lambda: panel.walk is not None and panel.walk.kernel == "cuda-v2", timeout=20_000)
+    n = panel.walk.trace.context_len
+    assert len(panel.bands) == -(-n // 512)  # the real partition size
+    panel.partition_box.setCurrentIndex(0)  # 8 tokens: a teaching size
+    qtbot.waitUntil(lambda: panel.walk.partition_size == 8, timeout=20_000)
+    assert len(panel.walk.trace.partitions) == -(-n // 8)
+    panel.buttons["end"].click()
+    assert "replay vs kernel" in panel.stage_label.text()
+    assert panel.walk.trace_error <= panel.walk.bound
+    wait_idle(qtbot, window)
