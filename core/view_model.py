@@ -205,12 +205,28 @@ class WalkThrough:
     kernel_output: np.ndarray  # the kernel's row, as it ran this step
     dense_output: np.ndarray
     bound: float  # what rounding explains for this row
-    stages: tuple[str, ...]  # one sentence per stage
+    dense_error: float
     stage_token: tuple[int, ...]  # the token each stage is about (-1: a merge or the result)
 
     @property
     def trace_error(self) -> float:
         return float(np.abs(self.trace.output - self.kernel_output).max())
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_token)
+
+    def stage_text(self, stage: int) -> str:
+        """One sentence for a stage (written when shown: a long context has thousands)."""
+        trace = self.trace
+        if stage < len(trace.steps):
+            return _describe_step(trace.steps[stage], self.kernel)
+        if stage - len(trace.steps) < len(trace.merges):
+            return _describe_merge(trace.merges[stage - len(trace.steps)])
+        return (
+            f"output: replay vs kernel max |Δ| {self.trace_error:.1e}, kernel vs dense {self.dense_error:.1e} "
+            f"(rounding bound {self.bound:.1e})"
+        )
 
 
 def _describe_step(step, kernel: str) -> str:
@@ -234,6 +250,20 @@ def _describe_step(step, kernel: str) -> str:
     return text
 
 
+def _describe_merge(merge) -> str:
+    if merge.stage == "group":
+        return (
+            f"partition {merge.partition}: thread groups {merge.into} and {merge.other} of each warp merge by a "
+            f"xor shuffle (mask {merge.mask}): m = {merge.m:+.3f}, ℓ = {merge.l:.3f}"
+        )
+    if merge.stage == "warp":
+        return (
+            f"partition {merge.partition}: warp {merge.other} joins through shared memory, its ℓ weighted by "
+            f"exp(m_warp − M) to {merge.l:.3f} (M = {merge.m:+.3f})"
+        )
+    return f"reduce: partition {merge.other} weighted by its exp-sum × exp(mᵢ − M) = {merge.l:.4f} (M = {merge.m:+.3f})"
+
+
 def walk_through(sim: Simulator, seq_id: str, head: int, kernel: str, partition_size: int) -> WalkThrough | None:
     """Replay this step's kernel for ``seq_id``'s query head ``head`` (None if it did not attend)."""
     from kernels.trace import trace_cpu, trace_cuda
@@ -255,33 +285,8 @@ def walk_through(sim: Simulator, seq_id: str, head: int, kernel: str, partition_
         trace = trace_cpu(*inputs, row, head, report.scale)
     else:
         trace = trace_cuda(*inputs, row, head, report.scale, kernel[-2:], partition_size)
-    stages = [_describe_step(step, kernel) for step in trace.steps]
-    tokens = [step.token for step in trace.steps]
-    for merge in trace.merges:
-        if merge.stage == "group":
-            text = (
-                f"partition {merge.partition}: thread groups {merge.into} and {merge.other} of each warp merge by a "
-                f"xor shuffle (mask {merge.mask}): m = {merge.m:+.3f}, ℓ = {merge.l:.3f}"
-            )
-        elif merge.stage == "warp":
-            text = (
-                f"partition {merge.partition}: warp {merge.other} joins through shared memory, its ℓ weighted by "
-                f"exp(m_warp − M) to {merge.l:.3f} (M = {merge.m:+.3f})"
-            )
-        else:
-            text = (
-                f"reduce: partition {merge.other} weighted by its exp-sum × exp(mᵢ − M) = {merge.l:.4f} "
-                f"(M = {merge.m:+.3f})"
-            )
-        stages.append(text)
-        tokens.append(-1)
-    out = report.output[row, head]
-    stages.append(
-        f"output: replay vs kernel max |Δ| {float(np.abs(trace.output - out).max()):.1e}, kernel vs dense "
-        f"{float(report.head_errors[row, head]):.1e} (rounding bound {float(report.tolerances[row, head]):.1e})"
-    )
-    tokens.append(-1)
+    tokens = [step.token for step in trace.steps] + [-1] * (len(trace.merges) + 1)
     return WalkThrough(
-        seq_id, head, kernel, partition_size, trace, out, report.dense[row, head],
-        float(report.tolerances[row, head]), tuple(stages), tuple(tokens),
+        seq_id, head, kernel, partition_size, trace, report.output[row, head], report.dense[row, head],
+        float(report.tolerances[row, head]), float(report.head_errors[row, head]), tuple(tokens),
     )  # fmt: skip

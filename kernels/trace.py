@@ -11,7 +11,8 @@ The replay follows each kernel's own order of work, so its stages are the kernel
   groups of a warp then merge by xor shuffles (masks GROUP, 2·GROUP, … 16), the warps through
   shared memory; v2 does that per 512-token partition and a reduce rescales each
   partition by exp(m_i − M) weighted by its exp-sum.
-Arithmetic is fp32, as the kernels'; the trace's output equals the kernel's within rounding.
+The states are computed per lane in float64 with NumPy (fast enough for a long context on
+the GUI's worker); the trace's output equals the kernel's within the kernel's rounding.
 """
 
 from __future__ import annotations
@@ -124,36 +125,48 @@ def _inputs(query, key_cache, value_cache, block_tables, context_lens, row: int,
     return kv_head, q, n, bs, blocks, keys, values, scores
 
 
+def _running(scores: np.ndarray, start_m: float = -np.inf, start_l: float = 0.0):
+    """An online softmax over ``scores`` in order: m, ℓ and the rescale factor after each."""
+    s = scores.astype(np.float64)
+    m = np.maximum.accumulate(np.concatenate([[start_m], s]))[1:]
+    m_before = np.concatenate([[start_m], m[:-1]])
+    correction = np.exp(np.where(np.isneginf(m_before), -np.inf, m_before - m))
+    # ℓ_t = start_l·exp(start_m − m_t) + Σ_{i ≤ t} exp(s_i − m_t), summed against the final max.
+    last = m[-1]
+    base = 0.0 if np.isneginf(start_m) else start_l * np.exp(start_m - last)
+    l = (base + np.cumsum(np.exp(s - last))) * np.exp(last - m)  # noqa: E741
+    return m_before, m, correction, l
+
+
 def trace_cpu(query, key_cache, value_cache, block_tables, context_lens, row: int, head: int, scale: float):
     """The CPU kernel's walk: block by block, one rescale per block."""
     kv_head, _, n, bs, blocks, _, values, scores = _inputs(
         query, key_cache, value_cache, block_tables, context_lens, row, head, scale
     )
     trace = KernelTrace("cpu", row, head, kv_head, n, n, scores=scores)
-    m, l = np.float32(-np.inf), np.float32(0)  # noqa: E741
-    acc = np.zeros(values.shape[1], np.float32)
+    m, l = -np.inf, 0.0  # noqa: E741
+    acc = np.zeros(values.shape[1], np.float64)
     for logical in range(-(-n // bs)):
         trace.lookups.append((logical, int(blocks[logical * bs])))
-        here = range(logical * bs, min(n, (logical + 1) * bs))
-        block_max = np.float32(max(scores[t] for t in here))
-        new_max = max(m, block_max)
-        correction = np.float32(np.exp(m - new_max))
-        l, acc = l * correction, acc * correction  # noqa: E741
-        for t in here:
-            p = np.float32(np.exp(scores[t] - new_max))
-            l = np.float32(l + p)  # noqa: E741
-            acc = (acc + p * values[t]).astype(np.float32)
-            first = t == here[0]  # the block's rescale happened before its first token
+        lo, hi = logical * bs, min(n, (logical + 1) * bs)
+        block = scores[lo:hi].astype(np.float64)
+        new_max = max(m, float(block.max()))
+        correction = float(np.exp(m - new_max)) if m != -np.inf else 0.0
+        p = np.exp(block - new_max)
+        running = l * correction + np.cumsum(p)
+        acc = acc * correction + p @ values[lo:hi]
+        for i, t in enumerate(range(lo, hi)):
+            first = i == 0  # the block's rescale happened before its first token
             trace.steps.append(
-                TokenStep(t, logical, int(blocks[t]), t % bs, float(scores[t]), float(m if first else new_max),
-                          float(new_max), float(correction) if first else 1.0, float(l))
+                TokenStep(t, logical, int(blocks[t]), t % bs, float(scores[t]), m if first else new_max, new_max,
+                          correction if first else 1.0, float(running[i]))
             )  # fmt: skip
+        l = float(running[-1])  # noqa: E741
         trace.block_folds.append(
-            {"logical": logical, "block_max": float(block_max), "m": float(new_max), "correction": float(correction),
-             "l": float(l)}
-        )  # fmt: skip
+            {"logical": logical, "block_max": float(block.max()), "m": new_max, "correction": correction, "l": l}
+        )
         m = new_max
-    trace.output = acc / l if l > 0 else np.zeros_like(acc)
+    trace.output = (acc / l).astype(np.float32) if l > 0 else np.zeros(values.shape[1], np.float32)
     return trace
 
 
@@ -162,34 +175,32 @@ def _merge(a, b):
     m = max(m1, m2)
     if m == -np.inf:
         return a
-    wa, wb = np.float32(np.exp(m1 - m)), np.float32(np.exp(m2 - m))
-    return m, np.float32(l1 * wa + l2 * wb), (acc1 * wa + acc2 * wb).astype(np.float32)
+    wa, wb = np.exp(m1 - m), np.exp(m2 - m)
+    return m, l1 * wa + l2 * wb, acc1 * wa + acc2 * wb
 
 
 def _attend_range(trace: KernelTrace, geometry, scores, values, blocks, bs, begin, end, partition):
     """One thread block's work over tokens [begin, end): groups, then warps."""
     d = values.shape[1]
-    states = {
-        (w, g): (np.float32(-np.inf), np.float32(0), np.zeros(d, np.float32))
-        for w in range(NUM_WARPS)
-        for g in range(geometry.tokens_per_warp)
-    }
+    states = {}
+    steps = []
     per_round = NUM_WARPS * geometry.tokens_per_warp
-    for first in range(begin, end, per_round):  # the kernel's iterations, all warps in step
-        for t in range(first, min(end, first + per_round)):
-            warp, group, iteration = geometry.lane_of(t, begin)
-            m, l, acc = states[(warp, group)]  # noqa: E741
-            s = scores[t]
-            m_new = max(m, s)
-            correction = np.float32(np.exp(m - m_new))
-            p = np.float32(np.exp(s - m_new))
-            l = np.float32(l * correction + p)  # noqa: E741
-            acc = (acc * correction + p * values[t]).astype(np.float32)
-            states[(warp, group)] = (m_new, l, acc)
-            trace.steps.append(
-                TokenStep(t, t // bs, int(blocks[t]), t % bs, float(s), float(m), float(m_new), float(correction),
-                          float(l), (warp, group, iteration), partition)
-            )  # fmt: skip
+    for w in range(NUM_WARPS):
+        for g in range(geometry.tokens_per_warp):
+            tokens = np.arange(begin + w * geometry.tokens_per_warp + g, end, per_round)
+            if tokens.size == 0:
+                states[(w, g)] = (-np.inf, 0.0, np.zeros(d))
+                continue
+            m_before, m, correction, l = _running(scores[tokens])  # noqa: E741
+            weights = np.exp(scores[tokens].astype(np.float64) - m[-1])
+            states[(w, g)] = (float(m[-1]), float(l[-1]), weights @ values[tokens])
+            for i, t in enumerate(tokens.tolist()):
+                steps.append(
+                    TokenStep(t, t // bs, int(blocks[t]), t % bs, float(scores[t]), float(m_before[i]), float(m[i]),
+                              float(correction[i]), float(l[i]), (w, g, i), partition)
+                )  # fmt: skip
+    steps.sort(key=lambda step: step.token)  # the kernel's order: round after round, lanes side by side
+    trace.steps.extend(steps)
     # Groups of a warp: xor shuffles; every group ends with the warp's state.
     mask = geometry.group
     while mask < WARP:
@@ -207,12 +218,12 @@ def _attend_range(trace: KernelTrace, geometry, scores, values, blocks, bs, begi
     # Warps through shared memory.
     warps = [states[(w, 0)] for w in range(NUM_WARPS)]
     global_max = max(m for m, _, _ in warps)
-    weights = [np.float32(0) if m == -np.inf else np.float32(np.exp(m - global_max)) for m, _, _ in warps]
-    total = np.float32(sum(exp_sum * w for (_, exp_sum, _), w in zip(warps, weights, strict=True)))
+    weights = [0.0 if m == -np.inf else float(np.exp(m - global_max)) for m, _, _ in warps]
+    total = sum(exp_sum * w for (_, exp_sum, _), w in zip(warps, weights, strict=True))
     for w, ((_, exp_sum, _), weight) in enumerate(zip(warps, weights, strict=True)):
         trace.merges.append(Merge("warp", partition, 0, w, 0, float(global_max), float(exp_sum * weight)))
-    acc = sum((a * weight for (_, _, a), weight in zip(warps, weights, strict=True)), np.zeros(d, np.float32))
-    out = acc / total if total > 0 else np.zeros(d, np.float32)
+    acc = sum((a * weight for (_, _, a), weight in zip(warps, weights, strict=True)), np.zeros(d))
+    out = acc / total if total > 0 else np.zeros(d)
     return global_max, total, out.astype(np.float32)
 
 
@@ -241,8 +252,8 @@ def trace_cuda(
         m, total, out = _attend_range(trace, geometry, scores, values, blocks, bs, begin, end, index)
         trace.partitions.append(PartitionResult(index, begin, end, float(m), float(total), out))
     big_m = max(p.max_logit for p in trace.partitions)
-    weights = [np.float32(p.exp_sum * np.exp(np.float32(p.max_logit - big_m))) for p in trace.partitions]
-    total = np.float32(sum(weights))
+    weights = [p.exp_sum * float(np.exp(p.max_logit - big_m)) for p in trace.partitions]
+    total = sum(weights)
     for p, w in zip(trace.partitions, weights, strict=True):
         trace.merges.append(Merge("reduce", p.index, 0, p.index, 0, float(big_m), float(w)))
     acc = sum(

@@ -171,9 +171,9 @@ class WalkThroughPanel(QWidget):
             self.score_plot.addItem(band)
             self.bands.append(band)
         self.slider.blockSignals(True)
-        self.slider.setRange(0, len(walk.stages) - 1)
+        self.slider.setRange(0, walk.num_stages - 1)
         self.slider.blockSignals(False)
-        self.show_stage(min(self.stage, len(walk.stages) - 1))
+        self.show_stage(min(self.stage, walk.num_stages - 1))
 
     def _lanes(self, walk: WalkThrough):
         trace = walk.trace
@@ -217,7 +217,7 @@ class WalkThroughPanel(QWidget):
         else:
             self.current.setData([], [])
             self.lane_now.setData([], [])
-        self.stage_label.setText(f"stage {stage + 1} / {len(walk.stages)} · {walk.stages[stage]}")
+        self.stage_label.setText(f"stage {stage + 1} / {walk.num_stages} · {walk.stage_text(stage)}")
         self.lookups.setText(self._lookup_text(walk, token))
 
     def _lookup_text(self, walk: WalkThrough, token: int) -> str:
@@ -234,7 +234,7 @@ class WalkThroughPanel(QWidget):
     def _control(self, key: str) -> None:
         if self.walk is None:
             return
-        last = len(self.walk.stages) - 1
+        last = self.walk.num_stages - 1
         if key == "play":
             if self.timer.isActive():
                 self.timer.stop()
