@@ -50,6 +50,14 @@ dim, the scores' size and the context), and the attention weights over the conte
 coloured by the physical block each token was read from. The K/V the kernel read for
 the selected sequence are also compared bit for bit with what its tokens wrote: one
 corrupted slot in a long context moves the average by only about 1/L.</p>
+<p><b>Kernel walk-through</b> (a tab beside the kernel panel): the kernel of this step
+replayed for the selected sequence and head. Step through it: each token's block-table
+lookup (logical block → physical block), its score q·k·scale, the running maximum m and
+sum ℓ of the online softmax (a new maximum rescales everything before it by
+exp(m_old − m_new)); for the CUDA kernel, which warp and thread group reads each token and
+how the groups, then the warps, merge; for v2, each 512-token partition on its own, then a
+reduce that weighs partition i by its sum × exp(mᵢ − M). The last stage compares the
+replay's output with the kernel's and dense attention's.</p>
 <p><b>Memory</b> (bottom): blocks used per step against what reserving
 <i>max_model_len</i> contiguously for every sequence would hold; <b>utilisation</b> =
 slots holding tokens / slots allocated; <b>internal fragmentation</b> = allocated but
