@@ -82,6 +82,7 @@ class MainWindow(QMainWindow):
         self.controller.wasteReady.connect(self.waste_panel.show_result)
         self.controller.traceReady.connect(self.walkthrough.show_walk)
         self.walkthrough.traceRequested.connect(lambda *_: self.request_trace())
+        self.walkthrough.lookupShown.connect(self._show_walk_lookup)
         self.sequence_view.sequenceSelected.connect(self.select_sequence)
         self.sequence_view.contextMenuRequested.connect(self._sequence_menu)
         self.pool_view.blockClicked.connect(self._block_clicked)
@@ -313,11 +314,23 @@ class MainWindow(QMainWindow):
             view.set_theme(self.theme)
 
     # -- frames in -------------------------------------------------------------------
+    def _show_walk_lookup(self, seq: str, logical: int, physical: int) -> None:
+        """Light the block the walk-through's stage reads, in the pool and in the table."""
+        previous = getattr(self, "_walk_block", -1)
+        if 0 <= previous < len(self.pool_view.items):
+            self.pool_view.items[previous].set_glow(None)
+        self._walk_block = physical
+        if 0 <= physical < len(self.pool_view.items) and not self.director.running:
+            self.pool_view.items[physical].set_glow(QColor(self.theme.highlight))
+        self.sequence_view.set_lookup((seq, logical) if logical >= 0 else None)
+
     def _walkthrough_shown(self, shown: bool) -> None:
         # A tabbed dock's content stays "visible" behind another tab: the dock says when it shows.
         self.walkthrough_open = shown
         if shown:
             self.request_trace()
+        else:
+            self._show_walk_lookup("", -1, -1)
 
     def request_trace(self) -> None:
         """Replay the kernel for the selected sequence, only while the walk-through is shown."""

@@ -53,3 +53,15 @@ def test_cuda_v2_shows_its_partitions_on_the_long_context(make_window, qtbot):
     assert "replay vs kernel" in panel.stage_label.text()
     assert panel.walk.trace_error <= panel.walk.bound
     wait_idle(qtbot, window)
+
+
+def test_each_stage_lights_the_block_it_reads_in_the_pool_and_the_table(window, qtbot):
+    window.actions.scrubber.setValue(6)
+    wait_idle(qtbot, window)
+    panel = open_walkthrough(window, qtbot)
+    panel.show_stage(5)
+    step = panel.walk.trace.steps[5]
+    assert window.pool_view.items[step.physical_block].glow is not None
+    assert window.sequence_view.lookup == (panel.walk.seq_id, step.logical_block)
+    panel.buttons["end"].click()  # the output: no lookup
+    assert window.pool_view.items[step.physical_block].glow is None and window.sequence_view.lookup is None

@@ -33,6 +33,7 @@ class WalkThroughPanel(QWidget):
     """Asks for a replay (``traceRequested``: kernel, head, partition size) and draws it."""
 
     traceRequested = Signal(str, int, int)
+    lookupShown = Signal(str, int, int)  # seq, logical block, physical block (-1, -1: none)
 
     def __init__(self, theme: Theme, parent=None) -> None:
         super().__init__(parent)
@@ -211,6 +212,11 @@ class WalkThroughPanel(QWidget):
                 symbolBrush=pg.mkBrush(self.theme.bad), symbolPen=None,
             )  # fmt: skip
         token = walk.stage_token[stage]
+        if token >= 0:
+            step = walk.trace.steps[stage]
+            self.lookupShown.emit(walk.seq_id, step.logical_block, step.physical_block)
+        else:
+            self.lookupShown.emit(walk.seq_id, -1, -1)
         if token >= 0:
             self.current.setData([token], [walk.trace.scores[token]])
             self.lane_now.setData([token], [self.lanes.data["y"][token]])
