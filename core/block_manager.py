@@ -111,7 +111,7 @@ class BlockManager:
     def contiguous_reservation(self, num_tokens: int) -> int:
         return self.config.blocks_for(max(self.config.max_model_len, num_tokens))
 
-    # -- the one place the usage counters change ---------------------------------------
+    # -- the one place the usage counters change (nothing else writes to self.usage) -------
     def _count_tokens(self, old: int | None, new: int | None) -> None:
         """A sequence's length went from ``old`` to ``new`` (None: it did not exist / is gone)."""
         u, res = self.usage, self.contiguous_reservation
@@ -126,9 +126,13 @@ class BlockManager:
             if n + 1 > limit:  # past the reservation's length, the contiguous baseline grows too
                 u.contiguous_blocks += res(n + 1) - res(n)
 
+    def _count_slots(self, tokens: int) -> None:
+        """Referenced blocks hold ``tokens`` more (or fewer) tokens."""
+        self.usage.slots_filled += tokens
+
     def _add_fill(self, block: int, tokens: int) -> None:
         self._fill[block] += tokens
-        self.usage.slots_filled += tokens
+        self._count_slots(tokens)
 
     def _ref_changed(self, ref_count: int, up: bool) -> None:
         if up and ref_count == 2:
@@ -169,7 +173,7 @@ class BlockManager:
         if not holders:
             del self._holders[block]
         if ref_count == 0:
-            self.usage.slots_filled -= self._fill[block]
+            self._count_slots(-self._fill[block])
             if not self.pool.is_cached(block):  # a cached block keeps its tokens for reuse
                 self._fill[block] = 0
             self.events.emit(ev.BlockFreed(block, seq_id))
@@ -226,7 +230,7 @@ class BlockManager:
             was_free = self.pool.ref_count(block) == 0
             ref_count = self.pool.reuse(block)
             if was_free:
-                self.usage.slots_filled += self._fill[block]
+                self._count_slots(self._fill[block])  # its cached tokens count again
             self._ref_changed(ref_count, up=True)
             seq.block_table.append(block)
             seq.block_hashes.append(h)
@@ -309,7 +313,7 @@ class BlockManager:
                 emit(ev.TokenWritten(seq.seq_id, n, token, block, offset))
             if caching and offset == bs - 1:
                 self._cache_full_blocks(seq)
-        self.usage.slots_filled += len(seqs)
+        self._count_slots(len(seqs))
         self._count_decoded(lengths)
         return Appended(slots, copies)
 
