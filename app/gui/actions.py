@@ -7,6 +7,7 @@ in one place.
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 
 from PySide6.QtCore import Qt
@@ -22,10 +23,14 @@ LAYOUT_VERSION = 3  # bump when docks change: an older saved layout is then igno
 
 class WindowActions:
     def __init__(self, window) -> None:
-        self.window = window
+        self._window = weakref.ref(window)  # no Python cycle window ↔ actions (see gc_guard)
         self._build_actions()
         self._build_toolbars()
         self._build_menus()
+
+    @property
+    def window(self):
+        return self._window()
 
     def _action(self, text: str, slot, shortcut=None, tip: str = "") -> QAction:
         w = self.window

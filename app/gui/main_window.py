@@ -14,12 +14,14 @@ from PySide6.QtWidgets import (
     QLabel,
     QMainWindow,
     QMenu,
+    QScrollArea,
     QStyle,
     QTextBrowser,
     QVBoxLayout,
     QWidget,
 )
 
+from app.gui import gc_guard
 from app.gui.actions import LAYOUT_VERSION, SPEEDS, WindowActions
 from app.gui.animation import AnimationDirector, beats_for
 from app.gui.controller import SimulationController
@@ -29,6 +31,7 @@ from app.gui.selection import Selection
 from app.gui.views.plots import KernelPanel, MemoryPanel, WastePanel
 from app.gui.views.pool_view import PoolView
 from app.gui.views.sequence_view import SequenceView
+from app.gui.views.token_map import TokenMap
 from app.gui.views.walkthrough import WalkThroughPanel
 from core.errors import PagesimError
 from core.operations import Add, Fork, Free, Grow, new_sequence_name
@@ -55,6 +58,8 @@ class MainWindow(QMainWindow):
         self.selection = Selection()
         self._syncing = False
         self.last_error: str | None = None
+        gc_guard.acquire(self)  # cyclic GC on this thread only while the worker runs
+        self._gc_held = True
         self.setWindowTitle("pagesim — PagedAttention simulator")
         self.resize(1400, 860)
 
@@ -83,6 +88,7 @@ class MainWindow(QMainWindow):
         self.controller.traceReady.connect(self.walkthrough.show_walk)
         self.walkthrough.traceRequested.connect(lambda *_: self.request_trace())
         self.walkthrough.lookupShown.connect(self._show_walk_lookup)
+        self.token_map.tokenHovered.connect(self._show_walk_lookup)
         self.sequence_view.sequenceSelected.connect(self.select_sequence)
         self.sequence_view.contextMenuRequested.connect(self._sequence_menu)
         self.pool_view.blockClicked.connect(self._block_clicked)
@@ -131,7 +137,20 @@ class MainWindow(QMainWindow):
 
     def _build_docks(self) -> None:
         left, right = Qt.DockWidgetArea.LeftDockWidgetArea, Qt.DockWidgetArea.RightDockWidgetArea
-        self.sequences_dock = self._dock("Sequences and block tables", self.sequence_view, left, "seqs")
+        self.token_map = TokenMap(self.theme)
+        self.token_caption = QLabel()
+        self.token_caption.setWordWrap(True)
+        token_scroll = QScrollArea()
+        token_scroll.setWidgetResizable(True)
+        token_scroll.setWidget(self.token_map)
+        token_scroll.setMinimumHeight(48)
+        left_panel = QWidget()
+        left_layout = QVBoxLayout(left_panel)
+        left_layout.setContentsMargins(0, 0, 0, 0)
+        left_layout.addWidget(self.sequence_view, 3)
+        left_layout.addWidget(self.token_caption)
+        left_layout.addWidget(token_scroll, 1)
+        self.sequences_dock = self._dock("Sequences and block tables", left_panel, left, "seqs")
         self.kernel_dock = self._dock("Kernel vs dense attention", self.kernel_panel, right, "kernel")
         self.memory_dock = self._dock("Memory", self.memory_panel, Qt.DockWidgetArea.BottomDockWidgetArea, "memory")
         self.waste_dock = self._dock(
@@ -260,6 +279,7 @@ class MainWindow(QMainWindow):
         self.sequence_view.select(seq_id)  # echoes back here, and stops at the check above
         if self.frame is not None:
             self.pool_view.show_frame(self.frame, seq_id)
+            self._show_tokens(self.frame)
         self.controller.set_focus(seq_id)
 
     def _block_clicked(self, block: int) -> None:
@@ -309,11 +329,33 @@ class MainWindow(QMainWindow):
         self.setStyleSheet(style.read_text(encoding="utf-8") if style.is_file() else "")
         self.settings.setValue("theme", name)
         for view in (
-            self.pool_view, self.sequence_view, self.kernel_panel, self.memory_panel, self.waste_panel, self.walkthrough
+            self.pool_view, self.sequence_view, self.kernel_panel, self.memory_panel, self.waste_panel,
+            self.walkthrough, self.token_map,
         ):  # fmt: skip
             view.set_theme(self.theme)
 
     # -- frames in -------------------------------------------------------------------
+    def _show_tokens(self, frame: Frame) -> None:
+        state = frame.sequence(self.selected_seq) if self.selected_seq else None
+        if state is None:
+            self.token_map.show_sequence(None, [], 0, frame.config.block_size)
+            self.token_caption.setText("Tokens: select a sequence")
+            return
+        weights = None
+        if frame.focus is not None and frame.focus.seq_id == state.seq_id:
+            head = min(self.kernel_panel.head_box.value(), frame.focus.weights.shape[0] - 1)
+            weights = frame.focus.weights[head]
+        self.token_map.show_sequence(
+            state.seq_id, state.block_table, state.num_tokens, frame.config.block_size, weights
+        )
+        self.token_caption.setText(
+            f"Tokens of {state.seq_id}: {state.num_tokens}, coloured by physical block (hover one: where its K/V lives)"
+        )
+        self.token_caption.setToolTip(
+            f"token t lives in logical block ⌊t/{frame.config.block_size}⌋ at offset t mod "
+            f"{frame.config.block_size}; the block table maps the logical block to a physical one"
+        )
+
     def _show_walk_lookup(self, seq: str, logical: int, physical: int) -> None:
         """Light the block the walk-through's stage reads, in the pool and in the table."""
         previous = getattr(self, "_walk_block", -1)
@@ -368,6 +410,7 @@ class MainWindow(QMainWindow):
         self.kernel_panel.show_frame(frame)
         self.memory_panel.show_frame(frame)
         self.walkthrough.set_heads(frame.config.num_heads)
+        self._show_tokens(frame)
         self.request_trace()
         c = frame.config
         self.scenario_title.setText(frame.scenario_name)
@@ -426,4 +469,7 @@ class MainWindow(QMainWindow):
         self.director.stop()
         self.walkthrough.timer.stop()
         self.controller.shutdown()
+        if self._gc_held:
+            self._gc_held = False
+            gc_guard.release()
         super().closeEvent(event)

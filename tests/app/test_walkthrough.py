@@ -65,3 +65,34 @@ def test_each_stage_lights_the_block_it_reads_in_the_pool_and_the_table(window, 
     assert window.sequence_view.lookup == (panel.walk.seq_id, step.logical_block)
     panel.buttons["end"].click()  # the output: no lookup
     assert window.pool_view.items[step.physical_block].glow is None and window.sequence_view.lookup is None
+
+
+def test_the_token_map_says_where_each_token_lives_and_lights_it(window, qtbot):
+    window.actions.scrubber.setValue(6)
+    wait_idle(qtbot, window)
+    tokens = window.token_map
+    seq = window.frame.sequence(window.selected_seq)
+    assert tokens.seq_id == seq.seq_id and tokens.num_tokens == seq.num_tokens
+    bs = window.frame.config.block_size
+    t = seq.num_tokens - 1
+    text = tokens.describe(t)
+    physical = seq.block_table[t // bs]
+    assert f"logical block {t // bs}" in text and f"physical block #{physical} · slot {t % bs}" in text
+    assert "attention weight" in text  # the selected sequence is the focus: its weights are known
+    tokens.tokenHovered.emit(seq.seq_id, t // bs, physical)
+    assert window.pool_view.items[physical].glow is not None
+    assert window.sequence_view.lookup == (seq.seq_id, t // bs)
+    # The reverse: a pool tile names the tokens of every sequence that holds it.
+    item = window.pool_view.items[seq.block_table[0]]
+    assert f"{seq.seq_id} (logical block 0: tokens 0–" in item.describe()
+
+
+def test_cyclic_gc_runs_on_the_gui_thread_only_while_a_window_lives(make_window, qtbot):
+    """A collection triggered on the worker thread could destroy widgets there and
+    deadlock against the GUI thread (seen once in CI): app.gui.gc_guard."""
+    import gc
+
+    window = make_window("seed_demo")
+    assert not gc.isenabled()
+    window.close()
+    assert gc.isenabled()

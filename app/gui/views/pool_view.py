@@ -64,7 +64,10 @@ class BlockItem(QGraphicsItem):
             )
         if self.ref_count == 0:
             return f"Physical block {self.block_id}\nfree (in the free queue)\n0/{bs} slots hold tokens"
-        owners = ", ".join(f"{seq} (logical block {index})" for seq, index in self.holders)
+        last = max(0, self.fill - 1)
+        owners = ", ".join(
+            f"{seq} (logical block {index}: tokens {index * bs}–{index * bs + last})" for seq, index in self.holders
+        )
         shared = " — shared, copy-on-write on the next write" if self.ref_count > 1 else ""
         if self.cached:
             shared += "\nin the prefix cache (full block, hashed with its prefix)"

@@ -1,0 +1,113 @@
+"""The selected sequence token by token: where each token's K/V lives. Token t is in
+logical block ⌊t/B⌋ at offset t mod B, which the block table maps to a physical block."""
+
+from __future__ import annotations
+
+import numpy as np
+from PySide6.QtCore import QRect, QSize, Signal
+from PySide6.QtGui import QColor, QPainter
+from PySide6.QtWidgets import QToolTip, QWidget
+
+from app.gui.palette import Theme
+from app.gui.views.plots import BLOCK_COLOURS
+
+CELL = 14
+
+
+class TokenMap(QWidget):
+    """One cell per token, coloured by the physical block holding it. Hover a token for its
+    path (token → logical block, offset → physical block, slot) and its attention weight;
+    the window lights the slot's block in the pool and the entry in the block table."""
+
+    tokenHovered = Signal(str, int, int)  # seq, logical block, physical block (-1: none)
+
+    def __init__(self, theme: Theme, parent=None) -> None:
+        super().__init__(parent)
+        self.theme = theme
+        self.seq_id: str | None = None
+        self.block_table: list[int] = []
+        self.num_tokens = 0
+        self.block_size = 1
+        self.weights: np.ndarray | None = None
+        self.hovered = -1
+        self.setMouseTracking(True)
+        self.setToolTip("The selected sequence's tokens: hover one to see where its K/V lives")
+
+    def set_theme(self, theme: Theme) -> None:
+        self.theme = theme
+        self.update()
+
+    def show_sequence(self, seq_id, block_table, num_tokens: int, block_size: int, weights=None) -> None:
+        self.seq_id, self.block_table = seq_id, list(block_table)
+        self.num_tokens, self.block_size, self.weights = num_tokens, block_size, weights
+        self.updateGeometry()
+        self.update()
+
+    def _columns(self) -> int:
+        # Whole blocks per row, so a row break never splits a block.
+        per_row = max(1, self.width() // (CELL * self.block_size)) if self.block_size else 1
+        return per_row * self.block_size
+
+    def sizeHint(self) -> QSize:
+        return QSize(400, self.heightForWidth(400))
+
+    def hasHeightForWidth(self) -> bool:
+        return True
+
+    def heightForWidth(self, width: int) -> int:
+        per_row = max(1, width // (CELL * max(1, self.block_size))) * max(1, self.block_size)
+        return max(CELL, -(-self.num_tokens // per_row) * CELL)
+
+    def token_at(self, x: int, y: int) -> int:
+        columns = self._columns()
+        t = (y // CELL) * columns + x // CELL
+        return t if 0 <= x < columns * CELL and 0 <= t < self.num_tokens else -1
+
+    def describe(self, t: int) -> str:
+        bs = self.block_size
+        logical, offset = divmod(t, bs)
+        physical = self.block_table[logical]
+        text = (
+            f"token {t} → logical block {logical} (⌊{t}/{bs}⌋), offset {offset} ({t} mod {bs})\n"
+            f"block table: L{logical} → physical block #{physical} · slot {offset} (flat slot {physical * bs + offset})"
+        )
+        if self.weights is not None and t < len(self.weights):
+            text += f"\nattention weight of the newest token's query on it: {float(self.weights[t]):.4f}"
+        return text
+
+    def paintEvent(self, event) -> None:
+        painter = QPainter(self)
+        columns = self._columns()
+        font = painter.font()
+        font.setPointSizeF(6.5)
+        painter.setFont(font)
+        for t in range(self.num_tokens):
+            row, column = divmod(t, columns)
+            rect = QRect(column * CELL, row * CELL, CELL - 1, CELL - 1)
+            physical = self.block_table[t // self.block_size]
+            colour = QColor(BLOCK_COLOURS[physical % len(BLOCK_COLOURS)])
+            if t == self.hovered:
+                colour = QColor(self.theme.highlight)
+            painter.fillRect(rect, colour)
+            if t % self.block_size == 0:  # a block starts: mark it
+                painter.setPen(QColor(self.theme.text))
+                painter.drawLine(rect.topLeft(), rect.bottomLeft())
+        painter.end()
+
+    def mouseMoveEvent(self, event) -> None:
+        t = self.token_at(int(event.position().x()), int(event.position().y()))
+        if t != self.hovered:
+            self.hovered = t
+            self.update()
+            if t < 0:
+                self.tokenHovered.emit(self.seq_id or "", -1, -1)
+            else:
+                logical = t // self.block_size
+                self.tokenHovered.emit(self.seq_id or "", logical, self.block_table[logical])
+        if t >= 0:
+            QToolTip.showText(event.globalPosition().toPoint(), self.describe(t), self)
+
+    def leaveEvent(self, event) -> None:
+        self.hovered = -1
+        self.update()
+        self.tokenHovered.emit(self.seq_id or "", -1, -1)
