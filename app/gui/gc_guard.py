@@ -11,7 +11,19 @@ import gc
 
 from PySide6.QtCore import QObject, QTimer
 
-COLLECT_MS = 1000
+CHECK_MS = 250
+
+
+def _collect_due() -> None:
+    """Collect the generations whose thresholds were passed, as automatic GC would — a young
+    collection is quick; a full one only as often as it would happen anyway."""
+    counts, thresholds = gc.get_count(), gc.get_threshold()
+    if counts[0] > thresholds[0]:
+        gc.collect(0)
+        if counts[1] > thresholds[1]:
+            gc.collect(1)
+            if counts[2] > thresholds[2]:
+                gc.collect(2)
 
 _holders = 0
 _timer: QTimer | None = None
@@ -25,8 +37,8 @@ def acquire(parent: QObject) -> None:
         gc.disable()
         _timer = QTimer()
         _timer.setObjectName("pagesim-gc")
-        _timer.timeout.connect(gc.collect)
-        _timer.start(COLLECT_MS)
+        _timer.timeout.connect(_collect_due)
+        _timer.start(CHECK_MS)
 
 
 def release() -> None:
