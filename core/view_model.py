@@ -187,9 +187,9 @@ def build_frame(
 
 
 KERNEL_CHOICES = {
-    "cpu": "CPU kernel: block by block",
-    "cuda-v1": "CUDA v1: warps and thread groups",
-    "cuda-v2": "CUDA v2: split-K partitions, then a reduce",
+    "cpu": "CPU: block by block",
+    "cuda-v1": "CUDA v1: warps, groups",
+    "cuda-v2": "CUDA v2: partitions",
 }
 
 

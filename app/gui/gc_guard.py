@@ -25,6 +25,7 @@ def _collect_due() -> None:
             if counts[2] > thresholds[2]:
                 gc.collect(2)
 
+
 _holders = 0
 _timer: QTimer | None = None
 

@@ -15,7 +15,9 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QMenu,
     QScrollArea,
+    QSizePolicy,
     QStyle,
+    QTabWidget,
     QTextBrowser,
     QVBoxLayout,
     QWidget,
@@ -140,10 +142,13 @@ class MainWindow(QMainWindow):
         self.token_map = TokenMap(self.theme)
         self.token_caption = QLabel()
         self.token_caption.setWordWrap(True)
+        # Neither may widen the dock as the selection changes (the pool would jump).
+        self.token_caption.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         token_scroll = QScrollArea()
         token_scroll.setWidgetResizable(True)
         token_scroll.setWidget(self.token_map)
         token_scroll.setMinimumHeight(48)
+        token_scroll.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Expanding)
         left_panel = QWidget()
         left_layout = QVBoxLayout(left_panel)
         left_layout.setContentsMargins(0, 0, 0, 0)
@@ -151,16 +156,25 @@ class MainWindow(QMainWindow):
         left_layout.addWidget(self.token_caption)
         left_layout.addWidget(token_scroll, 1)
         self.sequences_dock = self._dock("Sequences and block tables", left_panel, left, "seqs")
-        self.kernel_dock = self._dock("Kernel vs dense attention", self.kernel_panel, right, "kernel")
+        # The kernel's two views share one dock as tabs: the check, and the walk-through.
+        self.kernel_tabs = QTabWidget()
+        self.kernel_tabs.setDocumentMode(True)
+        self.kernel_tabs.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.kernel_tabs.addTab(self.kernel_panel, "Kernel vs dense attention")
+        self.kernel_tabs.addTab(self.walkthrough, "Kernel walk-through")
+        self.kernel_tabs.setTabToolTip(
+            1, "The step's kernel replayed stage by stage for the selected sequence and head"
+        )
+        self.kernel_tabs.currentChanged.connect(lambda _: self._walkthrough_shown(self._kernel_dock_shown))
+        self._kernel_dock_shown = False
+        self.kernel_dock = self._dock("Kernel", self.kernel_tabs, right, "kernel")
+        self.kernel_dock.visibilityChanged.connect(self._kernel_dock_visibility)
         self.memory_dock = self._dock("Memory", self.memory_panel, Qt.DockWidgetArea.BottomDockWidgetArea, "memory")
         self.waste_dock = self._dock(
             "Waste vs contiguous", self.waste_panel, Qt.DockWidgetArea.BottomDockWidgetArea, "waste"
         )
         self.tabifyDockWidget(self.memory_dock, self.waste_dock)
         self.memory_dock.raise_()
-        self.walkthrough_dock = self._dock("Kernel walk-through", self.walkthrough, right, "walkthrough")
-        self.tabifyDockWidget(self.kernel_dock, self.walkthrough_dock)
-        self.walkthrough_dock.visibilityChanged.connect(self._walkthrough_shown)
         self.guide = QTextBrowser()
         self.guide.setHtml(GUIDE_HTML)
         self.guide_dock = self._dock("Guide", self.guide, right, "guide")
@@ -366,8 +380,23 @@ class MainWindow(QMainWindow):
             self.pool_view.items[physical].set_glow(QColor(self.theme.highlight))
         self.sequence_view.set_lookup((seq, logical) if logical >= 0 else None)
 
-    def _walkthrough_shown(self, shown: bool) -> None:
-        # A tabbed dock's content stays "visible" behind another tab: the dock says when it shows.
+    def _kernel_dock_visibility(self, shown: bool) -> None:
+        self._kernel_dock_shown = shown
+        self._walkthrough_shown(shown)
+
+    def show_walkthrough(self) -> None:
+        """Bring the kernel walk-through to the front."""
+        if not self._kernel_dock_shown:
+            self.kernel_dock.show()
+            self.kernel_dock.raise_()
+        self.kernel_tabs.setCurrentWidget(self.walkthrough)
+        self._walkthrough_shown(True)
+
+    def _walkthrough_shown(self, dock_shown: bool) -> None:
+        # A tabbed dock's content stays "visible" behind another tab: the dock and the tab say when it shows.
+        shown = dock_shown and self.kernel_tabs.currentWidget() is self.walkthrough
+        if shown == self.walkthrough_open:
+            return
         self.walkthrough_open = shown
         if shown:
             self.request_trace()

@@ -5,8 +5,7 @@ from tests.app.conftest import wait_idle
 
 
 def open_walkthrough(window, qtbot):
-    window.walkthrough_dock.show()
-    window.walkthrough_dock.raise_()
+    window.show_walkthrough()
     qtbot.waitUntil(lambda: window.walkthrough.walk is not None, timeout=20_000)
     return window.walkthrough
 

@@ -49,7 +49,7 @@ class TokenMap(QWidget):
         return per_row * self.block_size
 
     def sizeHint(self) -> QSize:
-        return QSize(400, self.heightForWidth(400))
+        return QSize(200, self.heightForWidth(max(200, self.width())))
 
     def hasHeightForWidth(self) -> bool:
         return True

@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QPushButton,
+    QSizePolicy,
     QSlider,
     QSpinBox,
     QStyle,
@@ -43,13 +44,16 @@ class WalkThroughPanel(QWidget):
         self.kernel_box = QComboBox()
         for key, label in KERNEL_CHOICES.items():
             self.kernel_box.addItem(label, key)
-        self.kernel_box.setToolTip("Which kernel's algorithm to replay (the one this step ran is listed first)")
+        self.kernel_box.setToolTip(
+            "Which kernel's algorithm to replay: the CPU kernel folds one block at a time; the CUDA kernel splits the "
+            "tokens over 4 warps × thread groups (v1), and over 512-token partitions with a reduce (v2, split-K)"
+        )
         self.head_box = QSpinBox()
         self.head_box.setPrefix("head ")
         self.head_box.setToolTip("The query head to follow")
         self.partition_box = QComboBox()
         for size in PARTITION_CHOICES:
-            label = f"{size} tokens" + (" (the real kernel's)" if size == REAL_PARTITION else " (teaching size)")
+            label = f"{size}" + (" (real)" if size == REAL_PARTITION else " (teaching)")
             self.partition_box.addItem(label, size)
         self.partition_box.setCurrentIndex(PARTITION_CHOICES.index(REAL_PARTITION))
         self.partition_box.setToolTip(
@@ -84,6 +88,8 @@ class WalkThroughPanel(QWidget):
         self.stage_label.setWordWrap(True)
         self.lookups = QLabel()
         self.lookups.setWordWrap(True)
+        for label in (self.stage_label, self.lookups):  # long text must not widen the dock
+            label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.lookups.setToolTip("The block table walked in the kernel's order: logical block → physical block")
         self.score_plot = pg.PlotWidget()
         self.lane_plot = pg.PlotWidget()
@@ -103,7 +109,7 @@ class WalkThroughPanel(QWidget):
         LIVE_TIMERS.add(self.timer)
         self.timer.timeout.connect(lambda: self._control("next"))
         top = QHBoxLayout()
-        for widget in (self.kernel_box, self.head_box, QLabel("v2 partition"), self.partition_box):
+        for widget in (self.kernel_box, self.head_box, QLabel("v2 partition:"), self.partition_box):
             top.addWidget(widget)
         top.addStretch(1)
         layout = QVBoxLayout(self)
@@ -111,6 +117,8 @@ class WalkThroughPanel(QWidget):
         layout.addLayout(controls)
         layout.addWidget(self.stage_label)
         layout.addWidget(self.lookups)
+        self.score_plot.setMinimumHeight(100)
+        self.lane_plot.setMinimumHeight(70)
         layout.addWidget(self.score_plot, 3)
         layout.addWidget(self.lane_plot, 2)
         self.set_theme(theme)
@@ -194,6 +202,7 @@ class WalkThroughPanel(QWidget):
         walk = self.walk
         if walk is None:
             return
+        stage = max(0, min(stage, walk.num_stages - 1))
         self.stage = stage
         if self.slider.value() != stage:
             self.slider.blockSignals(True)
@@ -230,12 +239,17 @@ class WalkThroughPanel(QWidget):
         current = walk.trace.steps[0].logical_block if token < 0 and walk.trace.steps else None
         if token >= 0:
             current = next((s.logical_block for s in walk.trace.steps if s.token == token), None)
+        lookups = walk.trace.lookups
+        centre = current if current is not None else 0
+        lo = max(0, centre - 6)
+        hi = min(len(lookups), lo + 13)
         parts = []
-        for logical, physical in walk.trace.lookups[:64]:
+        for logical, physical in lookups[lo:hi]:
             text = f"L{logical}→#{physical}"
             parts.append(f"<b><u>{text}</u></b>" if logical == current else text)
-        more = len(walk.trace.lookups) - 64
-        return "block table: " + " · ".join(parts) + (f" · … {more} more" if more > 0 else "")
+        before = f"… {lo} · " if lo else ""
+        after = f" · … {len(lookups) - hi} more" if hi < len(lookups) else ""
+        return f"block table ({len(lookups)} entries): " + before + " · ".join(parts) + after
 
     def _control(self, key: str) -> None:
         if self.walk is None:
