@@ -34,6 +34,11 @@ def test_stages_step_forward_and_back_and_end_at_the_kernels_output(window, qtbo
     panel.buttons["end"].click()
     last = panel.stage_label.text()
     assert "replay vs kernel" in last and walk.trace_error <= walk.bound
+    # The last stage draws the three outputs over the head's dimensions.
+    assert panel.out_kernel.isVisible() and not panel.lanes.isVisible()
+    assert len(panel.out_trace.getData()[0]) == len(walk.kernel_output)
+    panel.buttons["back"].click()
+    assert panel.lanes.isVisible() and not panel.out_kernel.isVisible()
 
 
 def test_cuda_v2_shows_its_partitions_on_the_long_context(make_window, qtbot):

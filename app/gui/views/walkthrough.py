@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
 
 from app.gui.controller import LIVE_TIMERS
 from app.gui.palette import Theme
-from app.gui.views.plots import BLOCK_COLOURS, _style_plot
+from app.gui.views.plots import BLOCK_COLOURS, DENSE_COLOUR, KERNEL_COLOUR, _key, _style_plot
 from core.view_model import KERNEL_CHOICES, WalkThrough
 
 PARTITION_CHOICES = (8, 16, 32, 64, 128, 256, 512)
@@ -103,6 +103,12 @@ class WalkThroughPanel(QWidget):
         self.lane_now = pg.ScatterPlotItem(size=14, pen=pg.mkPen("w", width=2), brush=None)
         self.lane_plot.addItem(self.lanes)
         self.lane_plot.addItem(self.lane_now)
+        # The last stage: the replay's output beside the kernel's and dense attention's.
+        self.out_trace = pg.PlotDataItem()
+        self.out_kernel = pg.ScatterPlotItem(symbol="x", size=9, pen=None)
+        self.out_dense = pg.ScatterPlotItem(symbol="o", size=7, brush=None)
+        for item in (self.out_trace, self.out_kernel, self.out_dense):
+            self.lane_plot.addItem(item)
         self.bands: list = []
         self.timer = QTimer(self)
         self.timer.setObjectName("pagesim-walkthrough")
@@ -111,7 +117,8 @@ class WalkThroughPanel(QWidget):
         top = QHBoxLayout()
         for widget in (self.kernel_box, self.head_box, QLabel("v2 partition:"), self.partition_box):
             top.addWidget(widget)
-        top.addStretch(1)
+        self.kernel_box.setMinimumContentsLength(14)
+        self.kernel_box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         layout = QVBoxLayout(self)
         layout.addLayout(top)
         layout.addLayout(controls)
@@ -232,8 +239,31 @@ class WalkThroughPanel(QWidget):
         else:
             self.current.setData([], [])
             self.lane_now.setData([], [])
+        self._show_output(stage == walk.num_stages - 1)
         self.stage_label.setText(f"stage {stage + 1} / {walk.num_stages} · {walk.stage_text(stage)}")
         self.lookups.setText(self._lookup_text(walk, token))
+
+    def _show_output(self, last: bool) -> None:
+        """The lane picture, or at the last stage the three outputs over the head's dimensions."""
+        walk, plot = self.walk, self.lane_plot.getPlotItem()
+        for item in (self.lanes, self.lane_now):
+            item.setVisible(not last)
+        for item in (self.out_trace, self.out_kernel, self.out_dense):
+            item.setVisible(last)
+        if last:
+            dims = np.arange(len(walk.kernel_output))
+            self.out_trace.setData(dims, walk.trace.output, pen=pg.mkPen(KERNEL_COLOUR, width=2))
+            self.out_kernel.setData(dims, walk.kernel_output, pen=pg.mkPen(self.theme.text))
+            self.out_dense.setData(dims, walk.dense_output, pen=pg.mkPen(DENSE_COLOUR, width=1.5))
+            title = (
+                f"{_key(KERNEL_COLOUR, '— replay')} · × kernel · {_key(DENSE_COLOUR, '○ dense')} "
+                f"(|replay − kernel| {walk.trace_error:.1e})"
+            )
+            _style_plot(plot, self.theme, title, "value", "dimension")
+        else:
+            axis = "lane (warp, group)" if walk.trace.geometry is not None else "block (CPU fold)"
+            _style_plot(plot, self.theme, "Who reads each token", axis, "token")
+        plot.enableAutoRange()
 
     def _lookup_text(self, walk: WalkThrough, token: int) -> str:
         current = walk.trace.steps[0].logical_block if token < 0 and walk.trace.steps else None
