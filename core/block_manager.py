@@ -157,13 +157,17 @@ class BlockManager:
             self._fill[block] = 0  # an evicted block's old tokens no longer count
         return blocks
 
-    def _new_block(self, seq: Sequence) -> int:
-        (block,) = self._take(1)
+    def _append_block(self, seq: Sequence, block: int) -> None:
+        """``block``, just taken off the free queue, becomes ``seq``'s next logical block."""
         seq.block_table.append(block)
         index = len(seq.block_table) - 1
         self._hold(block, seq.seq_id, index)
         if self.events.enabled:
             self.events.emit(ev.BlockAllocated(block, seq.seq_id, index))
+
+    def _new_block(self, seq: Sequence) -> int:
+        (block,) = self._take(1)
+        self._append_block(seq, block)
         return block
 
     def _release(self, block: int, seq_id: str) -> None:
@@ -238,11 +242,8 @@ class BlockManager:
             self.events.emit(ev.BlockReused(block, seq.seq_id, index, ref_count, was_free))
         self._count_tokens(None, 0)
         needed = self.config.blocks_for(num_tokens) - len(hits)
-        for block in self._take(needed, placement):
-            seq.block_table.append(block)
-            index = len(seq.block_table) - 1
-            self._hold(block, seq.seq_id, index)
-            self.events.emit(ev.BlockAllocated(block, seq.seq_id, index))
+        for block in self._take(needed, placement):  # all at once: evictions are announced first
+            self._append_block(seq, block)
 
     def note_prefix_lookup(self, num_tokens: int, hits: int) -> None:
         self.prefix_lookups += (num_tokens - 1) // self.config.block_size
@@ -272,7 +273,7 @@ class BlockManager:
         bs = self.config.block_size
         start = seq.num_tokens
         copies: list[tuple[int, int]] = []
-        if start % bs and self.pool.ref_count(seq.block_table[-1]) > 1:
+        if self.append_plan(seq, len(token_ids)).copy_on_write:
             copies.append(self._copy_on_write(seq))
         while len(seq.block_table) < self.config.blocks_for(start + len(token_ids)):
             self._new_block(seq)

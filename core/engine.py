@@ -122,9 +122,9 @@ def check_memory(config: CacheConfig, backend: Backend, kv_data: bool) -> None:
     kv = config.num_blocks * per_block if kv_data else 0
     host = (config.num_blocks + config.num_cpu_blocks) * BOOKKEEPING_BYTES_PER_BLOCK
     host += config.num_cpu_blocks * per_block if kv_data else 0  # the swap space, on the host
-    where = backend.memory_available()
     free_host = host_memory_available()
-    if where is not None and free_host is not None and where == free_host:  # the cache is on the host too
+    where = free_host if backend.cache_on_host else backend.memory_available()
+    if backend.cache_on_host:  # the cache and the bookkeeping share one memory
         host += kv
         kv = 0
     if kv and where is not None and kv > where:
@@ -349,8 +349,8 @@ class Simulator:
 
     def _grow(self, op: Grow) -> None:
         seq = self.sequence(op.seq)
-        if not self.blocks.can_append(seq, op.length):  # before generating the tokens
-            needed = self.blocks.append_plan(seq, op.length).blocks_needed
+        needed = self.blocks.append_plan(seq, op.length).blocks_needed  # before generating the tokens
+        if needed > self.blocks.num_free:
             raise PoolExhaustedError(needed, self.blocks.num_free, f"grow {op.seq} by {op.length}")
         if op.token_ids is not None:
             token_ids = list(op.token_ids)

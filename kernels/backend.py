@@ -31,6 +31,7 @@ class Backend(ABC):
 
     name: str
     xp: Any
+    cache_on_host = True  # the KV cache lives in host memory (a GPU backend's lives on the device)
 
     @property
     @abstractmethod

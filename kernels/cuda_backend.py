@@ -68,6 +68,7 @@ def compiled_module(inst: Instantiation):
 
 class CudaBackend(Backend):
     name = "cuda"
+    cache_on_host = False
 
     def __init__(self, device_id: int = 0, variant: str = "auto") -> None:
         import cupy

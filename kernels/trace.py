@@ -114,7 +114,7 @@ class KernelTrace:
 def _inputs(query, key_cache, value_cache, block_tables, context_lens, row: int, head: int, scale: float):
     num_heads = query.shape[1]
     kv_head = head // (num_heads // key_cache.shape[2])
-    q = (query[row, head].astype(np.float32) * np.float32(scale)).astype(np.float32)
+    q = query[row, head].astype(np.float32) * np.float32(scale)
     n = int(context_lens[row])
     bs = key_cache.shape[1]
     positions = np.arange(n)
@@ -122,25 +122,24 @@ def _inputs(query, key_cache, value_cache, block_tables, context_lens, row: int,
     keys = key_cache[blocks, positions % bs, kv_head].astype(np.float32)
     values = value_cache[blocks, positions % bs, kv_head].astype(np.float32)
     scores = (keys @ q).astype(np.float32)
-    return kv_head, q, n, bs, blocks, keys, values, scores
+    return kv_head, n, bs, blocks, values, scores
 
 
-def _running(scores: np.ndarray, start_m: float = -np.inf, start_l: float = 0.0):
-    """An online softmax over ``scores`` in order: m, ℓ and the rescale factor after each."""
+def _running(scores: np.ndarray):
+    """An online softmax over ``scores`` in order, from an empty state: m before and after
+    each, the rescale factor exp(m_before − m) and ℓ after each."""
     s = scores.astype(np.float64)
-    m = np.maximum.accumulate(np.concatenate([[start_m], s]))[1:]
-    m_before = np.concatenate([[start_m], m[:-1]])
+    m = np.maximum.accumulate(s)
+    m_before = np.concatenate([[-np.inf], m[:-1]])
     correction = np.exp(np.where(np.isneginf(m_before), -np.inf, m_before - m))
-    # ℓ_t = start_l·exp(start_m − m_t) + Σ_{i ≤ t} exp(s_i − m_t), summed against the final max.
-    last = m[-1]
-    base = 0.0 if np.isneginf(start_m) else start_l * np.exp(start_m - last)
-    l = (base + np.cumsum(np.exp(s - last))) * np.exp(last - m)  # noqa: E741
+    # ℓ_t = Σ_{i ≤ t} exp(s_i − m_t), summed against the final max to stay in range.
+    l = np.cumsum(np.exp(s - m[-1])) * np.exp(m[-1] - m)  # noqa: E741
     return m_before, m, correction, l
 
 
 def trace_cpu(query, key_cache, value_cache, block_tables, context_lens, row: int, head: int, scale: float):
     """The CPU kernel's walk: block by block, one rescale per block."""
-    kv_head, _, n, bs, blocks, _, values, scores = _inputs(
+    kv_head, n, bs, blocks, values, scores = _inputs(
         query, key_cache, value_cache, block_tables, context_lens, row, head, scale
     )
     trace = KernelTrace("cpu", row, head, kv_head, n, n, scores=scores)
@@ -233,7 +232,7 @@ def trace_cuda(
 ):  # fmt: skip
     """The CUDA kernel's walk. ``partition_size`` other than the kernel's 512 is a teaching
     value (small scenarios can show v2's partitions); the default is the real one."""
-    kv_head, _, n, bs, blocks, _, values, scores = _inputs(
+    kv_head, n, bs, blocks, values, scores = _inputs(
         query, key_cache, value_cache, block_tables, context_lens, row, head, scale
     )
     geometry = CudaGeometry.of(key_cache.dtype, key_cache.shape[3])

@@ -278,6 +278,8 @@ class EmulatedModule:
 class EmulatedCudaBackend(CudaBackend):
     """The CUDA backend's own launch code with NumPy as the device and the emulated module."""
 
+    cache_on_host = True  # NumPy is the "device"
+
     def __init__(self, module: EmulatedModule, variant: str = "auto") -> None:
         if variant not in ("auto", "v1", "v2"):
             raise ValueError(f"variant must be auto, v1 or v2; got {variant!r}")
