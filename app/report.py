@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -146,7 +147,7 @@ def event_record(step: int, event) -> dict:
     return {"step": step, "event": type(event).__name__, **asdict(event)}
 
 
-def write_event_log(path: Path, results: list[StepResult]) -> int:
+def write_event_log(path: Path, results: Iterable[StepResult]) -> int:
     """Every event of the given steps as JSON lines; returns how many were written."""
     count = 0
     with open(path, "w", encoding="utf-8") as f:

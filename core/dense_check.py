@@ -1,10 +1,11 @@
 """The dense check: an independent recompute of attention from each sequence's tokens,
 to hold the paged kernel to.
 
-It owns the contiguous reference cache (each sequence's K/V in one row, as a non-paged
-engine reserves them; it never reads the pool, so any paging bug shows) and the dense
-outputs already computed: a sequence whose tokens did not change since its last check
-has the same dense answer, so only changed sequences are recomputed.
+It owns the reference copy of every sequence's K/V (in token order, apart from the pool:
+it never reads the pool, so any paging bug shows) and the dense outputs already computed:
+a sequence whose tokens did not change since its last check has the same dense answer,
+so only changed sequences are recomputed. Dense attention reads each sequence's K/V as
+one contiguous float32 row, built for the call and dropped after it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.kv_cache import ContiguousKVCache
+from core.kv_cache import ChunkedKVReference
 from kernels.reference import dense_attention_rows
 
 U32 = 2.0**-24  # unit roundoff of fp32, the arithmetic of both the kernel and dense
@@ -50,7 +51,7 @@ def error_bounds(
 
 @dataclass(frozen=True)
 class DenseCheckSnapshot:
-    reference: ContiguousKVCache | None  # None: rebuilt from the tokens on restore
+    reference: ChunkedKVReference | None  # None: rebuilt from the tokens on restore
     live: tuple[str, ...]  # every sequence with a row (live or swapped)
     magnitudes: tuple = ()  # (seq, max ‖k‖ per KV head, max |v| per KV head)
 
@@ -58,10 +59,15 @@ class DenseCheckSnapshot:
         return DenseCheckSnapshot(None, self.live, self.magnitudes)
 
 
+MIN_ROW_TOKENS = 64  # rows of one SDPA call are padded to a power of two ≥ this
+
+
 class DenseCheck:
-    def __init__(self, num_kv_heads: int, head_dim: int) -> None:
-        self.reference = ContiguousKVCache(num_kv_heads, head_dim)
-        self.num_kv_heads = num_kv_heads
+    def __init__(self, num_kv_heads: int, head_dim: int, dtype: np.dtype, batch_bytes: int = 1 << 24) -> None:
+        """``batch_bytes``: the most float32 K/V one SDPA call builds (one sequence at least),
+        so the check's working memory stays a fraction of the cache's."""
+        self.reference = ChunkedKVReference(num_kv_heads, head_dim, dtype)
+        self.num_kv_heads, self.head_dim, self.batch_bytes = num_kv_heads, head_dim, batch_bytes
         # Per sequence: how many writes it has had, and the dense output at that count.
         self._writes: dict[str, int] = {}
         self._outputs: dict[str, tuple[int, np.ndarray]] = {}
@@ -116,45 +122,45 @@ class DenseCheck:
         return self.reference.view(seq_id)
 
     def outputs(self, ids: tuple[str, ...], query: np.ndarray, scale: float) -> np.ndarray:
-        """Dense SDPA for sequences ``ids`` (query rows in the same order), from their
-        contiguous K/V; recomputed only where the tokens changed since the last call. One
-        SDPA call per capacity class: over the whole class (views, no copy) when most of
-        its rows changed, else over the changed rows only."""
-        d, writes, cached = self.reference, self._writes, self._outputs
+        """Dense SDPA for sequences ``ids`` (query rows in the same order); recomputed only
+        where the tokens changed since the last call. Changed sequences are grouped by
+        length (rows padded to the next power of two ≥ MIN_ROW_TOKENS) into calls of at
+        most ``batch_bytes`` of float32 K/V."""
+        ref, writes, cached = self.reference, self._writes, self._outputs
         stale = [i for i, seq_id in enumerate(ids) if cached.get(seq_id, (-1,))[0] != writes.get(seq_id, 0)]
-        by_class: dict[int, list[int]] = {}
+        by_width: dict[int, list[int]] = {}
         for i in stale:
-            by_class.setdefault(d.row_of[ids[i]][0], []).append(i)
-        for capacity, members in by_class.items():
-            group = d.classes[capacity]
-            rows = np.array([d.row_of[ids[i]][1] for i in members])
-            live_rows = int((group.lengths > 0).sum())
-            if len(members) * 2 > live_rows:  # most of the class changed: one pass over all of it
-                query_rows = np.zeros((group.keys.shape[0], *query.shape[1:]), np.float32)
-                query_rows[rows] = query[members].astype(np.float32)
-                longest = int(group.lengths.max())  # the tail past every row is padding
-                keys, values = group.keys[:, :, :longest], group.values[:, :, :longest]
-                out = dense_attention_rows(query_rows, keys, values, group.lengths, scale).numpy()[rows]
-            else:
-                longest = int(group.lengths[rows].max())
-                keys, values = group.keys[rows, :, :longest], group.values[rows, :, :longest]
-                out = dense_attention_rows(
-                    query[members].astype(np.float32), keys, values, group.lengths[rows], scale
-                ).numpy()
-            for k, i in enumerate(members):
-                cached[ids[i]] = (writes.get(ids[i], 0), out[k])
+            width = MIN_ROW_TOKENS
+            while width < ref.length(ids[i]):
+                width *= 2
+            by_width.setdefault(width, []).append(i)
+        row_bytes_per_token = 2 * self.num_kv_heads * self.head_dim * 4
+        for width, members in by_width.items():
+            per_call = max(1, self.batch_bytes // (width * row_bytes_per_token))
+            for first in range(0, len(members), per_call):
+                batch = members[first : first + per_call]
+                lengths = np.array([ref.length(ids[i]) for i in batch])
+                # Padded to the width, not the batch's longest row: a row's answer then
+                # depends on its own tokens only, not on what else changed this step.
+                shape = (len(batch), self.num_kv_heads, width, self.head_dim)
+                keys, values = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+                for row, i in enumerate(batch):
+                    ref.fill(ids[i], keys[row], values[row])
+                out = dense_attention_rows(query[batch].astype(np.float32), keys, values, lengths, scale).numpy()
+                for row, i in enumerate(batch):
+                    cached[ids[i]] = (writes.get(ids[i], 0), out[row].copy())  # no view keeps the batch alive
         return np.stack([cached[seq_id][1] for seq_id in ids])
 
-    def snapshot(self) -> DenseCheckSnapshot:
+    def snapshot(self, with_data: bool = True) -> DenseCheckSnapshot:
         return DenseCheckSnapshot(
-            self.reference.snapshot(),
+            self.reference.snapshot() if with_data else None,
             tuple(self._writes),
             tuple((i, self._k_norm[i].copy(), self._v_abs[i].copy()) for i in self._k_norm),
         )
 
     def restore(self, snap: DenseCheckSnapshot) -> None:
         if snap.reference is None:  # the engine rebuilds each row (rebuild_row)
-            self.reference = ContiguousKVCache(self.num_kv_heads, self.reference.head_dim)
+            self.reference = ChunkedKVReference(self.num_kv_heads, self.head_dim, self.reference.dtype)
             for seq_id in snap.live:
                 self.reference.add(seq_id)
         else:

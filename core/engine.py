@@ -33,7 +33,7 @@ from core.errors import (
     UnknownSequenceError,
 )
 from core.events import EventLog
-from core.kv_cache import PagedKVCache, SwapSpace
+from core.kv_cache import CacheCheckpoint, PagedKVCache, SwapSpace
 from core.metrics import Metrics
 from core.operations import Add, Fork, Free, Grow, Operation, Schedule, Submit
 from core.scheduler import Scheduler, SchedulerSnapshot
@@ -90,6 +90,7 @@ class StepResult:
     events: tuple[ev.Event, ...]
     metrics: Metrics
     attention: AttentionReport | None
+    detail_dropped: bool = False  # an old step: its attention and detail events recompute on a seek
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ class SimulatorSnapshot:
     blocks: BlockManagerSnapshot
     sequences: tuple[Sequence, ...]
     swapped: tuple[Sequence, ...]
-    cache: tuple[object, object] | None
+    cache: CacheCheckpoint | None  # only the newest snapshot's can be restored
     swap_space: tuple[np.ndarray, np.ndarray] | None
     dense: DenseCheckSnapshot
     last_query: dict[str, np.ndarray]
@@ -138,6 +139,9 @@ def check_memory(config: CacheConfig, backend: Backend, kv_data: bool) -> None:
         )
 
 
+QKV_PIECE_TOKENS = 256  # tokens the token model projects at once
+
+
 class Simulator:
     def __init__(self, config: CacheConfig, backend: Backend | None = None, kv_data: bool = True) -> None:
         """``kv_data=False`` simulates memory management only: token ids, blocks, tables and
@@ -152,7 +156,9 @@ class Simulator:
         self.blocks = BlockManager(config, self.events)
         self.cache = PagedKVCache(config, self.backend) if kv_data else None
         self.swap_space = SwapSpace(config, self.cache.dtype) if kv_data else None
-        self.dense = DenseCheck(config.num_kv_heads, config.head_dim)
+        # Dense attention's working memory: at most half the pool's bytes per SDPA call.
+        batch_bytes = max(1 << 20, config.num_blocks * config.block_bytes // 2)
+        self.dense = DenseCheck(config.num_kv_heads, config.head_dim, storage_dtype(config.dtype), batch_bytes)
         self.sequences: dict[str, Sequence] = {}
         # Preemption by swap: sequences whose blocks wait in the CPU pool, off the GPU.
         self.swapped: dict[str, Sequence] = {}
@@ -386,24 +392,36 @@ class Simulator:
     def _write_kv(self, seqs, starts, token_ids, slots, copies, skip: int = 0) -> None:
         """The K/V side of an append: copy-on-write copies, then the new tokens' K/V into
         their slots and into the dense reference (the first ``skip`` tokens of a single
-        sequence are prefix-cache hits, already in their blocks)."""
+        sequence are prefix-cache hits, already in their blocks). Long prompts go through
+        the token model in pieces, so its working arrays stay small."""
         for src, dst in copies:  # before the writes: the new token goes into the copy
             self.cache.copy_block(src, dst)
         flat = [t for ids in token_ids for t in ids]
         positions = np.concatenate([np.arange(n, n + len(ids)) for n, ids in zip(starts, token_ids, strict=True)])
-        queries, keys, values = self.model.qkv(flat, positions)
-        keys, values = keys.astype(self.cache.dtype), values.astype(self.cache.dtype)
-        if slots:
-            self.cache.write(np.array(slots, np.int64), keys[skip:], values[skip:])
-        offset = 0
-        for seq, ids in zip(seqs, token_ids, strict=True):
-            end = offset + len(ids)
-            self.dense.append(seq.seq_id, keys[offset:end], values[offset:end])
-            if ids:
-                self._last_query[seq.seq_id] = queries[
-                    end - 1
-                ].copy()  # the decode query until the next write (a copy: no view keeps the batch alive)
-            offset = end
+        ends = np.cumsum([len(ids) for ids in token_ids]).tolist()
+        slot_array = np.array(slots, np.int64)
+        seq_index = 0
+        for first in range(0, len(flat), QKV_PIECE_TOKENS):
+            last = min(first + QKV_PIECE_TOKENS, len(flat))
+            queries, keys, values = self.model.qkv(flat[first:last], positions[first:last])
+            keys, values = keys.astype(self.cache.dtype, copy=False), values.astype(self.cache.dtype, copy=False)
+            written = max(first, skip)  # tokens before ``skip`` are already in their blocks
+            if written < last:
+                self.cache.write(
+                    slot_array[written - skip : last - skip], keys[written - first :], values[written - first :]
+                )
+            while seq_index < len(seqs) and (seq_index == 0 or ends[seq_index - 1] < last):
+                begin = ends[seq_index - 1] if seq_index else 0
+                lo, hi = max(begin, first), min(ends[seq_index], last)
+                seq_id = seqs[seq_index].seq_id
+                if lo < hi:
+                    self.dense.append(seq_id, keys[lo - first : hi - first], values[lo - first : hi - first])
+                if hi == ends[seq_index] and hi > begin:
+                    # the decode query until the next write (a copy: no view keeps the piece alive)
+                    self._last_query[seq_id] = queries[hi - 1 - first].copy()
+                if ends[seq_index] > last:
+                    break  # this sequence goes on in the next piece
+                seq_index += 1
 
     def _fork(self, op: Fork) -> None:
         self.sequence(op.seq)
@@ -520,23 +538,32 @@ class Simulator:
         return report
 
     # -- snapshots --------------------------------------------------------------------------
-    def snapshot(self) -> SimulatorSnapshot:
-        """The whole state, K/V data included (:func:`without_data` drops it: :meth:`restore`
-        then rebuilds the data from the tokens)."""
+    def snapshot(self, with_data: bool = True) -> SimulatorSnapshot:
+        """The whole state; ``with_data=False`` leaves out the K/V arrays and the attention
+        report (as :func:`without_data`, with nothing copied first): :meth:`restore` then
+        rebuilds the data from the tokens."""
+        data = with_data and self.kv_data
         return SimulatorSnapshot(
             step=self.step,
             blocks=self.blocks.snapshot(),
             sequences=tuple(s.copy() for s in self.sequences.values()),
             swapped=tuple(s.copy() for s in self.swapped.values()),
-            cache=self.cache.snapshot() if self.kv_data else None,
-            swap_space=self.swap_space.snapshot() if self.kv_data else None,
-            dense=self.dense.snapshot(),
+            cache=self.cache.snapshot(self._live_blocks()) if data else None,
+            swap_space=self.swap_space.snapshot() if data else None,
+            dense=self.dense.snapshot(with_data),
             last_query=dict(self._last_query),
-            last_attention=self.last_attention,
+            last_attention=self.last_attention if with_data else None,
             scheduler=self.scheduler.snapshot(),
         )
 
+    def _live_blocks(self) -> set[int]:
+        """GPU blocks whose K/V someone may read: held by a sequence, or cached for reuse."""
+        live = {b for seq in self.sequences.values() for b in seq.block_table}
+        return live | set(self.blocks.pool.cached_blocks())
+
     def restore(self, snap: SimulatorSnapshot) -> None:
+        if self.kv_data and snap.cache is not None and not self.cache.can_restore(snap.cache):
+            snap = without_data(snap)  # a newer checkpoint replaced its undo log: rebuild instead
         self.step = snap.step
         self.blocks.restore(snap.blocks)
         self.sequences = {s.seq_id: s.copy() for s in snap.sequences}
@@ -544,6 +571,7 @@ class Simulator:
         self.dense.restore(snap.dense)
         if self.kv_data:
             if snap.cache is None:
+                self.cache.forget_checkpoint()  # the rebuild's writes are not changes to undo
                 self._rebuild_kv()
             else:
                 self.cache.restore(snap.cache)
@@ -602,6 +630,6 @@ class Simulator:
 
 
 def without_data(snap: SimulatorSnapshot) -> SimulatorSnapshot:
-    """The snapshot less its K/V arrays (paged cache, swap space, dense reference): what an
-    older snapshot keeps, so that memory does not grow with steps."""
-    return replace(snap, cache=None, swap_space=None, dense=snap.dense.without_data())
+    """The snapshot less its K/V arrays (paged cache, swap space, dense reference) and its
+    attention report: what an older snapshot keeps, so that memory does not grow with steps."""
+    return replace(snap, cache=None, swap_space=None, dense=snap.dense.without_data(), last_attention=None)

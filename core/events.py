@@ -17,6 +17,9 @@ class Event:
 
     __slots__ = ()
     changes_pool = False
+    # Per-token and per-sequence detail of a step (token writes, the decode attention over
+    # every sequence): an old step drops these, and a seek that lands there recomputes them.
+    detail = False
     _BLOCK_FIELDS = ("block", "src", "dst")
     _SEQ_FIELDS = ("seq", "parent", "child", "request")
 
@@ -292,6 +295,7 @@ class RequestRejected(Event):
 
 @dataclass(frozen=True, slots=True)
 class TokenWritten(Event):
+    detail = True
     seq: str
     position: int
     token_id: int
@@ -309,6 +313,8 @@ class LookupPerformed(Event):
     """The kernel walked ``seq``'s block table in this order: ``blocks[i]`` is the physical
     block it read for logical block ``i``, up to ``context_len`` tokens."""
 
+    detail = True
+
     seq: str
     blocks: tuple[int, ...]
     context_len: int
@@ -324,6 +330,8 @@ class LookupPerformed(Event):
 @dataclass(frozen=True, slots=True)
 class AttentionComputed(Event):
     """Paged kernel vs dense attention for one sequence (query = its newest token)."""
+
+    detail = True
 
     seq: str
     context_len: int
@@ -349,6 +357,7 @@ class AttentionComputed(Event):
 
 @dataclass(frozen=True, slots=True)
 class KernelLaunched(Event):
+    detail = True
     backend: str
     device: str
     num_seqs: int

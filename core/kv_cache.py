@@ -3,17 +3,27 @@
 ``key_cache``/``value_cache`` have the seed article's layout ``(num_blocks,
 block_size, num_kv_heads, head_dim)`` and live in the backend's array module (a
 NumPy array on the CPU, a CuPy array on a GPU). The dense reference keeps each
-sequence's K/V contiguous, as a non-paged engine would; it never reads the pool,
-so the kernel-vs-dense check catches any paging bug.
+sequence's K/V in token order, apart from the pool; it never reads the pool, so the
+kernel-vs-dense check catches any paging bug.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from core.config import CacheConfig
 from kernels.backend import Backend
 from kernels.dtypes import storage_dtype
+
+
+@dataclass(frozen=True)
+class CacheCheckpoint:
+    """A point the paged cache can go back to: the undo log that started there (each
+    block's K/V before its first change since) — not a copy of the pool."""
+
+    generation: int
 
 
 class PagedKVCache:
@@ -24,11 +34,31 @@ class PagedKVCache:
         self.key_cache, self.value_cache = backend.allocate_cache(
             config.num_blocks, config.block_size, config.num_kv_heads, config.head_dim, self.dtype
         )
+        self._generation = 0
+        self._undo: dict[int, tuple[object, object]] | None = None  # block -> its K/V at the checkpoint
+        self._live: set[int] = set()  # blocks whose K/V mattered at the checkpoint, not yet saved
+
+    def _before_change(self, blocks) -> None:
+        if self._undo is None or not self._live:
+            return
+        new = [b for b in np.unique(np.asarray(blocks)).tolist() if b in self._live]
+        if new:
+            self._live.difference_update(new)
+            ids = self.backend.xp.asarray(np.array(new, np.int64))
+            keys, values = self.key_cache[ids], self.value_cache[ids]  # copies (fancy indexing)
+            for i, block in enumerate(new):
+                self._undo[block] = (keys[i], values[i])
 
     def write(self, slot_mapping: np.ndarray, keys: np.ndarray, values: np.ndarray) -> None:
+        self._before_change(np.asarray(slot_mapping) // self.config.block_size)
         self.backend.write_kv(self.key_cache, self.value_cache, slot_mapping, keys, values)
 
+    def write_blocks(self, blocks: list[int], keys: np.ndarray, values: np.ndarray) -> None:
+        self._before_change(blocks)
+        self.backend.write_blocks(self.key_cache, self.value_cache, blocks, keys, values)
+
     def copy_block(self, src: int, dst: int) -> None:
+        self._before_change([dst])
         self.backend.copy_blocks(self.key_cache, self.value_cache, np.array([[src, dst]], dtype=np.int64))
 
     def read_sequence(self, block_table: list[int], num_tokens: int) -> tuple[np.ndarray, np.ndarray]:
@@ -40,12 +70,34 @@ class PagedKVCache:
         values = self.backend.to_numpy(self.value_cache).reshape(flat_shape)[slots]
         return keys, values
 
-    def snapshot(self) -> tuple[object, object]:
-        return self.key_cache.copy(), self.value_cache.copy()
+    def snapshot(self, live_blocks) -> CacheCheckpoint:
+        """Start a new undo log here (the previous checkpoint can no longer be restored).
+        Only ``live_blocks`` (held or cached) are saved before they change: what a free
+        block holds is never read, so a restore need not bring it back."""
+        self._generation += 1
+        self._undo = {}
+        self._live = set(live_blocks)
+        return CacheCheckpoint(self._generation)
 
-    def restore(self, snap: tuple[object, object]) -> None:
-        self.key_cache[...] = snap[0]
-        self.value_cache[...] = snap[1]
+    def can_restore(self, checkpoint: CacheCheckpoint) -> bool:
+        return checkpoint.generation == self._generation and self._undo is not None
+
+    def restore(self, checkpoint: CacheCheckpoint) -> None:
+        """Undo every change since ``checkpoint``; the log goes on from there."""
+        if not self.can_restore(checkpoint):
+            raise ValueError("this cache checkpoint is no longer the newest")
+        if self._undo:
+            ids = self.backend.xp.asarray(np.array(list(self._undo), np.int64))
+            xp = self.backend.xp
+            self.key_cache[ids] = xp.stack([k for k, _ in self._undo.values()])
+            self.value_cache[ids] = xp.stack([v for _, v in self._undo.values()])
+            self._live.update(self._undo)
+        self._undo = {}
+
+    def forget_checkpoint(self) -> None:
+        """The state moved elsewhere (a restore from another snapshot): stop logging."""
+        self._generation += 1
+        self._undo, self._live = None, set()
 
 
 class SwapSpace:
@@ -69,7 +121,7 @@ class SwapSpace:
     def swap_in(self, backend: Backend, cache: PagedKVCache, pairs: list[tuple[int, int]]) -> None:
         """Copy (cpu, gpu) block pairs' K/V from here back into the cache."""
         cpu, gpu = [c for c, _ in pairs], [g for _, g in pairs]
-        backend.write_blocks(cache.key_cache, cache.value_cache, gpu, self.keys[cpu], self.values[cpu])
+        cache.write_blocks(gpu, self.keys[cpu], self.values[cpu])
 
     def snapshot(self) -> tuple[np.ndarray, np.ndarray] | None:
         return None if self.keys is None else (self.keys.copy(), self.values.copy())
@@ -88,122 +140,97 @@ class SwapSpace:
         self.keys, self.values = (None, None) if snap is None else (snap[0].copy(), snap[1].copy())
 
 
-class _CapacityClass:
-    """Rows of one capacity: (rows, num_kv_heads, capacity, head_dim), grown by doubling."""
+@dataclass
+class _Row:
+    """One sequence's K/V: full chunks and a tail, ``length`` tokens in all. ``owns_tail``:
+    no fork or snapshot shares the last chunk, so appends may write into it in place."""
 
-    def __init__(self, num_kv_heads: int, capacity: int, head_dim: int, rows: int = 2) -> None:
-        self.keys = np.zeros((rows, num_kv_heads, capacity, head_dim), np.float32)
-        self.values = np.zeros_like(self.keys)
-        self.lengths = np.zeros(rows, np.int64)
-        self.free_rows = list(range(rows - 1, -1, -1))
-
-    def take(self) -> int:
-        if not self.free_rows:
-            old = self.keys.shape[0]
-            for name in ("keys", "values"):
-                grown = np.zeros((2 * old, *self.keys.shape[1:]), np.float32)
-                grown[:old] = getattr(self, name)
-                setattr(self, name, grown)
-            self.lengths = np.concatenate([self.lengths, np.zeros(old, np.int64)])
-            self.free_rows = list(range(2 * old - 1, old - 1, -1))
-        return self.free_rows.pop()
-
-    def release(self, row: int) -> None:
-        self.lengths[row] = 0
-        self.free_rows.append(row)
-
-    def copy(self) -> _CapacityClass:
-        out = _CapacityClass.__new__(_CapacityClass)
-        out.keys, out.values, out.lengths = self.keys.copy(), self.values.copy(), self.lengths.copy()
-        out.free_rows = list(self.free_rows)
-        return out
+    keys: list[np.ndarray]
+    values: list[np.ndarray]
+    length: int = 0
+    owns_tail: bool = True
 
 
-class ContiguousKVCache:
-    """The dense reference: each sequence's K/V in one contiguous row, as a non-paged
-    engine reserves them. Rows live in capacity classes (64, 128, 256, … tokens): a row
-    sits in the smallest class that holds it and moves up when it outgrows it, so one long
-    sequence does not make every short one as wide (memory stays within 2× the tokens).
-    Rows are (num_kv_heads, capacity, head_dim), so dense attention runs over a class in one
-    SDPA call with no copy. Values are the cache dtype's rounded values held as float32
-    (exact), ready for an fp32 reference."""
+class ChunkedKVReference:
+    """The dense reference's K/V: each sequence's tokens in order, in the cache's storage
+    dtype (so equal, bit for bit, to what the pool should hold), as a chain of fixed
+    chunks of CHUNK_TOKENS rows (n, num_kv_heads, head_dim). Chunks are never written once
+    another sequence or a snapshot shares them: a fork shares its parent's chunks and the
+    first append to a shared tail copies it. So forked sequences and snapshots cost no
+    copy, and the memory is the distinct tokens' bytes plus one partial chunk per sequence.
 
-    MIN_CAPACITY = 64
+    It shares no code or layout with the pool (no block table, no free list, a chunk size
+    unrelated to the block size): a paging bug cannot hide in both."""
 
-    def __init__(self, num_kv_heads: int, head_dim: int) -> None:
-        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
-        self.classes: dict[int, _CapacityClass] = {}
-        self.row_of: dict[str, tuple[int, int]] = {}  # seq -> (capacity, row)
+    CHUNK_TOKENS = 16
 
-    def _class(self, capacity: int) -> _CapacityClass:
-        if capacity not in self.classes:
-            self.classes[capacity] = _CapacityClass(self.num_kv_heads, capacity, self.head_dim)
-        return self.classes[capacity]
-
-    @classmethod
-    def capacity_for(cls, length: int) -> int:
-        capacity = cls.MIN_CAPACITY
-        while capacity < length:
-            capacity *= 2
-        return capacity
+    def __init__(self, num_kv_heads: int, head_dim: int, dtype: np.dtype) -> None:
+        self.num_kv_heads, self.head_dim, self.dtype = num_kv_heads, head_dim, np.dtype(dtype)
+        self.rows: dict[str, _Row] = {}
 
     def add(self, seq_id: str) -> None:
-        capacity = self.MIN_CAPACITY
-        self.row_of[seq_id] = (capacity, self._class(capacity).take())
+        self.rows[seq_id] = _Row([], [])
 
     def length(self, seq_id: str) -> int:
-        capacity, row = self.row_of[seq_id]
-        return int(self.classes[capacity].lengths[row])
+        return self.rows[seq_id].length
 
     def append(self, seq_id: str, keys: np.ndarray, values: np.ndarray) -> None:
-        capacity, row = self.row_of[seq_id]
-        group = self.classes[capacity]
-        start, n = int(group.lengths[row]), keys.shape[0]
-        if start + n > capacity:  # move up to the class that holds the new length
-            bigger = self.capacity_for(start + n)
-            target = self._class(bigger)
-            new_row = target.take()
-            target.keys[new_row, :, :start] = group.keys[row, :, :start]
-            target.values[new_row, :, :start] = group.values[row, :, :start]
-            target.lengths[new_row] = start
-            group.release(row)
-            capacity, row, group = bigger, new_row, target
-            self.row_of[seq_id] = (capacity, row)
-        group.keys[row, :, start : start + n] = keys.transpose(1, 0, 2)
-        group.values[row, :, start : start + n] = values.transpose(1, 0, 2)
-        group.lengths[row] = start + n
+        row, size = self.rows[seq_id], self.CHUNK_TOKENS
+        done, n = 0, keys.shape[0]
+        while done < n:
+            offset = row.length % size
+            if offset == 0:
+                shape = (size, self.num_kv_heads, self.head_dim)
+                row.keys.append(np.empty(shape, self.dtype))
+                row.values.append(np.empty(shape, self.dtype))
+            elif not row.owns_tail:  # copy-on-write of the shared tail
+                row.keys[-1], row.values[-1] = row.keys[-1].copy(), row.values[-1].copy()
+            row.owns_tail = True
+            take = min(size - offset, n - done)
+            row.keys[-1][offset : offset + take] = keys[done : done + take]
+            row.values[-1][offset : offset + take] = values[done : done + take]
+            row.length += take
+            done += take
 
     def fork(self, parent: str, child: str) -> None:
-        capacity, src = self.row_of[parent]
-        group = self.classes[capacity]
-        dst = group.take()
-        n = int(group.lengths[src])
-        group.keys[dst, :, :n] = group.keys[src, :, :n]
-        group.values[dst, :, :n] = group.values[src, :, :n]
-        group.lengths[dst] = n
-        self.row_of[child] = (capacity, dst)
+        source = self.rows[parent]
+        source.owns_tail = False
+        self.rows[child] = _Row(list(source.keys), list(source.values), source.length, False)
 
     def free(self, seq_id: str) -> None:
-        capacity, row = self.row_of.pop(seq_id)
-        self.classes[capacity].release(row)
+        del self.rows[seq_id]
 
     def view(self, seq_id: str) -> tuple[np.ndarray, np.ndarray]:
-        """(context_len, num_kv_heads, head_dim) views of one sequence's K/V."""
-        capacity, row = self.row_of[seq_id]
-        group = self.classes[capacity]
-        n = int(group.lengths[row])
-        return group.keys[row, :, :n].transpose(1, 0, 2), group.values[row, :, :n].transpose(1, 0, 2)
+        """(length, num_kv_heads, head_dim) copies of one sequence's K/V, contiguous."""
+        row = self.rows[seq_id]
+        if not row.keys:
+            empty = np.empty((0, self.num_kv_heads, self.head_dim), self.dtype)
+            return empty, empty.copy()
+        return np.concatenate(row.keys)[: row.length], np.concatenate(row.values)[: row.length]
+
+    def fill(self, seq_id: str, keys: np.ndarray, values: np.ndarray) -> None:
+        """Write one sequence's K/V, widened to float32, into ``keys``/``values`` of shape
+        (num_kv_heads, ≥ length, head_dim): the contiguous layout dense attention reads."""
+        row, size = self.rows[seq_id], self.CHUNK_TOKENS
+        for index, (chunk_k, chunk_v) in enumerate(zip(row.keys, row.values, strict=True)):
+            start = index * size
+            n = min(size, row.length - start)
+            keys[:, start : start + n] = chunk_k[:n].transpose(1, 0, 2)
+            values[:, start : start + n] = chunk_v[:n].transpose(1, 0, 2)
 
     @property
     def nbytes(self) -> int:
-        return sum(g.keys.nbytes + g.values.nbytes for g in self.classes.values())
+        distinct = {id(a): a.nbytes for row in self.rows.values() for a in (*row.keys, *row.values)}
+        return sum(distinct.values())
 
-    def snapshot(self) -> ContiguousKVCache:
-        snap = ContiguousKVCache(self.num_kv_heads, self.head_dim)
-        snap.classes = {c: g.copy() for c, g in self.classes.items()}
-        snap.row_of = dict(self.row_of)
+    def snapshot(self) -> ChunkedKVReference:
+        """A copy that shares every chunk (no data copied): from now on neither side writes
+        into a chunk the other holds."""
+        snap = ChunkedKVReference(self.num_kv_heads, self.head_dim, self.dtype)
+        for seq_id, row in self.rows.items():
+            row.owns_tail = False
+            snap.rows[seq_id] = _Row(list(row.keys), list(row.values), row.length, False)
         return snap
 
-    def restore(self, snap: ContiguousKVCache) -> None:
-        copy = snap.snapshot()
-        self.classes, self.row_of = copy.classes, copy.row_of
+    def restore(self, snap: ChunkedKVReference) -> None:
+        self.rows = snap.snapshot().rows

@@ -3,6 +3,7 @@ its first k operations. Snapshots every few steps make stepping back cheap."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 
 from core.engine import Simulator, StepResult, without_data
@@ -19,7 +20,8 @@ from core.scenario import Scenario
 from kernels.backend import Backend
 
 SNAPSHOT_EVERY = 16
-KEEP_ATTENTION = 32  # steps whose kernel and dense outputs stay cached; older ones recompute on a seek
+KEEP_ATTENTION = 4  # steps whose kernel and dense outputs stay cached; older ones recompute on a seek
+MAX_SNAPSHOTS = 8  # beyond this, the snapshot closest to its neighbours goes: memory stays flat
 
 
 def _field_at_fault(op: Operation, exc: PagesimError) -> str | None:
@@ -43,20 +45,22 @@ class Timeline:
         backend: Backend | None = None,
         snapshot_every: int = SNAPSHOT_EVERY,
         snapshot_data: bool = True,
+        history: bool = True,
     ):
         """``snapshot_data=False``: no snapshot keeps K/V arrays (a run that never steps
-        back; a seek still works, rebuilding the data from the tokens)."""
+        back; a seek still works, rebuilding the data from the tokens). ``history=False``:
+        only the current step's result is kept (a run that reports as it goes)."""
         self.scenario = scenario
         self.sim = Simulator(scenario.config, backend)
         self.operations: list[Operation] = list(scenario.operations)
         self.snapshot_every = snapshot_every
         self.snapshot_data = snapshot_data
-        self._snapshots = {0: self._take_snapshot()}
+        self.history = history
+        self._snapshots = {0: self.sim.snapshot(with_data=False)}  # nothing to rebuild at step 0
         self._results: dict[int, StepResult] = {}
 
     def _take_snapshot(self):
-        snap = self.sim.snapshot()
-        return snap if self.snapshot_data else without_data(snap)
+        return self.sim.snapshot(with_data=self.snapshot_data)
 
     @property
     def position(self) -> int:
@@ -102,8 +106,11 @@ class Timeline:
         if not 0 <= step <= self.length:
             raise IndexError(f"step {step} is outside 0..{self.length}")
         if step < self.position:
-            base = max(s for s in self._snapshots if s <= step)
-            self.sim.restore(self._snapshots[base])
+            # Older snapshots keep no attention report: landing exactly on one, start from
+            # the one before, so the target step's attention is recomputed.
+            snaps = self._snapshots
+            base = max(s for s in snaps if s < step or (s == step and (s == 0 or snaps[s].last_attention)))
+            self.sim.restore(snaps[base])
         while self.position < step:
             # Replayed steps skip attention: only the state matters on the way.
             last = self.position + 1 == step
@@ -133,15 +140,42 @@ class Timeline:
             out.append(self.forward())
         return out
 
+    def events_through_now(self) -> Iterator[StepResult]:
+        """Every step's result up to the current one, with all its events (an old step's
+        attention events are recomputed by a replay of the operations, on a scratch copy)."""
+        if all((r := self._results.get(k)) is not None and not r.detail_dropped for k in range(1, self.position + 1)):
+            yield from (self._results[k] for k in range(1, self.position + 1))
+            return
+        scenario = replace(self.scenario, operations=tuple(self.operations[: self.position]))
+        replay = Timeline(scenario, self.sim.backend, snapshot_data=False, history=False)
+        while not replay.at_end:
+            yield replay.forward()
+
     def _record(self, result: StepResult) -> None:
+        if not self.history:
+            self._results = {result.step: result}
+            if result.step % self.snapshot_every == 0:
+                self._snapshots = {0: self._snapshots[0], result.step: self.sim.snapshot(with_data=False)}
+            return
         self._results[result.step] = result
-        # Old steps keep their events and metrics; their attention arrays are recomputed if a
-        # seek lands there, so memory does not grow with the steps played.
+        # Old steps keep their operation's events and metrics; their attention arrays and
+        # detail events are recomputed if a seek lands there, so memory does not grow with
+        # the steps played.
         old = self._results.get(result.step - KEEP_ATTENTION)
-        if old is not None and old.attention is not None:
-            self._results[old.step] = replace(old, attention=None)
+        if old is not None and not old.detail_dropped:
+            kept = tuple(e for e in old.events if not e.detail)
+            self._results[old.step] = replace(old, attention=None, events=kept, detail_dropped=True)
         if result.step % self.snapshot_every == 0:
-            # Only the newest snapshot keeps the K/V arrays; older ones rebuild them from the
-            # tokens when restored, so memory stays flat however many steps are played.
+            # Only the newest snapshot keeps the K/V arrays and the attention report; older
+            # ones rebuild them from the tokens when restored.
             self._snapshots = {k: without_data(v) if v.cache is not None else v for k, v in self._snapshots.items()}
             self._snapshots[result.step] = self._take_snapshot()
+            self._thin_snapshots()
+
+    def _thin_snapshots(self) -> None:
+        """Keep at most MAX_SNAPSHOTS: drop the one (not the first or the newest) whose
+        neighbours are closest, so they thin out evenly over a long run."""
+        while len(self._snapshots) > MAX_SNAPSHOTS:
+            steps = sorted(self._snapshots)
+            gaps = [(steps[i + 1] - steps[i - 1], steps[i]) for i in range(1, len(steps) - 1)]
+            del self._snapshots[min(gaps)[1]]

@@ -7,8 +7,10 @@ identical K/V and sharing their blocks is semantically honest.
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
+from typing import ClassVar
 
 import numpy as np
 
@@ -47,23 +49,64 @@ def _mix_array(seed: int, crcs: np.ndarray, positions: np.ndarray) -> np.ndarray
     return (z % np.uint64(VOCAB_SIZE)).astype(np.int64)
 
 
+@functools.lru_cache(maxsize=4)
+def _weights(seed: int, num_heads: int, num_kv_heads: int, head_dim: int) -> tuple[np.ndarray, ...]:
+    """The model's fixed weights, shared (read-only) by every model with the same seed and
+    shape: the embedding alone is 8 MB, and the app builds a new model per scenario load
+    and per branch."""
+    rng = np.random.default_rng(seed)
+    embedding = rng.standard_normal((VOCAB_SIZE, MODEL_DIM), dtype=np.float32)
+    scale = np.float32(1.0 / np.sqrt(MODEL_DIM))
+    w_q = rng.standard_normal((MODEL_DIM, num_heads * head_dim), dtype=np.float32) * scale
+    w_k = rng.standard_normal((MODEL_DIM, num_kv_heads * head_dim), dtype=np.float32) * scale
+    w_v = rng.standard_normal((MODEL_DIM, num_kv_heads * head_dim), dtype=np.float32) * scale
+    w_qkv = np.ascontiguousarray(np.concatenate([w_q, w_k, w_v], axis=1))
+    for array in (embedding, w_q, w_k, w_v, w_qkv):
+        array.flags.writeable = False
+    return embedding, w_q, w_k, w_v, w_qkv
+
+
+class _RotaryTable:
+    """cos and sin of every position's rotary angles, shared by every model of one head dim.
+    Built with libm per position, in fixed pieces of PIECE positions: a position's value
+    never depends on how far the table had grown (vectorised ufuncs may round their tails
+    differently), and building it never holds more than one piece of Python floats."""
+
+    PIECE = 256
+    _by_head_dim: ClassVar[dict[int, _RotaryTable]] = {}
+
+    def __init__(self, head_dim: int) -> None:
+        self.half = head_dim // 2
+        self.inv_freq = [ROPE_BASE ** (-2 * i / head_dim) for i in range(self.half)]
+        self.cos = np.empty((0, self.half), np.float32)
+        self.sin = np.empty((0, self.half), np.float32)
+
+    @classmethod
+    def for_head_dim(cls, head_dim: int) -> _RotaryTable:
+        if head_dim not in cls._by_head_dim:
+            cls._by_head_dim[head_dim] = cls(head_dim)
+        return cls._by_head_dim[head_dim]
+
+    def at(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(n, half) float32 cos and sin at ``positions``."""
+        upto = int(positions.max()) + 1
+        if upto > self.cos.shape[0]:
+            have, pieces_cos, pieces_sin = self.cos.shape[0], [self.cos], [self.sin]
+            for start in range(have, upto, self.PIECE):
+                angles = [p * f for p in range(start, start + self.PIECE) for f in self.inv_freq]
+                pieces_cos.append(np.array([math.cos(a) for a in angles], np.float32).reshape(self.PIECE, -1))
+                pieces_sin.append(np.array([math.sin(a) for a in angles], np.float32).reshape(self.PIECE, -1))
+            self.cos, self.sin = np.concatenate(pieces_cos), np.concatenate(pieces_sin)
+        return self.cos[positions], self.sin[positions]
+
+
 class TokenModel:
     def __init__(self, config: CacheConfig) -> None:
         self.config = config
         self._crc_of: dict[str, int] = {}
-        rng = np.random.default_rng(config.seed)
-        q_dim = config.num_heads * config.head_dim
-        kv_dim = config.num_kv_heads * config.head_dim
-        self.embedding = rng.standard_normal((VOCAB_SIZE, MODEL_DIM), dtype=np.float32)
-        scale = np.float32(1.0 / np.sqrt(MODEL_DIM))
-        self.w_q = rng.standard_normal((MODEL_DIM, q_dim), dtype=np.float32) * scale
-        self.w_k = rng.standard_normal((MODEL_DIM, kv_dim), dtype=np.float32) * scale
-        self.w_v = rng.standard_normal((MODEL_DIM, kv_dim), dtype=np.float32) * scale
-        self._w_qkv = np.ascontiguousarray(np.concatenate([self.w_q, self.w_k, self.w_v], axis=1))
-        half = config.head_dim // 2
-        self._inv_freq = [ROPE_BASE ** (-2 * i / config.head_dim) for i in range(half)]
-        self._cos = np.empty((0, half), np.float32)
-        self._sin = np.empty((0, half), np.float32)
+        weights = _weights(config.seed, config.num_heads, config.num_kv_heads, config.head_dim)
+        self.embedding, self.w_q, self.w_k, self.w_v, self._w_qkv = weights
+        self._rotary = _RotaryTable.for_head_dim(config.head_dim)
 
     # -- synthetic token ids -----------------------------------------------------
     def _crc(self, seq_id: str) -> int:
@@ -91,23 +134,12 @@ class TokenModel:
     # the batch, or identical prefixes would differ in the last bit. So projections are
     # one fixed-shape product per token, and the rotary table is built with libm per
     # position rather than with vectorised ufuncs whose tails may round differently.
-    def _rotary_table(self, upto: int) -> tuple[np.ndarray, np.ndarray]:
-        have = self._cos.shape[0]
-        if upto > have:
-            grow = max(upto, 2 * have) - have
-            angles = [[p * f for f in self._inv_freq] for p in range(have, have + grow)]
-            cos = np.array([[math.cos(a) for a in row] for row in angles], np.float32).reshape(grow, -1)
-            sin = np.array([[math.sin(a) for a in row] for row in angles], np.float32).reshape(grow, -1)
-            self._cos = np.concatenate([self._cos, cos])
-            self._sin = np.concatenate([self._sin, sin])
-        return self._cos, self._sin
-
     def _rotate(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        half = len(self._inv_freq)
+        half = self._rotary.half
         if half == 0 or x.shape[0] == 0:
             return x
-        cos_table, sin_table = self._rotary_table(int(positions.max()) + 1)
-        cos, sin = cos_table[positions][:, None, :], sin_table[positions][:, None, :]
+        cos, sin = self._rotary.at(positions)
+        cos, sin = cos[:, None, :], sin[:, None, :]
         x1, x2 = x[..., :half], x[..., half : 2 * half]
         out = x.copy()
         out[..., :half] = x1 * cos - x2 * sin

@@ -203,9 +203,9 @@ class SimulationWorker(QObject):
         self.replied.emit(TraceReady(walk))
 
     def _export(self, request: ExportEvents) -> None:
-        results = [r for k in range(1, self._timeline.position + 1) if (r := self._timeline.result(k))]
-        count = write_event_log(Path(request.path), results)
-        self.replied.emit(Exported(f"wrote {count} events of {len(results)} steps to {request.path}"))
+        steps = self._timeline.position
+        count = write_event_log(Path(request.path), self._timeline.events_through_now())
+        self.replied.emit(Exported(f"wrote {count} events of {steps} steps to {request.path}"))
 
 
 class SimulationController(QObject):
