@@ -124,8 +124,9 @@ class DenseCheck:
     def outputs(self, ids: tuple[str, ...], query: np.ndarray, scale: float) -> np.ndarray:
         """Dense SDPA for sequences ``ids`` (query rows in the same order); recomputed only
         where the tokens changed since the last call. Changed sequences are grouped by
-        length (rows padded to the next power of two ≥ MIN_ROW_TOKENS) into calls of at
-        most ``batch_bytes`` of float32 K/V."""
+        length (the next power of two ≥ MIN_ROW_TOKENS) into calls of at most
+        ``batch_bytes`` of float32 K/V, each padded to its longest row. (SDPA's rounding
+        depends on the batch's shape: a recomputed answer may differ in the last bits.)"""
         ref, writes, cached = self.reference, self._writes, self._outputs
         stale = [i for i, seq_id in enumerate(ids) if cached.get(seq_id, (-1,))[0] != writes.get(seq_id, 0)]
         by_width: dict[int, list[int]] = {}
@@ -140,9 +141,8 @@ class DenseCheck:
             for first in range(0, len(members), per_call):
                 batch = members[first : first + per_call]
                 lengths = np.array([ref.length(ids[i]) for i in batch])
-                # Padded to the width, not the batch's longest row: a row's answer then
-                # depends on its own tokens only, not on what else changed this step.
-                shape = (len(batch), self.num_kv_heads, width, self.head_dim)
+                longest = max(int(lengths.max()), 1)  # the tail past every row would be padding
+                shape = (len(batch), self.num_kv_heads, longest, self.head_dim)
                 keys, values = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
                 for row, i in enumerate(batch):
                     ref.fill(ids[i], keys[row], values[row])

@@ -177,6 +177,15 @@ class WindowActions:
                 )
             )
         view_menu.addSeparator()
+        self.lines_action = self._action(
+            "Block-table → pool lines",
+            w.table_lines.set_enabled,
+            shortcut="L",
+            tip="Draw a line from each block-table entry of the selected sequence to the pool block it names",
+        )
+        self.lines_action.setCheckable(True)
+        self.lines_action.setChecked(True)
+        view_menu.addAction(self.lines_action)
         for action in (self.zoom_in_action, self.zoom_out_action, self.fit_action):
             view_menu.addAction(action)
         view_menu.addAction(

@@ -30,6 +30,7 @@ from app.gui.controller import SimulationController
 from app.gui.guide import GUIDE_HTML
 from app.gui.palette import THEMES, SequenceColours, qpalette
 from app.gui.selection import Selection
+from app.gui.views.connectors import TableToPoolLines
 from app.gui.views.plots import KernelPanel, MemoryPanel, WastePanel
 from app.gui.views.pool_view import PoolView
 from app.gui.views.sequence_view import SequenceView
@@ -76,6 +77,7 @@ class MainWindow(QMainWindow):
         self.director = AnimationDirector(self.pool_view, self.sequence_view, self)
         self._build_central()
         self._build_docks()
+        self.table_lines = TableToPoolLines(self, self.sequence_view, self.pool_view)
         self.actions = WindowActions(self)
         self.backend_label = QLabel("backend: starting…")
         self.backend_label.setToolTip("Kernel backend and device (compiled at start-up, off the GUI thread)")
@@ -349,7 +351,16 @@ class MainWindow(QMainWindow):
             view.set_theme(self.theme)
 
     # -- frames in -------------------------------------------------------------------
+    def _show_lines(self, frame: Frame | None, lit: int | None = None) -> None:
+        """Table-to-pool lines for the selected sequence (none when nothing is selected)."""
+        state = frame.sequence(self.selected_seq) if frame is not None and self.selected_seq else None
+        if state is None:
+            self.table_lines.show_sequence(None, (), QColor(self.theme.text))
+        else:
+            self.table_lines.show_sequence(state.seq_id, state.block_table, self.colours(state.seq_id), lit)
+
     def _show_tokens(self, frame: Frame) -> None:
+        self._show_lines(frame)
         state = frame.sequence(self.selected_seq) if self.selected_seq else None
         if state is None:
             self.token_map.show_sequence(None, [], 0, frame.config.block_size)
@@ -379,6 +390,8 @@ class MainWindow(QMainWindow):
         if 0 <= physical < len(self.pool_view.items) and not self.director.running:
             self.pool_view.items[physical].set_glow(QColor(self.theme.highlight))
         self.sequence_view.set_lookup((seq, logical) if logical >= 0 else None)
+        if seq == self.selected_seq:
+            self._show_lines(self.frame, logical if logical >= 0 else None)
 
     def _kernel_dock_visibility(self, shown: bool) -> None:
         self._kernel_dock_shown = shown

@@ -1,6 +1,8 @@
 """The kernel walk-through dock: traced on the worker only while it is shown, stepped stage
 by stage, v2's partitions on the long-context scenario."""
 
+from PySide6.QtCore import QRect
+
 from tests.app.conftest import wait_idle
 
 
@@ -100,3 +102,24 @@ def test_cyclic_gc_runs_on_the_gui_thread_only_while_a_window_lives(make_window,
     assert not gc.isenabled()
     window.close()
     assert gc.isenabled()
+
+
+def test_lines_join_each_table_entry_of_the_selection_to_its_pool_tile(window, qtbot):
+    window.actions.scrubber.setValue(8)
+    wait_idle(qtbot, window)
+    seq = window.frame.sequence(window.selected_seq)
+    lines = window.table_lines
+    segments = lines.segments()
+    assert [logical for logical, _, _ in segments] == list(range(len(seq.block_table)))
+    port = window.pool_view.viewport()
+    for logical, _, end in segments:
+        tile = window.pool_view.tile_rect(seq.block_table[logical])
+        tile_in_window = QRect(port.mapTo(window, tile.topLeft()), tile.size())
+        assert tile_in_window.adjusted(-1, -1, 1, 1).contains(end.toPoint()), f"L{logical} misses its tile"
+    window.select_sequence("B")  # another selection, other lines
+    b = window.frame.sequence("B")
+    assert len(lines.segments()) == len(b.block_table) and lines.table == tuple(b.block_table)
+    window.actions.lines_action.trigger()  # View → Block-table → pool lines: off
+    assert lines.segments() == []
+    window.actions.lines_action.trigger()
+    assert len(lines.segments()) == len(b.block_table)

@@ -151,6 +151,7 @@ class PoolView(QGraphicsView):
 
     blockClicked = Signal(int)
     blockContextMenu = Signal(int, object)
+    transformed = Signal()  # zoomed or fitted: whatever is drawn over the tiles must follow
 
     def __init__(self, colours: SequenceColours, theme: Theme, parent=None) -> None:
         super().__init__(parent)
@@ -217,6 +218,12 @@ class PoolView(QGraphicsView):
             changed += item.set_state(int(ref_counts[block]), int(fills[block]), owners, selected, cached)
         return changed
 
+    def tile_rect(self, block: int):
+        """The block's tile in viewport coordinates, or None if there is no such block."""
+        if not 0 <= block < len(self.items):
+            return None
+        return self.mapFromScene(self.items[block].sceneBoundingRect()).boundingRect()
+
     # -- overlays for animations ------------------------------------------------------
     def add_copy_arrow(self, src: int, dst: int, colour: QColor) -> QGraphicsPathItem:
         a = self.items[src].sceneBoundingRect().center()
@@ -253,6 +260,7 @@ class PoolView(QGraphicsView):
         if self.transform().m11() > 2.5:
             self.resetTransform()
             self.scale(2.5, 2.5)
+        self.transformed.emit()
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
@@ -261,8 +269,7 @@ class PoolView(QGraphicsView):
 
     def wheelEvent(self, event) -> None:
         factor = 1.15 if event.angleDelta().y() > 0 else 1 / 1.15
-        self.scale(factor, factor)
-        self._user_zoomed = True
+        self.zoom(factor)
 
     def mouseDoubleClickEvent(self, event) -> None:
         self._user_zoomed = False
@@ -271,3 +278,4 @@ class PoolView(QGraphicsView):
     def zoom(self, factor: float) -> None:
         self.scale(factor, factor)
         self._user_zoomed = True
+        self.transformed.emit()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QRectF, QSize, Qt, Signal
+from PySide6.QtCore import QRect, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QIcon, QPainter, QPixmap
 from PySide6.QtWidgets import QAbstractItemView, QStyle, QStyledItemDelegate, QTreeWidget, QTreeWidgetItem
 
@@ -149,6 +149,17 @@ class SequenceView(QTreeWidget):
         item.setData(TABLE_COLUMN, Qt.ItemDataRole.UserRole + 2, refs)
         blocks, size = len(seq.block_table), frame.config.block_size
         item.setToolTip(0, f"{seq.seq_id}: {seq.num_tokens} tokens in {blocks} blocks of {size}")
+
+    def entry_rects(self, seq_id: str) -> list[tuple[int, QRect]]:
+        """(logical block, its box in viewport coordinates) of a sequence's block table, as
+        the delegate paints them."""
+        item = self._rows.get(seq_id)
+        if item is None:
+            return []
+        cell = self.visualRect(self.indexFromItem(item, TABLE_COLUMN))
+        table = item.data(TABLE_COLUMN, Qt.ItemDataRole.UserRole) or ()
+        x, y = cell.x() + 3, cell.y() + 3
+        return [(i, QRect(x + i * (ENTRY_W + 3), y, ENTRY_W, ENTRY_H)) for i in range(len(table))]
 
     def set_lookup(self, lookup: tuple[str, int] | None) -> None:
         if lookup != self.lookup:
