@@ -139,7 +139,7 @@ def check_memory(config: CacheConfig, backend: Backend, kv_data: bool) -> None:
         )
 
 
-QKV_PIECE_TOKENS = 256  # tokens the token model projects at once
+QKV_PIECE_TOKENS = 64  # tokens the token model projects at once
 
 
 class Simulator:

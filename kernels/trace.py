@@ -81,6 +81,7 @@ class Merge:
     mask: int
     m: float
     l: float  # noqa: E741 - the name the kernels and the literature use
+    warp: int = 0  # "group": the warp whose thread groups merge
 
 
 @dataclass(frozen=True)
@@ -210,7 +211,7 @@ def _attend_range(trace: KernelTrace, geometry, scores, values, blocks, bs, begi
                 merged[g] = _merge(states[(w, g)], states[(w, g ^ step)])
                 if g < (g ^ step):
                     m, l, _ = merged[g]  # noqa: E741
-                    trace.merges.append(Merge("group", partition, g, g ^ step, mask, float(m), float(l)))
+                    trace.merges.append(Merge("group", partition, g, g ^ step, mask, float(m), float(l), w))
             for g, state in merged.items():
                 states[(w, g)] = state
         mask *= 2

@@ -167,9 +167,15 @@ class MainWindow(QMainWindow):
         self.kernel_tabs.setTabToolTip(
             1, "The step's kernel replayed stage by stage for the selected sequence and head"
         )
+        # The guide is a tab here, not a dock of its own: tabifying a second group of docks
+        # (beside Memory | Waste) leaves an orphaned copy of its tab bar on screen (Qt 6).
+        self.guide = QTextBrowser()
+        self.guide.setHtml(GUIDE_HTML)
+        self.kernel_tabs.addTab(self.guide, "Guide")
+        self.kernel_tabs.setTabToolTip(2, "What every element means, in vLLM's words (F1)")
         self.kernel_tabs.currentChanged.connect(lambda _: self._walkthrough_shown(self._kernel_dock_shown))
         self._kernel_dock_shown = False
-        self.kernel_dock = self._dock("Kernel", self.kernel_tabs, right, "kernel")
+        self.kernel_dock = self._dock("Kernel · Guide", self.kernel_tabs, right, "kernel")
         self.kernel_dock.visibilityChanged.connect(self._kernel_dock_visibility)
         self.memory_dock = self._dock("Memory", self.memory_panel, Qt.DockWidgetArea.BottomDockWidgetArea, "memory")
         self.waste_dock = self._dock(
@@ -177,11 +183,6 @@ class MainWindow(QMainWindow):
         )
         self.tabifyDockWidget(self.memory_dock, self.waste_dock)
         self.memory_dock.raise_()
-        self.guide = QTextBrowser()
-        self.guide.setHtml(GUIDE_HTML)
-        self.guide_dock = self._dock("Guide", self.guide, right, "guide")
-        self.tabifyDockWidget(self.kernel_dock, self.guide_dock)
-        self.kernel_dock.raise_()
         self.resizeDocks([self.sequences_dock, self.kernel_dock], [380, 420], Qt.Orientation.Horizontal)
         self.resizeDocks([self.memory_dock], [200], Qt.Orientation.Vertical)
 
@@ -253,8 +254,9 @@ class MainWindow(QMainWindow):
         self._save_to("Export event log", "events.jsonl", "JSON lines (*.jsonl)", self.controller.export_events)
 
     def show_guide(self) -> None:
-        self.guide_dock.show()
-        self.guide_dock.raise_()
+        self.kernel_dock.show()
+        self.kernel_dock.raise_()
+        self.kernel_tabs.setCurrentWidget(self.guide)
 
     # -- actions ---------------------------------------------------------------------
     def _need_selection(self, verb: str) -> str | None:
@@ -381,14 +383,15 @@ class MainWindow(QMainWindow):
             f"{frame.config.block_size}; the block table maps the logical block to a physical one"
         )
 
-    def _show_walk_lookup(self, seq: str, logical: int, physical: int) -> None:
-        """Light the block the walk-through's stage reads, in the pool and in the table."""
+    def _show_walk_lookup(self, seq: str, logical: int, physical: int, slot: int = -1) -> None:
+        """Light the block (and the slot in it) that the walk-through's stage reads or the
+        hovered token lives in, in the pool and in the table."""
         previous = getattr(self, "_walk_block", -1)
         if 0 <= previous < len(self.pool_view.items):
             self.pool_view.items[previous].set_glow(None)
         self._walk_block = physical
         if 0 <= physical < len(self.pool_view.items) and not self.director.running:
-            self.pool_view.items[physical].set_glow(QColor(self.theme.highlight))
+            self.pool_view.items[physical].set_glow(QColor(self.theme.highlight), slot=slot)
         self.sequence_view.set_lookup((seq, logical) if logical >= 0 else None)
         if seq == self.selected_seq:
             self._show_lines(self.frame, logical if logical >= 0 else None)
@@ -414,7 +417,7 @@ class MainWindow(QMainWindow):
         if shown:
             self.request_trace()
         else:
-            self._show_walk_lookup("", -1, -1)
+            self._show_walk_lookup("", -1, -1, -1)
 
     def request_trace(self) -> None:
         """Replay the kernel for the selected sequence, only while the walk-through is shown."""

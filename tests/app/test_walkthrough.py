@@ -68,6 +68,7 @@ def test_each_stage_lights_the_block_it_reads_in_the_pool_and_the_table(window, 
     panel.show_stage(5)
     step = panel.walk.trace.steps[5]
     assert window.pool_view.items[step.physical_block].glow is not None
+    assert window.pool_view.items[step.physical_block].glow_slot == step.slot
     assert window.sequence_view.lookup == (panel.walk.seq_id, step.logical_block)
     panel.buttons["end"].click()  # the output: no lookup
     assert window.pool_view.items[step.physical_block].glow is None and window.sequence_view.lookup is None
@@ -85,8 +86,9 @@ def test_the_token_map_says_where_each_token_lives_and_lights_it(window, qtbot):
     physical = seq.block_table[t // bs]
     assert f"logical block {t // bs}" in text and f"physical block #{physical} · slot {t % bs}" in text
     assert "attention weight" in text  # the selected sequence is the focus: its weights are known
-    tokens.tokenHovered.emit(seq.seq_id, t // bs, physical)
+    tokens.tokenHovered.emit(seq.seq_id, t // bs, physical, t % bs)
     assert window.pool_view.items[physical].glow is not None
+    assert window.pool_view.items[physical].glow_slot == t % bs  # the token's own slot is ringed
     assert window.sequence_view.lookup == (seq.seq_id, t // bs)
     # The reverse: a pool tile names the tokens of every sequence that holds it.
     item = window.pool_view.items[seq.block_table[0]]
@@ -123,3 +125,32 @@ def test_lines_join_each_table_entry_of_the_selection_to_its_pool_tile(window, q
     assert lines.segments() == []
     window.actions.lines_action.trigger()
     assert len(lines.segments()) == len(b.block_table)
+
+
+def _points(item) -> int:
+    xs = item.getData()[0]
+    return 0 if xs is None else len(xs)
+
+
+def test_merge_stages_draw_the_tree_the_states_fold_through(window, qtbot):
+    window.actions.scrubber.setValue(8)
+    wait_idle(qtbot, window)
+    panel = open_walkthrough(window, qtbot)
+    panel.kernel_box.setCurrentIndex(1)  # CUDA v1
+    qtbot.waitUntil(lambda: panel.walk is not None and panel.walk.kernel == "cuda-v1", timeout=20_000)
+    walk = panel.walk
+    first = len(walk.trace.steps)
+    panel.show_stage(first)  # the first xor shuffle: a butterfly between two thread groups
+    merge = walk.trace.merges[0]
+    assert merge.stage == "group" and panel.tree_now.isVisible() and not panel.lanes.isVisible()
+    assert not panel.score_plot.isVisible()  # the tree gets the panel's height
+    xs, ys = panel.tree_now.getData()
+    assert set(ys.tolist()) == {merge.into, merge.other} and set(xs.tolist()) == {0.0, 1.0}
+    assert _points(panel.tree_done) == 0
+    warp_stage = next(i for i, m in enumerate(walk.trace.merges) if m.stage == "warp")
+    panel.show_stage(first + warp_stage + 1)  # the second warp joins through shared memory
+    xs, ys = panel.tree_now.getData()
+    assert ys[0] == walk.trace.merges[warp_stage + 1].other and "warp" in panel.stage_label.text()
+    assert _points(panel.tree_done) == 2  # the first warp's line, done
+    panel.show_stage(first - 1)  # back to the last token: lanes again
+    assert panel.lanes.isVisible() and not panel.tree_now.isVisible() and panel.score_plot.isVisible()

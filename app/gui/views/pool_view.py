@@ -34,6 +34,7 @@ class BlockItem(QGraphicsItem):
         self.selected_seq = False
         self.glow: QColor | None = None  # an animation's highlight; never model state
         self.glow_strength = 0.0
+        self.glow_slot = -1  # the one slot a lookup or a hovered token points at
         self.setAcceptHoverEvents(True)
         # Thousands of blocks: repaint a block only when it changes, blit it otherwise.
         self.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
@@ -50,8 +51,9 @@ class BlockItem(QGraphicsItem):
         self.update()
         return True
 
-    def set_glow(self, colour: QColor | None, strength: float = 1.0) -> None:
-        self.glow, self.glow_strength = colour, strength
+    def set_glow(self, colour: QColor | None, strength: float = 1.0, slot: int = -1) -> None:
+        """Outline the block (an animation, a lookup); ``slot`` ≥ 0 also rings that one slot."""
+        self.glow, self.glow_strength, self.glow_slot = colour, strength, slot
         self.update()
 
     def describe(self) -> str:
@@ -105,16 +107,24 @@ class BlockItem(QGraphicsItem):
             painter.setPen(QPen(glow, 4.0))
             painter.setBrush(Qt.BrushStyle.NoBrush)
             painter.drawRoundedRect(rect.adjusted(-1, -1, 1, 1), 5, 5)
+            if 0 <= self.glow_slot < bs and detail >= 0.35:
+                painter.setPen(QPen(glow, 2.5))
+                painter.drawRect(self.slot_rect(self.glow_slot, bs).adjusted(-1.5, -1.5, 1.5, 1.5))
 
-    def _paint_slots(self, painter: QPainter, theme: Theme, colours: list[QColor], bs: int) -> None:
+    @staticmethod
+    def slot_rect(slot: int, bs: int) -> QRectF:
+        """Where slot ``slot`` of a block of ``bs`` slots is drawn, in the item's coordinates."""
         per_row = min(bs, SLOTS_PER_ROW)
         rows = math.ceil(bs / per_row)
         area = QRectF(4, 16, BLOCK_W - 8, BLOCK_H - 20)
         cell_w, cell_h = area.width() / per_row, area.height() / rows
+        r, c = divmod(slot, per_row)
+        return QRectF(area.x() + c * cell_w + 0.5, area.y() + r * cell_h + 0.5, cell_w - 1, cell_h - 1)
+
+    def _paint_slots(self, painter: QPainter, theme: Theme, colours: list[QColor], bs: int) -> None:
         painter.setPen(Qt.PenStyle.NoPen)
         for slot in range(bs):
-            r, c = divmod(slot, per_row)
-            cell = QRectF(area.x() + c * cell_w + 0.5, area.y() + r * cell_h + 0.5, cell_w - 1, cell_h - 1)
+            cell = self.slot_rect(slot, bs)
             if slot < self.fill and colours:
                 # A shared block shows every holder as a band: one copy, many tables.
                 band = cell.height() / len(colours)

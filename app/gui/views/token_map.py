@@ -19,7 +19,7 @@ class TokenMap(QWidget):
     path (token → logical block, offset → physical block, slot) and its attention weight;
     the window lights the slot's block in the pool and the entry in the block table."""
 
-    tokenHovered = Signal(str, int, int)  # seq, logical block, physical block (-1: none)
+    tokenHovered = Signal(str, int, int, int)  # seq, logical block, physical block, slot (-1: none)
 
     def __init__(self, theme: Theme, parent=None) -> None:
         super().__init__(parent)
@@ -100,14 +100,14 @@ class TokenMap(QWidget):
             self.hovered = t
             self.update()
             if t < 0:
-                self.tokenHovered.emit(self.seq_id or "", -1, -1)
+                self.tokenHovered.emit(self.seq_id or "", -1, -1, -1)
             else:
                 logical = t // self.block_size
-                self.tokenHovered.emit(self.seq_id or "", logical, self.block_table[logical])
+                self.tokenHovered.emit(self.seq_id or "", logical, self.block_table[logical], t % self.block_size)
         if t >= 0:
             QToolTip.showText(event.globalPosition().toPoint(), self.describe(t), self)
 
     def leaveEvent(self, event) -> None:
         self.hovered = -1
         self.update()
-        self.tokenHovered.emit(self.seq_id or "", -1, -1)
+        self.tokenHovered.emit(self.seq_id or "", -1, -1, -1)

@@ -34,7 +34,7 @@ class WalkThroughPanel(QWidget):
     """Asks for a replay (``traceRequested``: kernel, head, partition size) and draws it."""
 
     traceRequested = Signal(str, int, int)
-    lookupShown = Signal(str, int, int)  # seq, logical block, physical block (-1, -1: none)
+    lookupShown = Signal(str, int, int, int)  # seq, logical block, physical block, slot (-1: none)
 
     def __init__(self, theme: Theme, parent=None) -> None:
         super().__init__(parent)
@@ -43,7 +43,8 @@ class WalkThroughPanel(QWidget):
         self.stage = 0
         self.kernel_box = QComboBox()
         for key, label in KERNEL_CHOICES.items():
-            self.kernel_box.addItem(label, key)
+            self.kernel_box.addItem(label.split(":")[0], key)  # short in the box, the whole name as its tip
+            self.kernel_box.setItemData(self.kernel_box.count() - 1, label, Qt.ItemDataRole.ToolTipRole)
         self.kernel_box.setToolTip(
             "Which kernel's algorithm to replay: the CPU kernel folds one block at a time; the CUDA kernel splits the "
             "tokens over 4 warps × thread groups (v1), and over 512-token partitions with a reduce (v2, split-K)"
@@ -109,6 +110,12 @@ class WalkThroughPanel(QWidget):
         self.out_dense = pg.ScatterPlotItem(symbol="o", size=7, brush=None)
         for item in (self.out_trace, self.out_kernel, self.out_dense):
             self.lane_plot.addItem(item)
+        # Merge stages: the tree the per-lane states fold through (done, the current one, nodes).
+        self.tree_done = pg.PlotDataItem(connect="pairs")
+        self.tree_now = pg.PlotDataItem(connect="pairs")
+        self.tree_nodes = pg.ScatterPlotItem(size=7, pen=None)
+        for item in (self.tree_done, self.tree_now, self.tree_nodes):
+            self.lane_plot.addItem(item)
         self.bands: list = []
         self.timer = QTimer(self)
         self.timer.setObjectName("pagesim-walkthrough")
@@ -117,8 +124,7 @@ class WalkThroughPanel(QWidget):
         top = QHBoxLayout()
         for widget in (self.kernel_box, self.head_box, QLabel("v2 partition:"), self.partition_box):
             top.addWidget(widget)
-        self.kernel_box.setMinimumContentsLength(14)
-        self.kernel_box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.kernel_box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         layout = QVBoxLayout(self)
         layout.addLayout(top)
         layout.addLayout(controls)
@@ -230,26 +236,38 @@ class WalkThroughPanel(QWidget):
         token = walk.stage_token[stage]
         if token >= 0:
             step = walk.trace.steps[stage]
-            self.lookupShown.emit(walk.seq_id, step.logical_block, step.physical_block)
+            self.lookupShown.emit(walk.seq_id, step.logical_block, step.physical_block, step.slot)
         else:
-            self.lookupShown.emit(walk.seq_id, -1, -1)
+            self.lookupShown.emit(walk.seq_id, -1, -1, -1)
         if token >= 0:
             self.current.setData([token], [walk.trace.scores[token]])
             self.lane_now.setData([token], [self.lanes.data["y"][token]])
         else:
             self.current.setData([], [])
             self.lane_now.setData([], [])
-        self._show_output(stage == walk.num_stages - 1)
+        merge = stage - len(walk.trace.steps)
+        merging = 0 <= merge < len(walk.trace.merges)
+        self._show_output(stage == walk.num_stages - 1, merging)
+        if merging:
+            self._show_tree(merge)
         self.stage_label.setText(f"stage {stage + 1} / {walk.num_stages} · {walk.stage_text(stage)}")
         self.lookups.setText(self._lookup_text(walk, token))
 
-    def _show_output(self, last: bool) -> None:
-        """The lane picture, or at the last stage the three outputs over the head's dimensions."""
+    def _show_output(self, last: bool, merging: bool = False) -> None:
+        """The lane picture, the merge tree at a merge stage, or at the last stage the three
+        outputs over the head's dimensions."""
         walk, plot = self.walk, self.lane_plot.getPlotItem()
         for item in (self.lanes, self.lane_now):
-            item.setVisible(not last)
+            item.setVisible(not last and not merging)
+        for item in (self.tree_done, self.tree_now, self.tree_nodes):
+            item.setVisible(merging)
         for item in (self.out_trace, self.out_kernel, self.out_dense):
             item.setVisible(last)
+        plot.getAxis("bottom").setTicks(None)  # the tree sets its own
+        # The merge tree and the outputs need the height; the scores are the token stages' picture.
+        self.score_plot.setVisible(not (merging or last))
+        if merging:
+            return
         if last:
             dims = np.arange(len(walk.kernel_output))
             self.out_trace.setData(dims, walk.trace.output, pen=pg.mkPen(KERNEL_COLOUR, width=2))
@@ -265,8 +283,63 @@ class WalkThroughPanel(QWidget):
             _style_plot(plot, self.theme, "Who reads each token", axis, "token")
         plot.enableAutoRange()
 
+    def _show_tree(self, current: int) -> None:
+        """The merge the stage is at, in its tree, left to right: a warp's thread groups
+        exchanging states by xor shuffles (a butterfly per mask), the warps meeting in
+        shared memory, or v2's partitions meeting in the reduce. Done merges faint, this one
+        bold."""
+        walk, theme = self.walk, self.theme
+        merges = walk.trace.merges
+        now = merges[current]
+        if now.stage == "group":
+            ours = [
+                (i, m) for i, m in enumerate(merges)
+                if m.stage == "group" and m.partition == now.partition and m.warp == now.warp
+            ]  # fmt: skip
+            masks = sorted({m.mask for _, m in ours})
+            level_of = {mask: k + 1 for k, mask in enumerate(masks)}
+            groups = walk.trace.geometry.tokens_per_warp
+            seg_of = {}
+            for i, m in ours:
+                x, a, b = level_of[m.mask], m.into, m.other
+                seg_of[i] = [((x - 1, a), (x, a)), ((x - 1, b), (x, a)), ((x - 1, a), (x, b)), ((x - 1, b), (x, b))]
+            nodes = [(x, y) for x in range(len(masks) + 1) for y in range(groups)]
+            x_label = f"shuffle round (xor masks {', '.join(map(str, masks))})"
+            y_label = f"thread group of warp {now.warp}"
+        else:
+            stage = now.stage
+            ours = [
+                (i, m)
+                for i, m in enumerate(merges)
+                if m.stage == stage and (stage == "reduce" or m.partition == now.partition)
+            ]
+            centre = (len(ours) - 1) / 2
+            seg_of = {i: [((0, m.other), (1, centre))] for i, m in ours}
+            nodes = [(0, m.other) for _, m in ours] + [(1, centre)]
+            if stage == "warp":
+                x_label, y_label = "warps → shared memory", "warp"
+            else:
+                x_label, y_label = "partitions → reduce", "partition"
+        done = [seg for i, _ in ours if i < current for seg in seg_of[i]]
+
+        def pairs(segments):
+            xs = [p[0] for seg in segments for p in seg]
+            ys = [p[1] for seg in segments for p in seg]
+            return np.array(xs, float), np.array(ys, float)
+
+        self.tree_done.setData(*pairs(done), pen=pg.mkPen(theme.muted, width=1.5))
+        self.tree_now.setData(*pairs(seg_of[current]), pen=pg.mkPen(theme.highlight, width=3))
+        xs, ys = zip(*nodes, strict=True)
+        self.tree_nodes.setData(list(xs), list(ys), brush=pg.mkBrush(theme.text))
+        title = f"Merge {current + 1} of {len(merges)} ({now.stage}): m = {now.m:+.3f}, ℓ = {now.l:.3f}"
+        plot = self.lane_plot.getPlotItem()
+        _style_plot(plot, theme, title, y_label, x_label)
+        levels = int(max(x for x, _ in nodes))
+        plot.getAxis("bottom").setTicks([[(i, str(i)) for i in range(levels + 1)]])
+        plot.enableAutoRange()
+
     def _lookup_text(self, walk: WalkThrough, token: int) -> str:
-        current = walk.trace.steps[0].logical_block if token < 0 and walk.trace.steps else None
+        current = None  # a merge or the output reads no block: nothing to underline
         if token >= 0:
             current = next((s.logical_block for s in walk.trace.steps if s.token == token), None)
         lookups = walk.trace.lookups
