@@ -5,7 +5,7 @@ pool live in different panels), never catching the mouse."""
 from __future__ import annotations
 
 from PySide6.QtCore import QEvent, QObject, QPoint, QPointF, QRect, Qt
-from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen
+from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen, QPixmap
 from PySide6.QtWidgets import QWidget
 
 from app.gui.views.pool_view import PoolView
@@ -13,6 +13,10 @@ from app.gui.views.sequence_view import SequenceView
 
 
 class TableToPoolLines(QWidget):
+    """Qt repaints this see-through, window-wide widget wherever anything under it repaints
+    (the pool every step): so the lines are drawn once into a pixmap when they change, and
+    a repaint only copies the part of it asked for."""
+
     def __init__(self, window: QWidget, sequence_view: SequenceView, pool_view: PoolView) -> None:
         super().__init__(window)
         self.setObjectName("table-to-pool-lines")
@@ -24,23 +28,31 @@ class TableToPoolLines(QWidget):
         self.colour = QColor("white")
         self.lit: int | None = None  # a logical block to draw bold (the walk-through's lookup)
         self.enabled = True
+        self._key: tuple = ()  # what the pixmap shows
+        self._pixmap: QPixmap | None = None
+        self._origin = QPoint()  # where the pixmap's top-left sits in this widget
         for view in (sequence_view, pool_view):
             for bar in (view.verticalScrollBar(), view.horizontalScrollBar()):
-                bar.valueChanged.connect(self.update)
-                bar.rangeChanged.connect(self.update)
-        pool_view.transformed.connect(self.update)
+                bar.valueChanged.connect(self.refresh)
+                bar.rangeChanged.connect(self.refresh)
+            view.viewport().installEventFilter(self)  # a panel resized or moved
+        pool_view.transformed.connect(self.refresh)
         window.installEventFilter(self)
         self.setGeometry(window.rect())
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        if event.type() == QEvent.Type.Resize:
+        kind = event.type()
+        if watched is self.parentWidget() and kind == QEvent.Type.Resize:
             self.setGeometry(watched.rect())
             self.raise_()
+            self.refresh()
+        elif watched is not self.parentWidget() and kind in (QEvent.Type.Resize, QEvent.Type.Move, QEvent.Type.Show):
+            self.refresh()
         return False
 
     def set_enabled(self, enabled: bool) -> None:
         self.enabled = enabled
-        self.update()
+        self.refresh()
 
     def show_sequence(self, seq_id: str | None, table, colour: QColor, lit: int | None = None) -> None:
         state = (seq_id, tuple(table), colour.name(), lit)
@@ -48,50 +60,90 @@ class TableToPoolLines(QWidget):
             return
         self.seq_id, self.table, self.colour, self.lit = seq_id, tuple(table), QColor(colour), lit
         self.raise_()
-        self.update()
+        self.refresh()
 
     def segments(self) -> list[tuple[int, QPointF, QPointF]]:
         """(logical block, start on its table entry, end on its pool tile) in this widget's
         coordinates, for the entries and tiles both on screen."""
         window = self.parentWidget()
-        table_port, pool_port = self.sequence_view.viewport(), self.pool_view.viewport()
         if not self.enabled or self.seq_id is None or not self.table:
             return []
+        table_port, pool_port = self.sequence_view.viewport(), self.pool_view.viewport()
         for port in (table_port, pool_port):
             if not port.isVisible() or not window.isAncestorOf(port):  # hidden, or in a floating panel
                 return []
-        table_clip = QRect(table_port.mapTo(window, table_port.rect().topLeft()), table_port.size())
-        pool_clip = QRect(pool_port.mapTo(window, pool_port.rect().topLeft()), pool_port.size())
+        table_at, pool_at = table_port.mapTo(window, QPoint(0, 0)), pool_port.mapTo(window, QPoint(0, 0))
+        table_clip, pool_clip = QRect(table_at, table_port.size()), QRect(pool_at, pool_port.size())
         out = []
         for logical, entry in self.sequence_view.entry_rects(self.seq_id):
             if logical >= len(self.table):
                 break
-            start = table_port.mapTo(window, QPoint(entry.center().x(), entry.bottom()))
+            start = QPoint(entry.center().x(), entry.bottom()) + table_at
+            if not table_clip.contains(start):
+                continue
             tile = self.pool_view.tile_rect(self.table[logical])
             if tile is None:
                 continue
-            end = pool_port.mapTo(window, QPoint(tile.left() + 2, tile.center().y()))  # its left edge
-            if table_clip.contains(start) and pool_clip.contains(end):
+            end = QPoint(tile.left() + 2, tile.center().y()) + pool_at  # its left edge
+            if pool_clip.contains(end):
                 out.append((logical, QPointF(start), QPointF(end)))
         return out
 
-    def paintEvent(self, event) -> None:
-        segments = self.segments()
-        if not segments:
+    def refresh(self, *_) -> None:
+        """Redraw the lines into the pixmap if they changed, and repaint where they were and are."""
+        segments = self.segments() if self.isVisible() else []
+        key = (tuple((logical, s.toTuple(), e.toTuple()) for logical, s, e in segments), self.colour.name(), self.lit)
+        if key == self._key:
             return
-        painter = QPainter(self)
-        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
-        faint, bold = QColor(self.colour), QColor(self.colour)
-        faint.setAlpha(120)
+        old = QRect(self._origin, self._pixmap.size()) if self._pixmap is not None else QRect()
+        self._key = key
+        self._pixmap = None
+        paths = []
         for logical, start, end in segments:
-            lit = logical == self.lit
-            painter.setPen(QPen(bold if lit else faint, 2.6 if lit else 1.2))
             path = QPainterPath(start)  # down out of the table row, then across into the tile's left side
             bend = max(40.0, abs(end.x() - start.x()) * 0.45)
             path.cubicTo(QPointF(start.x(), start.y() + 40), QPointF(end.x() - bend, end.y()), end)
-            painter.setBrush(Qt.BrushStyle.NoBrush)
-            painter.drawPath(path)
-            painter.setBrush(bold if lit else faint)
-            painter.drawEllipse(start, 2.0, 2.0)
-            painter.drawEllipse(end, 2.5, 2.5)
+            paths.append((logical == self.lit, path, start, end))
+        if paths:
+            bounds = paths[0][1].boundingRect()
+            for _, path, _, _ in paths[1:]:
+                bounds = bounds.united(path.boundingRect())
+            area = bounds.adjusted(-4, -4, 4, 4).toAlignedRect()
+            ratio = self.devicePixelRatioF()
+            self._pixmap = QPixmap(area.size() * ratio)
+            self._pixmap.setDevicePixelRatio(ratio)
+            self._pixmap.fill(Qt.GlobalColor.transparent)
+            self._origin = area.topLeft()
+            painter = QPainter(self._pixmap)
+            painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+            painter.translate(-QPointF(self._origin))
+            faint, bold = QColor(self.colour), QColor(self.colour)
+            faint.setAlpha(120)
+            for lit, path, start, end in paths:
+                painter.setPen(QPen(bold if lit else faint, 2.6 if lit else 1.2))
+                painter.setBrush(Qt.BrushStyle.NoBrush)
+                painter.drawPath(path)
+                painter.setBrush(bold if lit else faint)
+                painter.drawEllipse(start, 2.0, 2.0)
+                painter.drawEllipse(end, 2.5, 2.5)
+            painter.end()
+        new = QRect(self._origin, self._pixmap.size() / self._pixmap.devicePixelRatio()) if paths else QRect()
+        dirty = old.united(new)
+        if not dirty.isEmpty():
+            self.update(dirty)
+
+    def paintEvent(self, event) -> None:
+        if self._pixmap is None:
+            return
+        painter = QPainter(self)
+        target = event.rect().intersected(QRect(self._origin, self._pixmap.size() / self._pixmap.devicePixelRatio()))
+        if not target.isEmpty():
+            source = target.translated(-self._origin)
+            painter.drawPixmap(
+                target,
+                self._pixmap,
+                QRect(
+                    source.topLeft() * self._pixmap.devicePixelRatio(), source.size() * self._pixmap.devicePixelRatio()
+                ),
+            )
         painter.end()
