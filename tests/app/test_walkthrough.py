@@ -154,3 +154,24 @@ def test_merge_stages_draw_the_tree_the_states_fold_through(window, qtbot):
     assert _points(panel.tree_done) == 2  # the first warp's line, done
     panel.show_stage(first - 1)  # back to the last token: lanes again
     assert panel.lanes.isVisible() and not panel.tree_now.isVisible() and panel.score_plot.isVisible()
+
+
+def test_the_running_sum_and_each_rescale_grow_with_the_stages(make_window, qtbot):
+    window = make_window("long_context")
+    window.actions.scrubber.setValue(2)
+    wait_idle(qtbot, window)
+    panel = open_walkthrough(window, qtbot)
+    walk = panel.walk
+    stage = 2000
+    panel.show_stage(stage)
+    read = walk.trace.steps[: stage + 1]
+    xs, ys = panel.running_sum.getData()
+    assert len(xs) == stage + 1 and ys[-1] == max(read, key=lambda s: s.token).l_after
+    expected = [s.token for s in read if s.correction < 1.0 and s.m_before > float("-inf")]
+    assert expected, "a long context always sees new maxima"
+    assert sorted(panel.rescales.data["x"].tolist()) == sorted(expected)
+    shown = [label for label in panel.rescale_labels if label.isVisible()]
+    assert shown and all(label.toPlainText().startswith("×") for label in shown)
+    panel.show_stage(10)  # back: fewer tokens read, fewer rescales
+    assert len(panel.running_sum.getData()[0]) == 11
+    assert len(panel.rescales.data["x"]) <= len(expected)

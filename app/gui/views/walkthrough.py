@@ -26,6 +26,7 @@ from app.gui.views.plots import BLOCK_COLOURS, DENSE_COLOUR, KERNEL_COLOUR, _key
 from core.view_model import KERNEL_CHOICES, WalkThrough
 
 PARTITION_CHOICES = (8, 16, 32, 64, 128, 256, 512)
+MAX_RESCALE_LABELS = 8  # the newest rescales get their factor written; older ones keep a marker
 REAL_PARTITION = 512
 PLAY_MS = 40
 
@@ -100,6 +101,22 @@ class WalkThroughPanel(QWidget):
         self.current = pg.ScatterPlotItem(size=14, pen=pg.mkPen("w", width=2), brush=None)
         for item in (self.scores, self.seen, self.running_max, self.current):
             self.score_plot.addItem(item)
+        # Where a new maximum arrived: the state so far was rescaled by exp(m_old − m_new).
+        self.rescales = pg.ScatterPlotItem(symbol="t1", size=11, pen=None)
+        self.score_plot.addItem(self.rescales)
+        self.rescale_labels = [pg.TextItem(anchor=(0.5, 1.2)) for _ in range(MAX_RESCALE_LABELS)]
+        for label in self.rescale_labels:
+            self.score_plot.addItem(label)
+        # The running sum ℓ on its own axis (right): it grows with the context, the scores do not.
+        plot = self.score_plot.getPlotItem()
+        self.sum_box = pg.ViewBox()
+        plot.showAxis("right")
+        plot.scene().addItem(self.sum_box)
+        plot.getAxis("right").linkToView(self.sum_box)
+        self.sum_box.setXLink(plot)
+        plot.vb.sigResized.connect(lambda: self.sum_box.setGeometry(plot.vb.sceneBoundingRect()))
+        self.running_sum = pg.PlotDataItem()
+        self.sum_box.addItem(self.running_sum)
         self.lanes = pg.ScatterPlotItem(size=5, pen=None)
         self.lane_now = pg.ScatterPlotItem(size=14, pen=pg.mkPen("w", width=2), brush=None)
         self.lane_plot.addItem(self.lanes)
@@ -131,6 +148,11 @@ class WalkThroughPanel(QWidget):
         layout.addWidget(self.stage_label)
         layout.addWidget(self.lookups)
         self.score_plot.setMinimumHeight(100)
+        self.score_plot.setToolTip(
+            "Dots: each token's score q·k·scale (lit once read). Red: the running max m. ▲: a new maximum arrived, "
+            "so everything summed so far was rescaled by exp(m_old − m_new) (the factor is written by the newest). "
+            "Right axis: the running sum ℓ of exp(score − m)."
+        )
         self.lane_plot.setMinimumHeight(70)
         layout.addWidget(self.score_plot, 3)
         layout.addWidget(self.lane_plot, 2)
@@ -158,8 +180,16 @@ class WalkThroughPanel(QWidget):
         for plot in (self.score_plot, self.lane_plot):
             plot.setBackground(theme.plot_background)
         _style_plot(
-            self.score_plot.getPlotItem(), theme, "Scores (dots) and the running max m (red)", "q·k·scale", "token"
+            self.score_plot.getPlotItem(),
+            theme,
+            "Scores · running max m (red, ▲ rescale) · sum ℓ (right)",
+            "q·k·scale",
+            "token",
         )
+        right = self.score_plot.getPlotItem().getAxis("right")
+        right.setLabel("ℓ (running sum)", color=KERNEL_COLOUR)
+        right.setTextPen(theme.muted)
+        right.setPen(theme.muted)
         _style_plot(self.lane_plot.getPlotItem(), theme, "Who reads each token", "lane", "token")
         self.running_max.setPen(pg.mkPen(theme.bad, width=2))
         if self.walk is not None:
@@ -173,9 +203,12 @@ class WalkThroughPanel(QWidget):
         self.bands = []
         if walk is None:
             self.stage_label.setText("this step ran no attention for the selected sequence")
-            for item in (self.scores, self.seen, self.current, self.lanes, self.lane_now):
+            for item in (self.scores, self.seen, self.current, self.lanes, self.lane_now, self.rescales):
                 item.setData([], [])
             self.running_max.setData([], [])
+            self.running_sum.setData([], [])
+            for label in self.rescale_labels:
+                label.setVisible(False)
             self.slider.setRange(0, 0)
             return
         trace = walk.trace
@@ -233,6 +266,7 @@ class WalkThroughPanel(QWidget):
                 visited[order], maxes[order], pen=None, symbol="t1", symbolSize=6,
                 symbolBrush=pg.mkBrush(self.theme.bad), symbolPen=None,
             )  # fmt: skip
+        self._show_sum_and_rescales(walk, steps, visited[order])
         token = walk.stage_token[stage]
         if token >= 0:
             step = walk.trace.steps[stage]
@@ -252,6 +286,40 @@ class WalkThroughPanel(QWidget):
             self._show_tree(merge)
         self.stage_label.setText(f"stage {stage + 1} / {walk.num_stages} · {walk.stage_text(stage)}")
         self.lookups.setText(self._lookup_text(walk, token))
+
+    def _show_sum_and_rescales(self, walk: WalkThrough, steps, tokens_in_order) -> None:
+        """ℓ after each token read so far, and a marker (with its factor, for the newest few)
+        wherever a new maximum made the kernel rescale what it had summed."""
+        theme = self.theme
+        by_token = sorted(steps, key=lambda s: s.token)
+        sums = np.array([s.l_after for s in by_token])
+        if walk.trace.geometry is None:
+            self.running_sum.setData(tokens_in_order, sums, pen=pg.mkPen(KERNEL_COLOUR, width=1.5), symbol=None)
+        else:  # each thread group sums its own tokens
+            self.running_sum.setData(
+                tokens_in_order, sums, pen=None, symbol="o", symbolSize=3,
+                symbolBrush=pg.mkBrush(KERNEL_COLOUR), symbolPen=None,
+            )  # fmt: skip
+        rescaled = [s for s in by_token if s.correction < 1.0 and np.isfinite(s.m_before)]
+        if walk.trace.geometry is not None and steps:  # CUDA: each thread group rescales its own state
+            lane = steps[-1].lane[:2]
+            rescaled = [s for s in rescaled if s.lane[:2] == lane]
+        self.rescales.setData([s.token for s in rescaled], [s.m_after for s in rescaled], brush=pg.mkBrush(theme.bad))
+        # Label the newest rescales, no two closer than 4 % of the context (they would overlap).
+        spacing = 0.04 * max(1, walk.trace.context_len)
+        newest = []
+        for step in sorted(rescaled, key=lambda s: s.token, reverse=True):
+            if len(newest) == MAX_RESCALE_LABELS:
+                break
+            if all(abs(step.token - kept.token) >= spacing for kept in newest):
+                newest.append(step)
+        for label, step in zip(self.rescale_labels, newest + [None] * MAX_RESCALE_LABELS, strict=False):
+            if step is None:
+                label.setVisible(False)
+                continue
+            label.setText(f"×{step.correction:.2f}", color=theme.bad)
+            label.setPos(step.token, step.m_after)
+            label.setVisible(True)
 
     def _show_output(self, last: bool, merging: bool = False) -> None:
         """The lane picture, the merge tree at a merge stage, or at the last stage the three
@@ -344,8 +412,8 @@ class WalkThroughPanel(QWidget):
             current = next((s.logical_block for s in walk.trace.steps if s.token == token), None)
         lookups = walk.trace.lookups
         centre = current if current is not None else 0
-        lo = max(0, centre - 6)
-        hi = min(len(lookups), lo + 13)
+        lo = max(0, centre - 3)
+        hi = min(len(lookups), lo + 7)
         parts = []
         for logical, physical in lookups[lo:hi]:
             text = f"L{logical}→#{physical}"
