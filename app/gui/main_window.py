@@ -93,6 +93,7 @@ class MainWindow(QMainWindow):
         self.walkthrough.traceRequested.connect(lambda *_: self.request_trace())
         self.walkthrough.lookupShown.connect(self._show_walk_lookup)
         self.token_map.tokenHovered.connect(self._show_walk_lookup)
+        self.token_map.tokenPointed.connect(self.kernel_panel.show_hovered_token)
         self.sequence_view.sequenceSelected.connect(self.select_sequence)
         self.sequence_view.contextMenuRequested.connect(self._sequence_menu)
         self.pool_view.blockClicked.connect(self._block_clicked)

@@ -89,6 +89,12 @@ def test_the_token_map_says_where_each_token_lives_and_lights_it(window, qtbot):
     tokens.tokenHovered.emit(seq.seq_id, t // bs, physical, t % bs)
     assert window.pool_view.items[physical].glow is not None
     assert window.pool_view.items[physical].glow_slot == t % bs  # the token's own slot is ringed
+    tokens.tokenPointed.emit(seq.seq_id, t)  # and its weight in the attention plot
+    panel = window.kernel_panel
+    assert panel.hovered_weight.data["x"].tolist() == [t] and panel.hovered_label.isVisible()
+    assert f"token {t}:" in panel.hovered_label.toPlainText()
+    tokens.tokenPointed.emit(seq.seq_id, -1)
+    assert not panel.hovered_label.isVisible()
     assert window.sequence_view.lookup == (seq.seq_id, t // bs)
     # The reverse: a pool tile names the tokens of every sequence that holds it.
     item = window.pool_view.items[seq.block_table[0]]

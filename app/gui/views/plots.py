@@ -80,6 +80,11 @@ class KernelPanel(QWidget):
         self.weight_bars = pg.BarGraphItem(x=[], height=[], width=0.9)
         self._block_brushes = [pg.mkBrush(c) for c in BLOCK_COLOURS]
         self.weights_plot.addItem(self.weight_bars)
+        # The token hovered in the token map: its bar ringed, its weight written.
+        self.hovered_weight = pg.ScatterPlotItem(symbol="o", size=13, brush=None)
+        self.hovered_label = pg.TextItem(anchor=(0.5, 1.3))
+        self.weights_plot.addItem(self.hovered_weight)
+        self.weights_plot.addItem(self.hovered_label)
         self.error_bars = pg.BarGraphItem(x=[], height=[], width=0.6)
         self.error_plot.addItem(self.error_bars)
         self.tolerance_line = pg.InfiniteLine(
@@ -134,6 +139,20 @@ class KernelPanel(QWidget):
         self.dense_curve.setSymbolPen(pg.mkPen(DENSE_COLOUR, width=2))
         self.tolerance_line.setPen(pg.mkPen(theme.bad, width=1, style=Qt.PenStyle.DashLine))
         self._redraw()
+
+    def show_hovered_token(self, seq_id: str, token: int) -> None:
+        """Ring token ``token``'s weight bar if the panel shows ``seq_id`` (-1: none)."""
+        focus = self.frame.focus if self.frame is not None else None
+        if focus is None or focus.seq_id != seq_id or not 0 <= token < focus.context_len:
+            self.hovered_weight.setData([], [])
+            self.hovered_label.setVisible(False)
+            return
+        head = min(self.head_box.value(), focus.weights.shape[0] - 1)
+        weight = float(focus.weights[head][token])
+        self.hovered_weight.setData([token], [weight], pen=pg.mkPen(self.theme.highlight, width=2))
+        self.hovered_label.setText(f"token {token}: {weight:.3f}", color=self.theme.highlight)
+        self.hovered_label.setPos(token, weight)
+        self.hovered_label.setVisible(True)
 
     def set_backend(self, name: str, device: str) -> None:
         self.backend_label.setText(f"<b>{name.upper()}</b> · {device}")

@@ -20,6 +20,7 @@ class TokenMap(QWidget):
     the window lights the slot's block in the pool and the entry in the block table."""
 
     tokenHovered = Signal(str, int, int, int)  # seq, logical block, physical block, slot (-1: none)
+    tokenPointed = Signal(str, int)  # seq, token (-1: none): the attention plot rings its weight
 
     def __init__(self, theme: Theme, parent=None) -> None:
         super().__init__(parent)
@@ -99,6 +100,7 @@ class TokenMap(QWidget):
         if t != self.hovered:
             self.hovered = t
             self.update()
+            self.tokenPointed.emit(self.seq_id or "", t)
             if t < 0:
                 self.tokenHovered.emit(self.seq_id or "", -1, -1, -1)
             else:
@@ -111,3 +113,4 @@ class TokenMap(QWidget):
         self.hovered = -1
         self.update()
         self.tokenHovered.emit(self.seq_id or "", -1, -1, -1)
+        self.tokenPointed.emit(self.seq_id or "", -1)
