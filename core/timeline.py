@@ -4,7 +4,7 @@ its first k operations. Snapshots every few steps make stepping back cheap."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from core.engine import Simulator, StepResult, without_data
 from core.errors import (
@@ -36,8 +36,19 @@ def _field_at_fault(op: Operation, exc: PagesimError) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Edit:
+    """One user action, as undo and redo need it: applied at position ``at``, it replaced
+    the operations from there on (``before``: the scripted future it set aside) by ``after``."""
+
+    at: int
+    before: tuple[Operation, ...]
+    after: tuple[Operation, ...]
+
+
 class Timeline:
-    """A scenario being played: step forward and back, seek, or branch with a new operation."""
+    """A scenario being played: step forward and back, seek, or branch with a new operation
+    (undoable: the future it set aside comes back)."""
 
     def __init__(
         self,
@@ -58,6 +69,8 @@ class Timeline:
         self.history = history
         self._snapshots = {0: self.sim.snapshot(with_data=False)}  # nothing to rebuild at step 0
         self._results: dict[int, StepResult] = {}
+        self._undo: list[Edit] = []
+        self._redo: list[Edit] = []
 
     def _take_snapshot(self):
         return self.sim.snapshot(with_data=self.snapshot_data)
@@ -124,15 +137,63 @@ class Timeline:
                 self.sim.last_attention = cached.attention
 
     def push(self, op: Operation) -> StepResult:
-        """Apply a user's operation at the current position, dropping any later steps.
-        A refused operation raises and leaves the timeline as it was."""
+        """Apply a user's operation at the current position; the later steps are set aside
+        (:meth:`undo` brings them back). A refused operation raises and leaves the timeline
+        as it was."""
+        at = self.position
         result = self.sim.apply(op)  # atomic: raises before any change
-        del self.operations[self.position - 1 :]
-        self.operations.append(op)
-        self._snapshots = {k: v for k, v in self._snapshots.items() if k < self.position}
-        self._results = {k: v for k, v in self._results.items() if k < self.position}
+        self._undo.append(Edit(at, tuple(self.operations[at:]), (op,)))
+        self._redo.clear()
+        self._replace_from(at, [op])
         self._record(result)
         return result
+
+    @property
+    def can_undo(self) -> bool:
+        return bool(self._undo)
+
+    @property
+    def can_redo(self) -> bool:
+        return bool(self._redo)
+
+    @property
+    def branch_step(self) -> int | None:
+        """The step after which the operations leave the scenario's script (None: they follow it)."""
+        script = self.scenario.operations
+        for index, (ours, theirs) in enumerate(zip(self.operations, script, strict=False)):
+            if ours != theirs:
+                return index
+        return None if len(self.operations) == len(script) else min(len(self.operations), len(script))
+
+    def undo(self) -> Edit:
+        """Take back the newest user action: its scripted future returns, and the state is
+        the one before the action."""
+        if not self._undo:
+            raise IndexError("nothing to undo")
+        edit = self._undo.pop()
+        self._replace_from(edit.at, list(edit.before))
+        self.seek(edit.at)
+        self._redo.append(edit)
+        return edit
+
+    def redo(self) -> StepResult:
+        """Apply again the action :meth:`undo` took back."""
+        if not self._redo:
+            raise IndexError("nothing to redo")
+        edit = self._redo.pop()
+        self._replace_from(edit.at, list(edit.after))
+        self.seek(edit.at)
+        result = self.forward()
+        self._undo.append(edit)
+        return result
+
+    def _replace_from(self, at: int, operations: list[Operation]) -> None:
+        """Operations from index ``at`` on become ``operations``; what was computed past ``at``
+        goes (the state itself is left to the caller)."""
+        del self.operations[at:]
+        self.operations.extend(operations)
+        self._snapshots = {k: v for k, v in self._snapshots.items() if k <= at}
+        self._results = {k: v for k, v in self._results.items() if k <= at}
 
     def run_to_end(self) -> list[StepResult]:
         out = []

@@ -65,6 +65,10 @@ class Frame:
     # The scheduler's queues (request ids, in order) and counters; None without one.
     queues: dict[str, tuple[str, ...]] | None = None
     scheduler_counts: dict[str, int] | None = None
+    # Branching: the step after which the user's actions left the script, and what undo/redo can do.
+    branch_step: int | None = None
+    can_undo: bool = False
+    can_redo: bool = False
 
     @property
     def metrics(self) -> Metrics | None:
@@ -183,6 +187,9 @@ def build_frame(
             "swapped": tuple(sim.scheduler.swapped),
         },
         scheduler_counts=None if not sim.scheduler.used else sim.scheduler.counts(),
+        branch_step=timeline.branch_step,
+        can_undo=timeline.can_undo,
+        can_redo=timeline.can_redo,
     )
 
 

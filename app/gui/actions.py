@@ -10,15 +10,53 @@ from __future__ import annotations
 import weakref
 from pathlib import Path
 
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QComboBox, QLabel, QSlider, QSpinBox, QStyle, QToolBar
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtGui import QAction, QColor, QKeySequence, QPainter, QPolygon
+from PySide6.QtWidgets import QComboBox, QLabel, QSlider, QSpinBox, QStyle, QStyleOptionSlider, QToolBar
 
 from app.gui.palette import THEMES
 
 SPEEDS = [("Instant", 0.0), ("0.25×", 0.25), ("0.5×", 0.5), ("1×", 1.0), ("2×", 2.0), ("4×", 4.0)]
 MAX_RECENT = 8
 LAYOUT_VERSION = 5  # bump when docks change: an older saved layout is then ignored
+
+
+class BranchSlider(QSlider):
+    """The timeline's scrubber, with the step where the user's actions left the script marked."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.branch: int | None = None
+
+    def set_branch(self, step: int | None) -> None:
+        if step != self.branch:
+            self.branch = step
+            self.update()
+
+    def paintEvent(self, event) -> None:
+        super().paintEvent(event)
+        if self.branch is None or self.maximum() <= self.minimum():
+            return
+        option = QStyleOptionSlider()
+        self.initStyleOption(option)
+        groove = self.style().subControlRect(
+            QStyle.ComplexControl.CC_Slider, option, QStyle.SubControl.SC_SliderGroove, self
+        )
+        handle = self.style().subControlRect(
+            QStyle.ComplexControl.CC_Slider, option, QStyle.SubControl.SC_SliderHandle, self
+        )
+        span = groove.width() - handle.width()
+        x = (
+            groove.x()
+            + handle.width() // 2
+            + QStyle.sliderPositionFromValue(self.minimum(), self.maximum(), self.branch, span)
+        )
+        painter = QPainter(self)
+        painter.setPen(QColor("#e8a33d"))
+        painter.setBrush(QColor("#e8a33d"))
+        painter.drawPolygon(QPolygon([QPoint(x - 5, 0), QPoint(x + 5, 0), QPoint(x, 7)]))
+        painter.drawLine(x, 0, x, self.height())
+        painter.end()
 
 
 class WindowActions:
@@ -121,7 +159,7 @@ class WindowActions:
         w.addToolBar(Qt.ToolBarArea.BottomToolBarArea, timeline)
         for action in (self.start_action, self.back_action, self.play_action, self.forward_action, self.end_action):
             timeline.addAction(action)
-        self.scrubber = QSlider(Qt.Orientation.Horizontal)
+        self.scrubber = BranchSlider(Qt.Orientation.Horizontal)
         self.scrubber.setToolTip("Scrub through the scenario's steps; going back shows exactly the earlier state")
         self.scrubber.setMinimumWidth(120)
         self.scrubber.valueChanged.connect(w.scrubbed)
@@ -144,6 +182,13 @@ class WindowActions:
             self._action("Open scenario…", w.open_dialog, QKeySequence.StandardKey.Open, "Open a scenario (TOML)")
         )
         self.recent_menu = file_menu.addMenu("Open recent")
+        self.reload_action = self._action(
+            "Reload scenario",
+            w.reload_scenario,
+            "Ctrl+R",
+            "Open the scenario again from its file: its script, from step 0",
+        )
+        file_menu.addAction(self.reload_action)
         file_menu.addAction(
             self._action(
                 "Save scenario as…",
@@ -161,6 +206,19 @@ class WindowActions:
         )
         file_menu.addSeparator()
         file_menu.addAction(self._action("Quit", w.close, QKeySequence.StandardKey.Quit, "Quit pagesim"))
+        edit_menu = bar.addMenu("&Edit")
+        self.undo_action = self._action(
+            "Undo",
+            w.controller.undo,
+            QKeySequence.StandardKey.Undo,
+            "Take back your last action (its scripted future returns)",
+        )
+        self.redo_action = self._action(
+            "Redo", w.controller.redo, QKeySequence.StandardKey.Redo, "Apply again the action you took back"
+        )
+        for action in (self.undo_action, self.redo_action):
+            action.setEnabled(False)
+            edit_menu.addAction(action)
         seq_menu = bar.addMenu("&Sequence")
         for action in (self.add_action, self.grow_action, self.grow_n_action, self.fork_action, self.free_action):
             seq_menu.addAction(action)

@@ -52,6 +52,16 @@ class Push:
 
 
 @dataclass(frozen=True)
+class Undo:
+    pass
+
+
+@dataclass(frozen=True)
+class Redo:
+    pass
+
+
+@dataclass(frozen=True)
 class Focus:
     seq_id: str | None
 
@@ -75,7 +85,7 @@ class TraceKernel:
     partition_size: int
 
 
-Request = Load | Forward | Back | Seek | Push | Focus | ExportEvents | ComputeWaste | TraceKernel
+Request = Load | Forward | Back | Seek | Push | Undo | Redo | Focus | ExportEvents | ComputeWaste | TraceKernel
 
 
 @dataclass(frozen=True)
@@ -134,6 +144,8 @@ class SimulationWorker(QObject):
             Back: self._back,
             Seek: self._seek,
             Push: lambda r: self._emit(self._timeline.push(r.op)),
+            Undo: self._undo,
+            Redo: lambda r: self._emit(self._timeline.redo()),
             Focus: self._set_focus,
             ExportEvents: self._export,
             ComputeWaste: self._waste,
@@ -175,6 +187,10 @@ class SimulationWorker(QObject):
         self._emit()
         # Then compile (or load from cache) the kernel for this dtype, before the first step.
         timeline.sim.warm_up()
+
+    def _undo(self, _: Undo) -> None:
+        self._timeline.undo()
+        self._emit()
 
     def _back(self, _: Back) -> None:
         self._timeline.back()
@@ -269,6 +285,20 @@ class SimulationController(QObject):
     def apply(self, op: Operation) -> None:
         self.pause()
         self._send(Push(op))
+
+    def undo(self) -> None:
+        if self.frame is not None and not self.frame.can_undo:
+            self.errorRaised.emit("nothing to undo: no action of yours on this timeline")
+            return
+        self.pause()
+        self._send(Undo())
+
+    def redo(self) -> None:
+        if self.frame is not None and not self.frame.can_redo:
+            self.errorRaised.emit("nothing to redo")
+            return
+        self.pause()
+        self._send(Redo())
 
     def set_focus(self, seq_id: str | None) -> None:
         self._send(Focus(seq_id))

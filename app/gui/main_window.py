@@ -76,6 +76,7 @@ class MainWindow(QMainWindow):
         self.walkthrough_open = False
         self.director = AnimationDirector(self.pool_view, self.sequence_view, self)
         self._build_central()
+        self._announced_branch: int | None = None
         self._build_docks()
         self.table_lines = TableToPoolLines(self, self.sequence_view, self.pool_view)
         self.actions = WindowActions(self)
@@ -163,10 +164,13 @@ class MainWindow(QMainWindow):
         self.kernel_tabs = QTabWidget()
         self.kernel_tabs.setDocumentMode(True)
         self.kernel_tabs.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
-        self.kernel_tabs.addTab(self.kernel_panel, "Kernel vs dense attention")
-        self.kernel_tabs.addTab(self.walkthrough, "Kernel walk-through")
+        self.kernel_tabs.addTab(self.kernel_panel, "Check")
+        self.kernel_tabs.addTab(self.walkthrough, "Walk-through")
         self.kernel_tabs.setTabToolTip(
-            1, "The step's kernel replayed stage by stage for the selected sequence and head"
+            0, "The paged kernel's output against dense attention, for the selected sequence"
+        )
+        self.kernel_tabs.setTabToolTip(
+            1, "The kernel walk-through: this step's kernel replayed stage by stage for the selected sequence and head"
         )
         # The guide is a tab here, not a dock of its own: tabifying a second group of docks
         # (beside Memory | Waste) leaves an orphaned copy of its tab bar on screen (Qt 6).
@@ -195,10 +199,24 @@ class MainWindow(QMainWindow):
     def load(self, scenario: Scenario) -> None:
         self.colours.reset()
         self.selection.reset()
+        self._announced_branch = None
+        self.waste_panel.clear()  # a study of the last scenario's pool says nothing of this one
         self.frame = None
         self.controller.load(scenario)
         if Path(scenario.source).exists():
             self.actions.remember(scenario.source)
+
+    def reload_scenario(self) -> None:
+        """The scenario again from its file (or as shipped): its script from step 0, your actions gone."""
+        scenario = self.controller.scenario
+        if scenario is None:
+            self.show_error("no scenario to reload")
+            return
+        if Path(scenario.source).exists():
+            self.open_scenario(scenario.source)
+        else:
+            self.load(scenario)  # built in memory: its script as it was given
+        self.statusBar().showMessage(f"reloaded {scenario.name}", 5000)
 
     def open_scenario(self, path: str) -> bool:
         try:
@@ -459,7 +477,17 @@ class MainWindow(QMainWindow):
         self._show_tokens(frame)
         self.request_trace()
         c = frame.config
-        self.scenario_title.setText(frame.scenario_name)
+        branched = frame.branch_step is not None
+        self.scenario_title.setText(
+            frame.scenario_name + (f" — your branch from step {frame.branch_step}" if branched else "")
+        )
+        if branched and frame.branch_step != self._announced_branch and frame.can_undo:
+            self.statusBar().showMessage(
+                f"Your action branched off the script at step {frame.branch_step}: its later steps are set aside. "
+                "Edit → Undo (Ctrl+Z) brings them back; File → Reload starts over.",
+                15_000,
+            )
+        self._announced_branch = frame.branch_step
         description = " ".join(frame.scenario_description.split())
         self.scenario_description.setText(description)
         self.scenario_description.setToolTip(description)
@@ -498,6 +526,13 @@ class MainWindow(QMainWindow):
         self.actions.start_action.setEnabled(frame.position > 0)
         self.actions.forward_action.setEnabled(frame.position < frame.length)
         self.actions.end_action.setEnabled(frame.position < frame.length)
+        self.actions.undo_action.setEnabled(frame.can_undo)
+        self.actions.redo_action.setEnabled(frame.can_redo)
+        self.actions.scrubber.set_branch(frame.branch_step)
+        branch = "" if frame.branch_step is None else f" · your branch from step {frame.branch_step} (marked)"
+        self.actions.scrubber.setToolTip(
+            "Scrub through the scenario's steps; going back shows exactly the earlier state" + branch
+        )
 
     def scrubbed(self, value: int) -> None:
         if not self._syncing and self.frame is not None and value != self.frame.position:

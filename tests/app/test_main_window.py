@@ -11,7 +11,7 @@ from PySide6.QtWidgets import QToolBar
 
 from app.gui.animation import beats_for
 from core import events as ev
-from core.scenario import shipped_scenarios
+from core.scenario import load_shipped, shipped_scenarios
 from tests.app.conftest import wait_idle
 
 
@@ -298,6 +298,10 @@ def test_waste_panel_compares_allocators_off_the_gui_thread(window, qtbot):
     tops = sum(bar.opts["height"] for bar in window.waste_panel.bars)
     np.testing.assert_allclose(tops, 100.0, atol=1e-6)  # each stack is the whole pool
     assert "token states" in window.waste_panel.summary.text()
+    window.open_scenario(str(load_shipped("seed_demo").source))  # another pool: the study is stale
+    wait_idle(qtbot, window)
+    assert window.waste_panel.result is None and window.waste_panel.bars == []
+    assert "Run a workload" in window.waste_panel.summary.text()
 
 
 def test_scheduler_scenarios_show_their_queues(make_window, qtbot):
@@ -332,3 +336,27 @@ def test_bad_files_and_unwritable_paths_are_shown_not_raised(window, qtbot, tmp_
     blocker.write_text("x")
     window.save_scenario(str(blocker / "under-a-file.toml"))
     assert "could not save" in window.last_error
+
+
+def test_an_action_mid_scenario_can_be_undone_redone_and_reloaded(window, qtbot):
+    length = window.frame.length
+    window.actions.scrubber.setValue(2)
+    wait_idle(qtbot, window)
+    assert not window.actions.undo_action.isEnabled()
+    window.actions.add_action.trigger()  # Add (A): a new sequence, at step 2 of the script
+    frame = wait_idle(qtbot, window)
+    assert frame.length == 3 and frame.branch_step == 2 and frame.can_undo
+    assert window.actions.scrubber.branch == 2 and "your branch from step 2" in window.scenario_title.text()
+    assert "set aside" in window.statusBar().currentMessage() and "Undo" in window.statusBar().currentMessage()
+    window.actions.undo_action.trigger()  # Ctrl+Z
+    frame = wait_idle(qtbot, window)
+    assert frame.length == length and frame.position == 2 and frame.branch_step is None
+    assert window.actions.scrubber.branch is None and window.actions.redo_action.isEnabled()
+    assert "branch" not in window.scenario_title.text()
+    window.actions.redo_action.trigger()  # Ctrl+Shift+Z
+    frame = wait_idle(qtbot, window)
+    assert frame.length == 3 and frame.position == 3 and len(frame.sequences) == 3
+    window.actions.reload_action.trigger()  # File → Reload: the script again, from step 0
+    frame = wait_idle(qtbot, window)
+    assert frame.length == length and frame.position == 0 and not frame.can_undo
+    assert window.actions.undo_action.isEnabled() is False

@@ -94,3 +94,49 @@ def test_incremental_frames_equal_full_ones(cpu_backend):
             np.testing.assert_array_equal(frame.ref_counts, full.ref_counts)
             np.testing.assert_array_equal(frame.block_fill, full.block_fill)
             assert frame.history == full.history
+
+
+def test_an_action_mid_scenario_sets_the_future_aside_and_undo_brings_it_back(cpu_backend):
+    timeline = Timeline(load_shipped("default"), cpu_backend, snapshot_every=4)
+    script = list(timeline.operations)
+    fingerprints = [state_fingerprint(timeline.sim)]
+    while not timeline.at_end:
+        timeline.forward()
+        fingerprints.append(state_fingerprint(timeline.sim))
+    timeline.seek(2)
+    assert timeline.branch_step is None and not timeline.can_undo
+    timeline.push(Add("U", 5))
+    assert timeline.length == 3 and timeline.branch_step == 2 and timeline.can_undo
+    timeline.forward() if not timeline.at_end else None
+    timeline.push(Grow("U", 2))
+    assert timeline.length == 4
+    timeline.undo()  # the grow: back to the state after the add
+    assert timeline.length == 3 and timeline.position == 3 and timeline.can_redo
+    timeline.undo()  # the add: the script returns, at the state before it
+    assert timeline.operations == script and timeline.position == 2 and timeline.branch_step is None
+    assert state_fingerprint(timeline.sim) == fingerprints[2]
+    check_invariants(timeline.sim)
+    for step in (9, 5, timeline.length):  # the restored future replays exactly as before
+        timeline.seek(step)
+        assert state_fingerprint(timeline.sim) == fingerprints[step]
+    timeline.seek(2)
+    timeline.redo()
+    assert timeline.position == 3 and timeline.operations[2] == Add("U", 5) and timeline.length == 3
+    timeline.redo()
+    assert timeline.operations[3] == Grow("U", 2) and not timeline.can_redo
+    check_invariants(timeline.sim)
+    with pytest.raises(IndexError):
+        timeline.redo()
+
+
+def test_a_new_action_after_undo_drops_the_redo_branch(cpu_backend):
+    timeline = Timeline(load_shipped("default"), cpu_backend)
+    timeline.seek(3)
+    timeline.push(Add("U", 5))
+    timeline.undo()
+    assert timeline.can_redo
+    timeline.push(Add("V", 3))
+    assert not timeline.can_redo and timeline.operations[3] == Add("V", 3)
+    timeline.undo()
+    timeline.undo() if timeline.can_undo else None
+    assert timeline.operations == list(load_shipped("default").operations)

@@ -355,6 +355,9 @@ WASTE_COLOURS = {
 }
 
 
+WASTE_PROMPT = "Run a workload to see where each allocator's KV memory goes (the vLLM paper's Fig. 2)."
+
+
 class WastePanel(QWidget):
     """Where KV memory goes under load: paging against contiguous reservations, stacked."""
 
@@ -375,7 +378,7 @@ class WastePanel(QWidget):
             "contiguous reservations (exact, next power of two, max length), and split the memory"
         )
         self.run_button.clicked.connect(lambda: self.request_waste(self.workload.currentText(), self.count.value()))
-        self.summary = QLabel("Run a workload to see where each allocator's KV memory goes (the vLLM paper's Fig. 2).")
+        self.summary = QLabel(WASTE_PROMPT)
         self.summary.setWordWrap(True)
         controls = QHBoxLayout()
         for widget in (QLabel("workload"), self.workload, self.count, self.run_button):
@@ -401,11 +404,18 @@ class WastePanel(QWidget):
         keys = " · ".join(_key(WASTE_COLOURS[c], "■ " + WASTE_LABELS[c]) for c in WASTE_COLOURS)
         _style_plot(self.plot, theme, f"KV pool under load: {keys}", "% of the pool", "", grid=False)
 
-    def show_result(self, result: WasteStudy) -> None:
-        self.result = result
+    def clear(self) -> None:
+        """Forget the last study: it was of another scenario's pool."""
+        self.result = None
         for bar in self.bars:
             self.plot.removeItem(bar)
         self.bars = []
+        self.plot.getAxis("bottom").setTicks(None)
+        self.summary.setText(WASTE_PROMPT)
+
+    def show_result(self, result: WasteStudy) -> None:
+        self.clear()
+        self.result = result
         rows = result.allocators
         x = np.arange(len(rows))
         bottom = np.zeros(len(rows))
