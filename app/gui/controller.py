@@ -287,18 +287,17 @@ class SimulationController(QObject):
         self._send(Push(op))
 
     def undo(self) -> None:
-        if self.frame is not None and not self.frame.can_undo:
-            self.errorRaised.emit("nothing to undo: no action of yours on this timeline")
-            return
-        self.pause()
-        self._send(Undo())
+        self._edit(Undo(), lambda f: f.can_undo, "nothing to undo: no action of yours on this timeline")
 
     def redo(self) -> None:
-        if self.frame is not None and not self.frame.can_redo:
-            self.errorRaised.emit("nothing to redo")
+        self._edit(Redo(), lambda f: f.can_redo, "nothing to redo")
+
+    def _edit(self, request: Undo | Redo, possible, refusal: str) -> None:
+        if self.frame is not None and not possible(self.frame):
+            self.errorRaised.emit(refusal)
             return
         self.pause()
-        self._send(Redo())
+        self._send(request)
 
     def set_focus(self, seq_id: str | None) -> None:
         self._send(Focus(seq_id))
