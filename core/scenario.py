@@ -39,6 +39,7 @@ STEP_FIELDS = {
     "schedule": {"steps"},
 }
 DEFAULT_SCENARIO = "default"
+MAX_NOTE_CHARS = 600  # a step's narration: a few sentences
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,11 @@ class Scenario:
     config: CacheConfig
     operations: tuple[Operation, ...]
     source: str = "<memory>"
+    notes: tuple[str, ...] = ()  # narration per step ("" for none), from each step's ``note``
+
+    def note(self, index: int) -> str:
+        """The narration of operation ``index`` (0-based), or ""."""
+        return self.notes[index] if 0 <= index < len(self.notes) else ""
 
     def to_toml(self) -> str:
         import tomli_w  # only saving needs it
@@ -56,11 +62,22 @@ class Scenario:
         for f in fields(CacheConfig):
             doc[f.name] = getattr(self.config, f.name)
         # One [[steps]] table per operation, the way people write them by hand.
-        steps = "".join(f"\n[[steps]]\n{tomli_w.dumps(operation_to_dict(op))}" for op in self.operations)
+        steps = "".join(
+            f"\n[[steps]]\n{tomli_w.dumps(operation_to_dict(op) | ({'note': note} if note else {}))}"
+            for op, note in zip(self.operations, (self.note(i) for i in range(len(self.operations))), strict=True)
+        )
         return tomli_w.dumps(doc, multiline_strings=True) + steps
 
     def with_operations(self, operations) -> Scenario:
-        return Scenario(self.name, self.description, self.config, tuple(operations), self.source)
+        """The same scenario with other operations; a note stays with its step while the
+        operations up to it are still the script's."""
+        operations = tuple(operations)
+        notes = []
+        for index, op in enumerate(operations):
+            if index >= len(self.operations) or self.operations[index] != op:
+                break
+            notes.append(self.note(index))
+        return Scenario(self.name, self.description, self.config, operations, self.source, tuple(notes))
 
 
 def operation_to_dict(op: Operation) -> dict:
@@ -181,8 +198,16 @@ def parse_scenario(text: str, source: str = "<memory>") -> Scenario:
     steps = doc.get("steps", [])
     if not isinstance(steps, list):
         raise ScenarioError(source, "must be an array of tables ([[steps]])", None, "steps")
-    operations = []
+    operations, notes = [], []
     for number, raw in enumerate(steps, start=1):
+        if isinstance(raw, dict) and "note" in raw:
+            raw = dict(raw)
+            note = raw.pop("note")
+            if not isinstance(note, str) or len(note) > MAX_NOTE_CHARS:
+                raise ScenarioError(source, f"must be a string of at most {MAX_NOTE_CHARS} characters", number, "note")
+            notes.append(" ".join(note.split()))
+        else:
+            notes.append("")
         try:
             operations.append(parse_step(raw, source, number))
         except ScenarioError:
@@ -190,7 +215,7 @@ def parse_scenario(text: str, source: str = "<memory>") -> Scenario:
         except PagesimError as exc:
             raise ScenarioError(source, str(exc), number) from None
     name = doc.get("name") or Path(source).stem
-    return Scenario(name, doc.get("description", ""), config, tuple(operations), source)
+    return Scenario(name, doc.get("description", ""), config, tuple(operations), source, tuple(notes))
 
 
 def load_scenario(path: str | Path) -> Scenario:

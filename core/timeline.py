@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+from core.captions import step_caption
 from core.engine import Simulator, StepResult, without_data
 from core.errors import (
     DuplicateSequenceError,
@@ -71,6 +72,8 @@ class Timeline:
         self._results: dict[int, StepResult] = {}
         self._undo: list[Edit] = []
         self._redo: list[Edit] = []
+        self._captions: dict[int, str] = {}  # step -> what it did (core.captions), once played
+        self._caption_log: tuple[str, ...] | None = None  # captions(), until something changes
 
     def _take_snapshot(self):
         return self.sim.snapshot(with_data=self.snapshot_data)
@@ -194,6 +197,27 @@ class Timeline:
         self.operations.extend(operations)
         self._snapshots = {k: v for k, v in self._snapshots.items() if k <= at}
         self._results = {k: v for k, v in self._results.items() if k <= at}
+        self._captions = {k: v for k, v in self._captions.items() if k <= at}
+        self._caption_log = None
+
+    # -- captions ---------------------------------------------------------------------
+    def note(self, step: int) -> str:
+        """The scenario's narration of ``step``, while the timeline still follows its script there."""
+        branch = self.branch_step
+        return self.scenario.note(step - 1) if step >= 1 and (branch is None or step <= branch) else ""
+
+    def caption(self, step: int) -> str:
+        """What ``step`` did, in one sentence ("" if it has not been played yet)."""
+        return self._captions.get(step, "")
+
+    def captions(self) -> tuple[str, ...]:
+        """One line per step of the timeline: its caption once played, else its operation."""
+        if self._caption_log is None or len(self._caption_log) != self.length:
+            self._caption_log = tuple(
+                self._captions.get(k) or f"{self.operations[k - 1].describe()} (not played yet)"
+                for k in range(1, self.length + 1)
+            )
+        return self._caption_log
 
     def run_to_end(self) -> list[StepResult]:
         out = []
@@ -213,6 +237,10 @@ class Timeline:
             yield replay.forward()
 
     def _record(self, result: StepResult) -> None:
+        caption = step_caption(result)
+        if self._captions.get(result.step) != caption:
+            self._captions[result.step] = caption
+            self._caption_log = None
         if not self.history:
             self._results = {result.step: result}
             if result.step % self.snapshot_every == 0:

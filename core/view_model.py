@@ -69,6 +69,10 @@ class Frame:
     branch_step: int | None = None
     can_undo: bool = False
     can_redo: bool = False
+    # What this step did in one sentence, the scenario's own narration of it, and a line per step.
+    caption: str = ""
+    note: str = ""
+    captions: tuple[str, ...] = ()
 
     @property
     def metrics(self) -> Metrics | None:
@@ -190,6 +194,9 @@ def build_frame(
         branch_step=timeline.branch_step,
         can_undo=timeline.can_undo,
         can_redo=timeline.can_redo,
+        caption=timeline.caption(timeline.position),
+        note=timeline.note(timeline.position),
+        captions=timeline.captions(),
     )
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
 from app.report import write_event_log
-from core.errors import PagesimError
+from core.errors import PagesimError, PoolExhaustedError
 from core.operations import Operation
 from core.scenario import Scenario
 from core.studies.waste import WasteStudy, study
@@ -96,6 +96,7 @@ class FrameReply:
 @dataclass(frozen=True)
 class Failed:
     message: str
+    shortfall: tuple[int, int] | None = None  # a full pool: (blocks needed, blocks free)
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,9 @@ class SimulationWorker(QObject):
         try:
             self._handlers[type(request)](request)
         except (PagesimError, IndexError, ValueError, OSError) as exc:
-            self.replied.emit(Failed(str(exc)))
+            full = exc if isinstance(exc, PoolExhaustedError) else exc.__cause__
+            shortfall = (full.needed, full.free) if isinstance(full, PoolExhaustedError) else None
+            self.replied.emit(Failed(str(exc), shortfall))
         except Exception as exc:  # a bug: report it rather than kill the worker
             traceback.print_exc()
             self.replied.emit(Failed(f"internal error: {exc!r}"))
@@ -229,6 +232,7 @@ class SimulationController(QObject):
 
     frameChanged = Signal(object)  # Frame
     errorRaised = Signal(str)
+    poolRefused = Signal(int, int)  # an operation needed more blocks than are free: (needed, free)
     backendReady = Signal(str, str)
     playingChanged = Signal(bool)
     exported = Signal(str)
@@ -362,6 +366,8 @@ class SimulationController(QObject):
         elif isinstance(reply, Failed):
             self.pause()
             self.errorRaised.emit(reply.message)
+            if reply.shortfall is not None:
+                self.poolRefused.emit(*reply.shortfall)
         elif isinstance(reply, WasteReady):
             self.wasteReady.emit(reply.study)
         elif isinstance(reply, Exported):

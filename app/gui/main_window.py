@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 from importlib import resources
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
     QFileDialog,
+    QFrame,
     QLabel,
     QMainWindow,
     QMenu,
@@ -34,6 +36,7 @@ from app.gui.views.connectors import TableToPoolLines
 from app.gui.views.plots import KernelPanel, MemoryPanel, WastePanel
 from app.gui.views.pool_view import PoolView
 from app.gui.views.sequence_view import SequenceView
+from app.gui.views.step_log import StepLog
 from app.gui.views.token_map import TokenMap
 from app.gui.views.walkthrough import WalkThroughPanel
 from core.errors import PagesimError
@@ -86,6 +89,9 @@ class MainWindow(QMainWindow):
 
         self.controller.frameChanged.connect(self._on_frame)
         self.controller.errorRaised.connect(self.show_error)
+        self.controller.poolRefused.connect(
+            lambda needed, free: self.pool_view.show_refusal(needed, free, self.last_error or "")
+        )
         self.controller.backendReady.connect(self._on_backend)
         self.controller.playingChanged.connect(self._on_playing)
         self.controller.exported.connect(lambda msg: self.statusBar().showMessage(msg, 8000))
@@ -124,6 +130,14 @@ class MainWindow(QMainWindow):
         self.scenario_description.setMaximumHeight(3 * lines + 4)
         self.pool_caption = QLabel()
         self.pool_caption.setWordWrap(True)
+        # What the step just did, in one sentence (and the scenario's own narration of it).
+        # A fixed height (the pool must not jump as captions grow and shrink); a long one scrolls.
+        self.step_caption = QTextBrowser()
+        self.step_caption.setFrameShape(QFrame.Shape.NoFrame)
+        self.step_caption.setFixedHeight(4 * self.fontMetrics().lineSpacing() + 8)
+        self.step_caption.viewport().setAutoFillBackground(False)
+        self.step_caption.setStyleSheet("QTextBrowser { background: transparent; }")
+        self.step_caption.setToolTip("What this step did to the block tables and the pool (Step log: every step)")
         self.pool_caption.setToolTip("The physical KV-cache pool: one tile per block, one cell per token slot")
         central = QWidget()
         layout = QVBoxLayout(central)
@@ -131,6 +145,7 @@ class MainWindow(QMainWindow):
         layout.addWidget(self.scenario_title)
         layout.addWidget(self.scenario_description)
         layout.addWidget(self.pool_caption)
+        layout.addWidget(self.step_caption)
         layout.addWidget(self.pool_view, 1)
         self.setCentralWidget(central)
 
@@ -187,6 +202,10 @@ class MainWindow(QMainWindow):
             "Waste vs contiguous", self.waste_panel, Qt.DockWidgetArea.BottomDockWidgetArea, "waste"
         )
         self.tabifyDockWidget(self.memory_dock, self.waste_dock)
+        self.step_log = StepLog()
+        self.step_log.seekRequested.connect(lambda step: self.controller.seek(step))
+        self.step_log_dock = self._dock("Step log", self.step_log, Qt.DockWidgetArea.BottomDockWidgetArea, "steplog")
+        self.tabifyDockWidget(self.memory_dock, self.step_log_dock)  # into the same group: no orphaned tab bar
         self.memory_dock.raise_()
         self.resizeDocks([self.sequences_dock, self.kernel_dock], [380, 420], Qt.Orientation.Horizontal)
         self.resizeDocks([self.memory_dock], [200], Qt.Orientation.Vertical)
@@ -460,6 +479,7 @@ class MainWindow(QMainWindow):
         self.actions.play_action.setIcon(self.style().standardIcon(icon))
 
     def _on_frame(self, frame: Frame) -> None:
+        self.pool_view.clear_refusal()  # an action went through: the refusal is history
         first = self.frame is None
         self.frame = frame
         self.statusBar().setStyleSheet("")
@@ -496,6 +516,8 @@ class MainWindow(QMainWindow):
             f"({c.num_kv_heads} KV) × head dim {c.head_dim} · {c.dtype} · {len(frame.free_queue)} in the free queue"
         )
         self._sync_timeline(frame)
+        self._show_caption(frame)
+        self.step_log.show_frame(frame)
         self._announce_scheduler_events(frame)
         attended = frame.attention is not None and self.selected_seq in frame.attention.seq_ids
         stale_focus = frame.focus is None or frame.focus.seq_id != self.selected_seq
@@ -503,6 +525,15 @@ class MainWindow(QMainWindow):
             self.controller.set_focus(self.selected_seq)
         muted, good, bad = (QColor(c) for c in (self.theme.muted, self.theme.good, self.theme.bad))
         self.director.play(beats_for(frame, self.selected_seq, self.colours, muted, self.speed, good, bad))
+
+    def _show_caption(self, frame: Frame) -> None:
+        if frame.position == 0:
+            text = f"Step 0 of {frame.length}: nothing yet. → plays the first step; the Step log lists them all."
+        else:
+            text = f"<b>Step {frame.position}</b> · {html.escape(frame.caption or frame.label)}"
+        if frame.note:  # the scenario's narration, after what happened
+            text += f"<br><i>{html.escape(frame.note)}</i>"
+        self.step_caption.setHtml(text)
 
     def _announce_scheduler_events(self, frame: Frame) -> None:
         """Preemptions and rejections say what they cost, in the status bar."""

@@ -360,3 +360,39 @@ def test_an_action_mid_scenario_can_be_undone_redone_and_reloaded(window, qtbot)
     frame = wait_idle(qtbot, window)
     assert frame.length == length and frame.position == 0 and not frame.can_undo
     assert window.actions.undo_action.isEnabled() is False
+
+
+def test_every_step_has_a_caption_and_the_step_log_follows_the_timeline(window, qtbot):
+    window.actions.scrubber.setValue(7)
+    frame = wait_idle(qtbot, window)
+    caption = window.step_caption.toPlainText()
+    assert "Step 7" in caption and "copy-on-write gave it block 6" in caption
+    assert "A2 writes into a block it shares" in caption  # the scenario's own narration of step 7
+    log = window.step_log
+    assert log.count() == frame.length and log.currentRow() == 6
+    assert "copy-on-write" in log.item(6).text()
+    log.itemClicked.emit(log.item(2))  # click the 3rd line: the timeline goes to step 3
+    frame = wait_idle(qtbot, window)
+    assert frame.position == 3 and log.currentRow() == 2 and "Step 3" in window.step_caption.toPlainText()
+    window.actions.add_action.trigger()  # a branch: the log is the new timeline's
+    frame = wait_idle(qtbot, window)
+    assert log.count() == frame.length == 4 and "arrived with" in log.item(3).text()
+
+
+def test_a_full_pool_shows_its_refusal_in_the_pool_until_the_next_action(window, qtbot):
+    window.actions.scrubber.setValue(2)
+    frame = wait_idle(qtbot, window)
+    free = len(frame.free_queue)
+    window.actions.prompt_spin.setValue(4 * (free + 5))  # 5 blocks more than the free queue holds
+    window.actions.add_action.trigger()
+    qtbot.waitUntil(lambda: window.pool_view.refusal is not None, timeout=10_000)
+    pool = window.pool_view
+    assert pool.refusal == (free + 5, free) and pool.refusal_banner.isVisible()
+    assert "5 short" in pool.refusal_banner.text()
+    outlined = {item.block_id for item in pool.items if item.refused is not None}
+    assert outlined == set(frame.free_queue)  # every free block, and only those
+    assert window.frame.length == frame.length  # refused: nothing changed
+    window.actions.forward_action.trigger()  # the next action clears it
+    wait_idle(qtbot, window)
+    assert pool.refusal is None and not pool.refusal_banner.isVisible()
+    assert all(item.refused is None for item in pool.items)

@@ -11,6 +11,7 @@ from PySide6.QtWidgets import (
     QGraphicsPathItem,
     QGraphicsScene,
     QGraphicsView,
+    QLabel,
     QMenu,
     QStyleOptionGraphicsItem,
 )
@@ -35,6 +36,7 @@ class BlockItem(QGraphicsItem):
         self.glow: QColor | None = None  # an animation's highlight; never model state
         self.glow_strength = 0.0
         self.glow_slot = -1  # the one slot a lookup or a hovered token points at
+        self.refused: QColor | None = None  # a refused allocation: this free block was not enough
         self.setAcceptHoverEvents(True)
         # Thousands of blocks: repaint a block only when it changes, blit it otherwise.
         self.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
@@ -101,6 +103,10 @@ class BlockItem(QGraphicsItem):
             self._paint_slots(painter, theme, colours, bs)
             if detail >= 0.6:  # smaller, the labels would only blur into each other
                 self._paint_labels(painter, theme, detail)
+        if self.refused is not None:
+            painter.setPen(QPen(self.refused, 3.0, Qt.PenStyle.DashLine))
+            painter.setBrush(Qt.BrushStyle.NoBrush)
+            painter.drawRoundedRect(rect.adjusted(1, 1, -1, -1), 4, 4)
         if self.glow is not None and self.glow_strength > 0:
             glow = QColor(self.glow)
             glow.setAlphaF(min(1.0, self.glow_strength))
@@ -181,6 +187,10 @@ class PoolView(QGraphicsView):
         self._user_zoomed = False
         self._shown: Frame | None = None  # the frame the items show
         self._overlays: list[QGraphicsPathItem] = []
+        self.refusal: tuple[int, int] | None = None  # (needed, free) while a refusal is shown
+        self.refusal_banner = QLabel(self.viewport())
+        self.refusal_banner.setWordWrap(True)
+        self.refusal_banner.hide()
         self.menu = QMenu(self)
 
     # -- content --------------------------------------------------------------------
@@ -254,6 +264,39 @@ class PoolView(QGraphicsView):
         self.scene().addItem(overlay)
         self._overlays.append(overlay)
         return overlay
+
+    def show_refusal(self, needed: int, free: int, message: str) -> None:
+        """An operation needed more blocks than the free queue has: outline every free block
+        and say how many were missing, until :meth:`clear_refusal` (the next action)."""
+        colour = QColor(self.theme.bad)
+        for item in self.items:
+            if item.ref_count == 0 and item.refused is None:
+                item.refused = colour
+                item.update()
+        short = needed - free
+        self.refusal_banner.setText(
+            f"<b>Refused:</b> needs {needed} free block(s), the free queue has {free} "
+            f"(outlined) — {short} short.<br><span style='font-size:small'>{message}</span>"
+        )
+        self.refusal_banner.setStyleSheet(
+            f"QLabel {{ background: {self.theme.window}; color: {self.theme.bad}; border: 1px solid {self.theme.bad};"
+            " padding: 4px; }"
+        )
+        self.refusal_banner.setMaximumWidth(max(200, self.viewport().width() - 12))
+        self.refusal_banner.adjustSize()
+        self.refusal_banner.move(6, 6)
+        self.refusal_banner.show()
+        self.refusal = (needed, free)
+
+    def clear_refusal(self) -> None:
+        if self.refusal is None:
+            return
+        self.refusal = None
+        self.refusal_banner.hide()
+        for item in self.items:
+            if item.refused is not None:
+                item.refused = None
+                item.update()
 
     def clear_overlays(self) -> None:
         for overlay in self._overlays:

@@ -1,0 +1,50 @@
+"""Every step in one line (what it did, in vLLM's words), synced with the timeline:
+the current step is selected, and clicking a line seeks there."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import QAbstractItemView, QListWidget, QListWidgetItem
+
+from core.view_model import Frame
+
+
+class StepLog(QListWidget):
+    seekRequested = Signal(int)  # the step to go to
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.setWordWrap(False)
+        self.setUniformItemSizes(True)
+        self.setToolTip("Every step of the timeline; click one to go there")
+        self._lines: tuple[str, ...] = ()
+        self._syncing = False
+        self.itemClicked.connect(lambda item: self.seekRequested.emit(self.row(item) + 1))
+
+    def show_frame(self, frame: Frame) -> None:
+        """Rewrite only the lines that changed, then select the current step."""
+        lines = frame.captions
+        if lines is not self._lines:
+            while self.count() > len(lines):
+                self.takeItem(self.count() - 1)
+            for index, text in enumerate(lines):
+                label = f"{index + 1} · {text}"
+                if index >= self.count():
+                    item = QListWidgetItem(label)
+                    item.setToolTip(label)
+                    self.addItem(item)
+                elif index >= len(self._lines) or self._lines[index] != text:
+                    self.item(index).setText(label)
+                    self.item(index).setToolTip(label)
+            self._lines = lines
+        row = frame.position - 1
+        if row != self.currentRow():
+            self._syncing = True
+            if row < 0:
+                self.clearSelection()
+                self.setCurrentRow(-1)
+            else:
+                self.setCurrentRow(row)
+                self.scrollToItem(self.item(row), QAbstractItemView.ScrollHint.EnsureVisible)
+            self._syncing = False

@@ -1,0 +1,61 @@
+"""A caption for every step, in vLLM's words, and the scenario's own narration (`note`)."""
+
+import pytest
+
+from core.errors import ScenarioError
+from core.operations import Add
+from core.scenario import load_shipped, parse_scenario
+from core.timeline import Timeline
+
+
+def test_every_step_of_the_tour_says_what_it_did_to_the_pool(cpu_backend):
+    timeline = Timeline(load_shipped("default"), cpu_backend)
+    timeline.run_to_end()
+    captions = timeline.captions()
+    assert len(captions) == timeline.length and all(captions)
+    assert "A took 2 blocks from the free queue (L0 → #0, L1 → #1)" in captions[0]
+    assert "room in its last block: no new block" in captions[2]
+    assert "forked from A" in captions[5] and "3 blocks, ref counts up" in captions[5]
+    assert "A2 wrote into shared block 5 → copy-on-write gave it block 6" in captions[6]
+    assert "block 5 now ref count 1" in captions[6]
+    assert "joined the free queue" in captions[11] and "stayed with other holders" in captions[11]
+
+
+def test_old_steps_keep_their_caption_after_dropping_their_detail(cpu_backend):
+    timeline = Timeline(load_shipped("default"), cpu_backend)
+    timeline.run_to_end()
+    assert timeline.result(3).detail_dropped  # its TokenWritten events are gone…
+    assert "A's token 6 went into block 1, slot 2" in timeline.caption(3)  # …its caption is not
+
+
+def test_steps_not_played_yet_show_their_operation(cpu_backend):
+    timeline = Timeline(load_shipped("default"), cpu_backend)
+    timeline.forward()
+    assert timeline.captions()[1] == "add B (9 tok) (not played yet)"
+
+
+def test_notes_are_read_kept_with_their_step_and_saved():
+    scenario = load_shipped("default")
+    assert scenario.note(6).startswith("A2 writes into a block it shares")
+    again = parse_scenario(scenario.to_toml())
+    assert again.notes == scenario.notes and again.operations == scenario.operations
+    kept = scenario.with_operations([*scenario.operations[:3], Add("U", 4)])
+    assert kept.notes == scenario.notes[:3]  # a note leaves with the script it narrates
+
+
+def test_a_branch_drops_the_scripts_narration_after_it(cpu_backend):
+    timeline = Timeline(load_shipped("default"), cpu_backend)
+    timeline.seek(6)
+    assert timeline.note(6).startswith("Forking")
+    timeline.push(Add("U", 3))
+    assert timeline.note(7) == "" and timeline.note(6).startswith("Forking")
+
+
+@pytest.mark.parametrize("note", [3, "x" * 601])
+def test_a_bad_note_is_refused_naming_its_step_and_field(note):
+    header = "num_blocks = 4\nblock_size = 4\nnum_heads = 2\nhead_dim = 8\n"
+    value = note if isinstance(note, int) else f'"{note}"'
+    text = header + f'[[steps]]\nop = "add"\nseq = "a"\ntokens = 2\nnote = {value}\n'
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario(text, "t.toml")
+    assert "step 1" in str(info.value) and "note" in str(info.value)
