@@ -38,15 +38,13 @@ class TableToPoolLines(QWidget):
             view.viewport().installEventFilter(self)  # a panel resized or moved
         pool_view.transformed.connect(self.refresh)
         window.installEventFilter(self)
-        self.setGeometry(window.rect())
+        self.hide()  # shown, over just the lines' bounds, while there are lines
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         kind = event.type()
-        if watched is self.parentWidget() and kind == QEvent.Type.Resize:
-            self.setGeometry(watched.rect())
-            self.raise_()
-            self.refresh()
-        elif watched is not self.parentWidget() and kind in (QEvent.Type.Resize, QEvent.Type.Move, QEvent.Type.Show):
+        if (watched is self.parentWidget() and kind == QEvent.Type.Resize) or (
+            watched is not self.parentWidget() and kind in (QEvent.Type.Resize, QEvent.Type.Move, QEvent.Type.Show)
+        ):
             self.refresh()
         return False
 
@@ -91,11 +89,10 @@ class TableToPoolLines(QWidget):
 
     def refresh(self, *_) -> None:
         """Redraw the lines into the pixmap if they changed, and repaint where they were and are."""
-        segments = self.segments() if self.isVisible() else []
+        segments = self.segments()
         key = (tuple((logical, s.toTuple(), e.toTuple()) for logical, s, e in segments), self.colour.name(), self.lit)
         if key == self._key:
             return
-        old = QRect(self._origin, self._pixmap.size()) if self._pixmap is not None else QRect()
         self._key = key
         self._pixmap = None
         paths = []
@@ -127,23 +124,21 @@ class TableToPoolLines(QWidget):
                 painter.drawEllipse(start, 2.0, 2.0)
                 painter.drawEllipse(end, 2.5, 2.5)
             painter.end()
-        new = QRect(self._origin, self._pixmap.size() / self._pixmap.devicePixelRatio()) if paths else QRect()
-        dirty = old.united(new)
-        if not dirty.isEmpty():
-            self.update(dirty)
+        if self._pixmap is None:
+            self.hide()
+            return
+        # Only the lines' own rectangle: Qt repaints this see-through widget wherever
+        # something under it repaints, so it must cover no more than it draws on.
+        self.setGeometry(QRect(self._origin, self._pixmap.size() / self._pixmap.devicePixelRatio()))
+        self.raise_()
+        self.show()
+        self.update()
 
     def paintEvent(self, event) -> None:
         if self._pixmap is None:
             return
+        ratio = self._pixmap.devicePixelRatio()
         painter = QPainter(self)
-        target = event.rect().intersected(QRect(self._origin, self._pixmap.size() / self._pixmap.devicePixelRatio()))
-        if not target.isEmpty():
-            source = target.translated(-self._origin)
-            painter.drawPixmap(
-                target,
-                self._pixmap,
-                QRect(
-                    source.topLeft() * self._pixmap.devicePixelRatio(), source.size() * self._pixmap.devicePixelRatio()
-                ),
-            )
+        for dirty in event.region():  # only what is being repainted under us
+            painter.drawPixmap(dirty, self._pixmap, QRect(dirty.topLeft() * ratio, dirty.size() * ratio))
         painter.end()
