@@ -396,3 +396,16 @@ def test_a_full_pool_shows_its_refusal_in_the_pool_until_the_next_action(window,
     wait_idle(qtbot, window)
     assert pool.refusal is None and not pool.refusal_banner.isVisible()
     assert all(item.refused is None for item in pool.items)
+
+
+def test_the_memory_plot_marks_where_a_contiguous_reservation_would_not_fit(window, qtbot):
+    window.actions.scrubber.setValue(8)
+    frame = wait_idle(qtbot, window)
+    panel = window.memory_panel
+    assert panel.blocks_plot.ctrl.logYCheck.isChecked()  # a log axis: both lines readable
+    pool = frame.config.num_blocks
+    over = [m.step for m in frame.history if m.contiguous_blocks > pool]
+    xs, ys = panel.overflow_curve.getData()
+    marked = [int(x) for x, y in zip(xs, ys, strict=True) if np.isfinite(y)]
+    assert over and marked == over  # exactly the steps where it would not fit
+    assert "impossible" in panel.summary.text()

@@ -248,6 +248,10 @@ class MemoryPanel(QWidget):
         self.util_plot = self.plots.addPlot(row=0, col=1)
         self.used_curve = self.blocks_plot.plot(name="paged: blocks used")
         self.contiguous_curve = self.blocks_plot.plot(name="contiguous max-length reservation")
+        # Where the contiguous reservation would need more blocks than the pool has: impossible.
+        self.overflow_curve = self.blocks_plot.plot(name="contiguous: more than the pool", connect="finite")
+        # Log scale: a contiguous reservation can be 100× the paged line; both stay readable.
+        self.blocks_plot.setLogMode(y=True)
         self.pool_line = pg.InfiniteLine(angle=0, movable=False, label="pool size", labelOpts={"position": 0.95})
         self.blocks_plot.addItem(self.pool_line)
         self.util_curve = self.util_plot.plot(name="utilisation (% of allocated slots)", connect="finite")
@@ -274,8 +278,9 @@ class MemoryPanel(QWidget):
             self.blocks_plot,
             theme,
             f"Blocks: {_key(KERNEL_COLOUR, '─ paged, used')} vs "
-            f"{_key(DENSE_COLOUR, '- - contiguous max-length reservation')}",
-            "blocks",
+            f"{_key(DENSE_COLOUR, '- - contiguous max-length reservation')} "
+            f"({_key(theme.bad, '━ more than the pool')})",
+            "blocks (log)",
             "step",
             grid=False,  # redrawn every step; a grid costs more than the curves
         )
@@ -290,6 +295,7 @@ class MemoryPanel(QWidget):
         )
         self.used_curve.setPen(pg.mkPen(KERNEL_COLOUR, width=2))
         self.contiguous_curve.setPen(pg.mkPen(DENSE_COLOUR, width=2, style=Qt.PenStyle.DashLine))
+        self.overflow_curve.setPen(pg.mkPen(theme.bad, width=4))
         self.pool_line.setPen(pg.mkPen(theme.muted, width=1, style=Qt.PenStyle.DotLine))
         self.util_curve.setPen(pg.mkPen(UTIL_COLOUR, width=2))
         self.frag_curve.setPen(pg.mkPen(FRAG_COLOUR, width=2))
@@ -297,9 +303,14 @@ class MemoryPanel(QWidget):
     def show_frame(self, frame: Frame) -> None:
         history = frame.history
         steps = np.array([m.step for m in history], dtype=float)
-        self.used_curve.setData(steps, [m.used_blocks for m in history])
-        self.contiguous_curve.setData(steps, [m.contiguous_blocks for m in history])
-        self.pool_line.setValue(frame.config.num_blocks)
+        nan = float("nan")
+        pool = frame.config.num_blocks
+        self.used_curve.setData(steps, [m.used_blocks or nan for m in history])  # a log axis has no 0
+        self.contiguous_curve.setData(steps, [m.contiguous_blocks or nan for m in history])
+        self.overflow_curve.setData(
+            steps, [m.contiguous_blocks if m.contiguous_blocks > pool else nan for m in history]
+        )
+        self.pool_line.setValue(np.log10(pool))  # the plot is in log10 units
         # Fixed ranges: axes re-layout only when the scenario or the peak changes.
         peak = max([frame.config.num_blocks, *(m.contiguous_blocks for m in history)])
         view = (max(1, frame.length), peak)
@@ -309,10 +320,12 @@ class MemoryPanel(QWidget):
             for plot in (self.blocks_plot, self.util_plot):
                 plot.setXRange(0, view[0] + 0.5, padding=0)
                 plot.getAxis("bottom").setTickSpacing(spacing, spacing)
-            self.blocks_plot.setYRange(0, peak * 1.1, padding=0)
+            self.blocks_plot.setYRange(0, np.log10(peak * 1.6), padding=0)  # from 1 block
+            # 1, 2, 5, 10, 20, 50 … blocks: a log axis's own minor ticks crowd a short plot.
+            marks = [m * 10**e for e in range(8) for m in (1, 2, 5) if m * 10**e <= peak * 1.6]
+            self.blocks_plot.getAxis("left").setTicks([[(np.log10(v), f"{v:,}") for v in marks], []])
             self.util_plot.setYRange(0, 105, padding=0)
         # Nothing allocated: no utilisation to speak of (a gap, not a jump to 100 %).
-        nan = float("nan")
         self.util_curve.setData(steps, [100 * m.utilisation if m.slots_allocated else nan for m in history])
         self.frag_curve.setData(
             steps, [100 * m.internal_fragmentation / m.slots_allocated if m.slots_allocated else nan for m in history]
@@ -322,6 +335,10 @@ class MemoryPanel(QWidget):
             self.summary.setText(f"{frame.config.num_blocks} blocks free · nothing allocated yet")
             return
         saving = f", {m.contiguous_blocks / m.used_blocks:.1f}× what paging uses" if m.used_blocks else ""
+        if m.contiguous_blocks > m.total_blocks:
+            saving += (
+                f" — <span style='color:{self.theme.bad}'>more than the pool's {m.total_blocks}: impossible</span>"
+            )
         prefix = ""
         if frame.config.prefix_caching:
             prefix = (
