@@ -120,6 +120,9 @@ class AnimationDirector(QObject):
             for src, dst, colour in beat.arrows:
                 self.pool_view.add_copy_arrow(src, dst, colour)
             self.sequence_view.set_lookup(beat.lookup)
+            if beat.lookup is not None:  # say what is read: logical block → physical block
+                for block, colour in beat.glows.items():
+                    self.pool_view.add_block_label(block, f"L{beat.lookup[1]} → #{block}", colour)
             self._current = index
         # Glows swell then fade within their beat.
         strength = 1.0 - abs(2.0 * progress - 1.0) * 0.6

@@ -211,6 +211,8 @@ def test_animations_follow_events_and_never_touch_the_model(make_window, qtbot):
     assert len(copied) == 1
     qtbot.waitUntil(lambda: window.pool_view.items[copied[0].dst].glow is not None, timeout=5_000)
     assert window.pool_view._overlays, "the copy-on-write arrow is drawn"
+    texts = [o.text() for o in window.pool_view._overlays if hasattr(o, "text")]
+    assert f"copy-on-write #{copied[0].src} → #{copied[0].dst}" in texts  # and labelled
     assert_pool_matches_frame(window)
     qtbot.waitUntil(lambda: not window.director.running, timeout=10_000)
     assert all(item.glow is None for item in window.pool_view.items)
@@ -226,6 +228,12 @@ def test_lookup_beats_follow_the_kernels_access_order(window, qtbot):
     beats = beats_for(frame, "A", window.colours, window.colours("A"), speed=1.0)
     lookups = [b.lookup for b in beats if b.lookup is not None]
     assert lookups == [("A", i) for i in range(len(frame.sequence("A").block_table))]
+    lookup = next(b for b in beats if b.lookup is not None)
+    window.director.play([lookup])  # a lookup beat says what it reads
+    (block,) = lookup.glows
+    qtbot.waitUntil(
+        lambda: any(getattr(o, "text", lambda: "")() == f"L0 → #{block}" for o in window.pool_view._overlays)
+    )
     assert beats_for(frame, "A", window.colours, window.colours("A"), speed=0.0) == []
 
 

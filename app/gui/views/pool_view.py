@@ -10,6 +10,7 @@ from PySide6.QtWidgets import (
     QGraphicsItem,
     QGraphicsPathItem,
     QGraphicsScene,
+    QGraphicsSimpleTextItem,
     QGraphicsView,
     QLabel,
     QMenu,
@@ -186,7 +187,7 @@ class PoolView(QGraphicsView):
         self.setToolTip("")
         self._user_zoomed = False
         self._shown: Frame | None = None  # the frame the items show
-        self._overlays: list[QGraphicsPathItem] = []
+        self._overlays: list[QGraphicsItem] = []
         self.refusal: tuple[int, int] | None = None  # (needed, free) while a refusal is shown
         self.refusal_banner = QLabel(self.viewport())
         self.refusal_banner.setWordWrap(True)
@@ -249,7 +250,10 @@ class PoolView(QGraphicsView):
         a = self.items[src].sceneBoundingRect().center()
         b = self.items[dst].sceneBoundingRect().center()
         path = QPainterPath(a)
-        mid = (a + b) / 2 + QPointF(0, -40)
+        # Over the tiles, not through them: the arc's top clears the higher tile's top edge,
+        # higher for neighbours so the arrow is never a tiny hook.
+        top = min(a.y(), b.y()) - BLOCK_H * (1.1 if abs(a.x() - b.x()) < 2 * BLOCK_W else 0.8)
+        mid = QPointF((a.x() + b.x()) / 2, top)
         path.quadTo(mid, b)
         direction = b - mid
         length = math.hypot(direction.x(), direction.y()) or 1.0
@@ -263,7 +267,28 @@ class PoolView(QGraphicsView):
         overlay.setZValue(10)
         self.scene().addItem(overlay)
         self._overlays.append(overlay)
+        label = self._overlay_text(f"copy-on-write #{src} → #{dst}", colour)
+        label.setPos(mid + QPointF(-label.boundingRect().width() / 2, -4))
         return overlay
+
+    def add_block_label(self, block: int, text: str, colour: QColor) -> None:
+        """A short label over a block for the length of an animation beat ("L1 → #3")."""
+        if not 0 <= block < len(self.items):
+            return
+        label = self._overlay_text(text, colour)
+        box = self.items[block].sceneBoundingRect()
+        label.setPos(box.center().x() - label.boundingRect().width() / 2, box.top() - label.boundingRect().height())
+
+    def _overlay_text(self, text: str, colour: QColor) -> QGraphicsSimpleTextItem:
+        label = QGraphicsSimpleTextItem(text)
+        font = QFont(self.label_font)
+        font.setBold(True)
+        label.setFont(font)
+        label.setBrush(QBrush(colour))
+        label.setZValue(11)
+        self.scene().addItem(label)
+        self._overlays.append(label)
+        return label
 
     def show_refusal(self, needed: int, free: int, message: str) -> None:
         """An operation needed more blocks than the free queue has: outline every free block
