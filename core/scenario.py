@@ -39,6 +39,20 @@ STEP_FIELDS = {
     "schedule": {"steps"},
 }
 DEFAULT_SCENARIO = "default"
+# A learner's path through the shipped scenarios: the idea, the tour, sharing, prefix
+# caching, running out of memory, long contexts; then the rest.
+SUGGESTED_ORDER = (
+    "seed_demo",
+    "default",
+    "parallel_sampling",
+    "shared_system_prompt",
+    "preemption_recompute",
+    "preemption_swap",
+    "long_context",
+    "beam_search",
+    "worst_case_fragmentation",
+    "stress",
+)
 MAX_NOTE_CHARS = 600  # a step's narration: a few sentences
 
 
@@ -238,6 +252,19 @@ def shipped_scenarios() -> dict[str, str]:
     """Shipped scenario name -> its file name."""
     folder = resources.files("assets") / "scenarios"
     return {p.name.removesuffix(".toml"): p.name for p in folder.iterdir() if p.name.endswith(".toml")}
+
+
+def examples() -> list[tuple[str, Scenario]]:
+    """Every shipped scenario, in the suggested order (any not listed there last)."""
+    names = [n for n in SUGGESTED_ORDER if n in shipped_scenarios()]
+    names += sorted(set(shipped_scenarios()) - set(names))
+    return [(name, load_shipped(name)) for name in names]
+
+
+def shipped_folder() -> Path | None:
+    """Where the shipped scenario files are on disk (None inside a zipped install)."""
+    folder = resources.files("assets") / "scenarios"
+    return Path(str(folder)) if Path(str(folder)).is_dir() else None
 
 
 def load_shipped(name: str) -> Scenario:

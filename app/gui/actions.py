@@ -15,6 +15,7 @@ from PySide6.QtGui import QAction, QColor, QKeySequence, QPainter, QPolygon
 from PySide6.QtWidgets import QComboBox, QLabel, QSlider, QSpinBox, QStyle, QStyleOptionSlider, QToolBar
 
 from app.gui.palette import THEMES
+from core.scenario import examples, load_shipped
 
 SPEEDS = [("Instant", 0.0), ("0.25×", 0.25), ("0.5×", 0.5), ("1×", 1.0), ("2×", 2.0), ("4×", 4.0)]
 MAX_RECENT = 8
@@ -181,6 +182,14 @@ class WindowActions:
         file_menu.addAction(
             self._action("Open scenario…", w.open_dialog, QKeySequence.StandardKey.Open, "Open a scenario (TOML)")
         )
+        self.examples_menu = file_menu.addMenu("Open example")
+        self.examples_menu.setToolTipsVisible(True)
+        for number, (name, scenario) in enumerate(examples(), start=1):
+            action = self.examples_menu.addAction(f"{number}. {scenario.name}")
+            first_line = scenario.description.split(". ")[0].strip()
+            action.setToolTip(first_line)
+            action.setStatusTip(first_line)
+            action.triggered.connect(lambda _=False, n=name: w.load(load_shipped(n)))
         self.recent_menu = file_menu.addMenu("Open recent")
         self.reload_action = self._action(
             "Reload scenario",

@@ -41,7 +41,7 @@ from app.gui.views.token_map import TokenMap
 from app.gui.views.walkthrough import WalkThroughPanel
 from core.errors import PagesimError
 from core.operations import Add, Fork, Free, Grow, new_sequence_name
-from core.scenario import Scenario, load_scenario
+from core.scenario import Scenario, load_scenario, shipped_folder
 from core.view_model import Frame
 
 BASE_STEP_MS = 1100  # between steps while playing at 1×
@@ -268,7 +268,9 @@ class MainWindow(QMainWindow):
         return self.frame.operations if self.frame is not None else ()
 
     def open_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open scenario", "", "Scenarios (*.toml)")
+        # Start among the shipped scenarios (the examples), not wherever the app was launched.
+        start = str(shipped_folder() or "")
+        path, _ = QFileDialog.getOpenFileName(self, "Open scenario", start, "Scenarios (*.toml)")
         if path:
             self.open_scenario(path)
 

@@ -417,3 +417,27 @@ def test_the_memory_plot_marks_where_a_contiguous_reservation_would_not_fit(wind
     marked = [int(x) for x, y in zip(xs, ys, strict=True) if np.isfinite(y)]
     assert over and marked == over  # exactly the steps where it would not fit
     assert "impossible" in panel.summary.text()
+
+
+def test_open_example_lists_the_shipped_scenarios_in_a_learners_order(window, qtbot):
+    from core.scenario import SUGGESTED_ORDER, shipped_folder, shipped_scenarios
+
+    menu = window.actions.examples_menu
+    titles = [a.text() for a in menu.actions()]
+    assert len(titles) == len(shipped_scenarios()) and titles[0] == "1. Seed article demo"
+    assert titles[1] == "2. A tour of paged KV memory" and SUGGESTED_ORDER[1] == "default"
+    assert all(a.toolTip() for a in menu.actions())  # each says in a line what it shows
+    menu.actions()[0].trigger()
+    frame = wait_idle(qtbot, window)
+    assert frame.scenario_name == "Seed article demo" and frame.position == 0
+    assert (shipped_folder() / "default.toml").exists()  # File → Open starts there
+
+
+def test_no_empty_axes_before_there_is_anything_to_attend(window, qtbot):
+    frame = wait_idle(qtbot, window)
+    assert frame.position == 0
+    assert not window.kernel_panel.plots.isVisible() and "Step forward" in window.kernel_panel.verdict.text()
+    window.actions.forward_action.trigger()
+    wait_idle(qtbot, window)
+    window.select_sequence("A")
+    qtbot.waitUntil(lambda: window.kernel_panel.plots.isVisible(), timeout=10_000)

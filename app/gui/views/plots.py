@@ -174,13 +174,16 @@ class KernelPanel(QWidget):
             self.verdict.setText(
                 "Select a sequence to compare its kernel output with dense attention."
                 if live
-                else "No live sequence at this step: nothing to attend."
+                else "No live sequence at this step: nothing to attend yet. Step forward (→) or add a "
+                "sequence (A); its kernel output and dense attention will be compared here."
             )
             self.kernel_curve.setData([], [])
             self.dense_curve.setData([], [])
             self.weight_bars.setOpts(x=[], height=[])
             self.error_bars.setOpts(x=[], height=[])
+            self.plots.setVisible(False)  # no empty 0–1 axes: the sentence above says what to do
             return
+        self.plots.setVisible(True)
         head = min(self.head_box.value(), focus.output.shape[0] - 1)
         dims = np.arange(focus.output.shape[1])
         self.kernel_curve.setData(dims, focus.output[head])
