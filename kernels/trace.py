@@ -18,6 +18,7 @@ the GUI's worker); the trace's output equals the kernel's within the kernel's ro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -52,9 +53,9 @@ class CudaGeometry:
         return (rel % per_round) // self.tokens_per_warp, rel % self.tokens_per_warp, rel // per_round
 
 
-@dataclass(frozen=True)
-class TokenStep:
-    """One token folded into an online-softmax state."""
+class TokenStep(NamedTuple):
+    """One token folded into an online-softmax state (a named tuple: thousands per trace,
+    and a frozen dataclass costs several times more to build)."""
 
     token: int
     logical_block: int
@@ -155,11 +156,12 @@ def trace_cpu(query, key_cache, value_cache, block_tables, context_lens, row: in
         p = np.exp(block - new_max)
         running = l * correction + np.cumsum(p)
         acc = acc * correction + p @ values[lo:hi]
-        for i, t in enumerate(range(lo, hi)):
+        physical, block_scores, sums = int(blocks[lo]), scores[lo:hi].tolist(), running.tolist()
+        for i, (score, total) in enumerate(zip(block_scores, sums, strict=True)):
             first = i == 0  # the block's rescale happened before its first token
             trace.steps.append(
-                TokenStep(t, logical, int(blocks[t]), t % bs, float(scores[t]), m if first else new_max, new_max,
-                          correction if first else 1.0, float(running[i]))
+                TokenStep(lo + i, logical, physical, i, score, m if first else new_max, new_max,
+                          correction if first else 1.0, total)
             )  # fmt: skip
         l = float(running[-1])  # noqa: E741
         trace.block_folds.append(
@@ -194,11 +196,12 @@ def _attend_range(trace: KernelTrace, geometry, scores, values, blocks, bs, begi
             m_before, m, correction, l = _running(scores[tokens])  # noqa: E741
             weights = np.exp(scores[tokens].astype(np.float64) - m[-1])
             states[(w, g)] = (float(m[-1]), float(l[-1]), weights @ values[tokens])
-            for i, t in enumerate(tokens.tolist()):
+            columns = (tokens.tolist(), blocks[tokens].tolist(), scores[tokens].tolist(), m_before.tolist(),
+                       m.tolist(), correction.tolist(), l.tolist())  # fmt: skip
+            for i, (t, block, score, before, after, factor, total) in enumerate(zip(*columns, strict=True)):
                 steps.append(
-                    TokenStep(t, t // bs, int(blocks[t]), t % bs, float(scores[t]), float(m_before[i]), float(m[i]),
-                              float(correction[i]), float(l[i]), (w, g, i), partition)
-                )  # fmt: skip
+                    TokenStep(t, t // bs, block, t % bs, score, before, after, factor, total, (w, g, i), partition)
+                )
     steps.sort(key=lambda step: step.token)  # the kernel's order: round after round, lanes side by side
     trace.steps.extend(steps)
     # Groups of a warp: xor shuffles; every group ends with the warp's state.

@@ -175,6 +175,17 @@ class WindowActions:
         timeline.addWidget(QLabel(" speed "))
         timeline.addWidget(self.speed_box)
 
+    def _fill_examples(self) -> None:
+        if self.examples_menu.actions():
+            return
+        w = self.window
+        for number, (name, scenario) in enumerate(examples(), start=1):
+            action = self.examples_menu.addAction(f"{number}. {scenario.name}")
+            first_line = scenario.description.split(". ")[0].strip()
+            action.setToolTip(first_line)
+            action.setStatusTip(first_line)
+            action.triggered.connect(lambda _=False, n=name: w.load(load_shipped(n)))
+
     def _build_menus(self) -> None:
         w = self.window
         bar = w.menuBar()
@@ -184,12 +195,8 @@ class WindowActions:
         )
         self.examples_menu = file_menu.addMenu("Open example")
         self.examples_menu.setToolTipsVisible(True)
-        for number, (name, scenario) in enumerate(examples(), start=1):
-            action = self.examples_menu.addAction(f"{number}. {scenario.name}")
-            first_line = scenario.description.split(". ")[0].strip()
-            action.setToolTip(first_line)
-            action.setStatusTip(first_line)
-            action.triggered.connect(lambda _=False, n=name: w.load(load_shipped(n)))
+        # Filled when first opened: reading every scenario file would slow the start.
+        self.examples_menu.aboutToShow.connect(self._fill_examples)
         self.recent_menu = file_menu.addMenu("Open recent")
         self.reload_action = self._action(
             "Reload scenario",

@@ -423,6 +423,7 @@ def test_open_example_lists_the_shipped_scenarios_in_a_learners_order(window, qt
     from core.scenario import SUGGESTED_ORDER, shipped_folder, shipped_scenarios
 
     menu = window.actions.examples_menu
+    menu.aboutToShow.emit()  # filled when first opened
     titles = [a.text() for a in menu.actions()]
     assert len(titles) == len(shipped_scenarios()) and titles[0] == "1. Seed article demo"
     assert titles[1] == "2. A tour of paged KV memory" and SUGGESTED_ORDER[1] == "default"
