@@ -181,3 +181,21 @@ def test_the_running_sum_and_each_rescale_grow_with_the_stages(make_window, qtbo
     panel.show_stage(10)  # back: fewer tokens read, fewer rescales
     assert len(panel.running_sum.getData()[0]) == 11
     assert len(panel.rescales.data["x"]) <= len(expected)
+
+
+def test_a_long_block_table_wraps_in_the_selected_row_and_counts_the_rest(make_window, qtbot):
+    from app.gui.views.sequence_view import MAX_LINES
+
+    window = make_window("long_context")
+    window.actions.scrubber.setValue(3)
+    wait_idle(qtbot, window)
+    window.select_sequence("doc")
+    view = window.sequence_view
+    table = window.frame.sequence("doc").block_table
+    per_line = view.entries_per_line("doc", len(table))
+    assert 1 < per_line < len(table)
+    rects = view.entry_rects("doc")
+    assert len(rects) == per_line * MAX_LINES - 1  # the last box counts the rest
+    assert len({r.y() for _, r in rects}) == MAX_LINES  # on that many lines
+    chat = view.entry_rects("chat")  # not selected: one line
+    assert len({r.y() for _, r in chat}) == 1 and len(chat) == len(window.frame.sequence("chat").block_table)

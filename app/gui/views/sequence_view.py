@@ -10,6 +10,7 @@ from app.gui.palette import SequenceColours, Theme
 from core.view_model import Frame
 
 TABLE_COLUMN = 3
+MAX_LINES = 4  # the selected row's table wraps onto at most this many lines; the rest is counted
 ENTRY_W, ENTRY_H = 34, 30
 
 
@@ -22,7 +23,9 @@ class BlockTableDelegate(QStyledItemDelegate):
 
     def sizeHint(self, option, index) -> QSize:
         table = index.data(Qt.ItemDataRole.UserRole) or ()
-        return QSize(len(table) * (ENTRY_W + 3) + 6, ENTRY_H + 6)
+        per_line = self.view.entries_per_line(index.data(Qt.ItemDataRole.UserRole + 1), len(table))
+        lines = min(MAX_LINES, max(1, -(-len(table) // per_line)))
+        return QSize(min(len(table), per_line) * (ENTRY_W + 3) + 6, lines * (ENTRY_H + 3) + 3)
 
     def paint(self, painter: QPainter, option, index) -> None:
         if option.state & QStyle.StateFlag.State_Selected:
@@ -39,10 +42,27 @@ class BlockTableDelegate(QStyledItemDelegate):
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
         small = painter.font()
         small.setPointSizeF(7.0)
-        x, y = option.rect.x() + 3, option.rect.y() + 3
         lookup = self.view.lookup
+        per_line = self.view.entries_per_line(seq_id, len(table))
+        shown = len(table) if len(table) <= per_line * MAX_LINES else per_line * MAX_LINES - 1
         for logical, physical in enumerate(table):
-            box = QRectF(x, y, ENTRY_W, ENTRY_H)
+            if logical == shown:  # the rest, counted in the last box
+                line, column = divmod(logical, per_line)
+                box = QRectF(
+                    option.rect.x() + 3 + column * (ENTRY_W + 3), option.rect.y() + 3 + line * (ENTRY_H + 3),
+                    ENTRY_W, ENTRY_H,
+                )  # fmt: skip
+                painter.setPen(QColor(theme.muted))
+                painter.setFont(small)
+                painter.drawText(box, Qt.AlignmentFlag.AlignCenter, f"+{len(table) - shown}\nmore")
+                break
+            line, column = divmod(logical, per_line)
+            box = QRectF(
+                option.rect.x() + 3 + column * (ENTRY_W + 3),
+                option.rect.y() + 3 + line * (ENTRY_H + 3),
+                ENTRY_W,
+                ENTRY_H,
+            )
             lit = lookup == (seq_id, logical)
             fill = QColor(colour)
             fill.setAlpha(255 if lit else 70)
@@ -61,7 +81,6 @@ class BlockTableDelegate(QStyledItemDelegate):
             painter.drawText(
                 box.adjusted(0, ENTRY_H / 2 - 2, 0, 0), Qt.AlignmentFlag.AlignCenter, f"{physical}{shared}"
             )
-            x += ENTRY_W + 3
         painter.restore()
 
 
@@ -85,7 +104,7 @@ class SequenceView(QTreeWidget):
         )
         self.setRootIsDecorated(False)
         self.setMinimumWidth(220)
-        self.setUniformRowHeights(True)
+        self.setUniformRowHeights(False)  # the selected row wraps its long table onto more lines
         self.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.setHorizontalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
         self.setItemDelegateForColumn(TABLE_COLUMN, BlockTableDelegate(self))
@@ -158,8 +177,23 @@ class SequenceView(QTreeWidget):
             return []
         cell = self.visualRect(self.indexFromItem(item, TABLE_COLUMN))
         table = item.data(TABLE_COLUMN, Qt.ItemDataRole.UserRole) or ()
+        per_line = self.entries_per_line(seq_id, len(table))
         x, y = cell.x() + 3, cell.y() + 3
-        return [(i, QRect(x + i * (ENTRY_W + 3), y, ENTRY_W, ENTRY_H)) for i in range(len(table))]
+        shown = (
+            len(table) if len(table) <= per_line * MAX_LINES or seq_id != self.selected else per_line * MAX_LINES - 1
+        )
+        return [
+            (i, QRect(x + (i % per_line) * (ENTRY_W + 3), y + (i // per_line) * (ENTRY_H + 3), ENTRY_W, ENTRY_H))
+            for i in range(shown)
+        ]
+
+    def entries_per_line(self, seq_id: str | None, count: int) -> int:
+        """The selected sequence's table wraps to the column's visible width; the others
+        stay one line (scroll sideways; the Blocks column gives the count)."""
+        if seq_id is None or seq_id != self.selected:
+            return max(1, count)
+        visible = self.viewport().width() - self.header().sectionPosition(TABLE_COLUMN) + self.horizontalOffset()
+        return max(1, (visible - 6) // (ENTRY_W + 3))
 
     def set_lookup(self, lookup: tuple[str, int] | None) -> None:
         if lookup != self.lookup:
@@ -172,6 +206,7 @@ class SequenceView(QTreeWidget):
         return QIcon(pixmap)
 
     def _selection_changed(self) -> None:
+        self.scheduleDelayedItemsLayout()  # the selected row's height changes (its table wraps)
         if not self._updating:
             self.sequenceSelected.emit(self.selected or "")
 
