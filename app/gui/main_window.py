@@ -72,7 +72,7 @@ class MainWindow(QMainWindow):
         self.controller = SimulationController(backend, self, cuda_kernel)
         self.pool_view = PoolView(self.colours, self.theme)
         self.sequence_view = SequenceView(self.colours, self.theme)
-        self.kernel_panel = KernelPanel(self.theme)
+        self.kernel_panel = KernelPanel(self.theme, self.colours)
         self.memory_panel = MemoryPanel(self.theme)
         self.waste_panel = WastePanel(self.theme, self.controller.compute_waste)
         self.walkthrough = WalkThroughPanel(self.theme)
@@ -413,10 +413,15 @@ class MainWindow(QMainWindow):
             head = min(self.kernel_panel.head_box.value(), frame.focus.weights.shape[0] - 1)
             weights = frame.focus.weights[head]
         self.token_map.show_sequence(
-            state.seq_id, state.block_table, state.num_tokens, frame.config.block_size, weights
+            state.seq_id,
+            state.block_table,
+            state.num_tokens,
+            frame.config.block_size,
+            weights,
+            self.colours(state.seq_id),
         )
         self.token_caption.setText(
-            f"Tokens of {state.seq_id}: {state.num_tokens}, coloured by physical block (hover one: where its K/V lives)"
+            f"Tokens of {state.seq_id}: {state.num_tokens}, a shade per block (hover one: where its K/V lives)"
         )
         self.token_caption.setToolTip(
             f"token t lives in logical block ⌊t/{frame.config.block_size}⌋ at offset t mod "

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QPalette
 
-# Okabe & Ito (2008), without black: distinguishable under the common colour-vision deficiencies.
-OKABE_ITO = ["#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7", "#999999"]
+# Okabe & Ito (2008), without black, and without their grey: grey means a free block, so
+# it is never an owner's colour. Distinguishable under the common colour-vision deficiencies.
+OKABE_ITO = ["#E69F00", "#56B4E9", "#009E73", "#F0E442", "#0072B2", "#D55E00", "#CC79A7"]
 
 
 @dataclass(frozen=True)
@@ -69,12 +71,22 @@ class SequenceColours:
         if colour is None:
             index = len(self._by_seq)
             colour = QColor(OKABE_ITO[index % len(OKABE_ITO)])
-            # Past eight sequences, vary lightness so neighbours still differ.
+            # Past seven sequences, vary lightness so neighbours still differ (and the pool
+            # adds a hatch pattern for them: SequenceColours.pattern).
             cycle = index // len(OKABE_ITO)
             if cycle:
-                colour = colour.lighter(100 + 25 * cycle) if cycle % 2 else colour.darker(100 + 20 * cycle)
+                # One step lighter or darker only (never near white, the highlight's colour);
+                # the hatch pattern tells the cycles apart.
+                colour = colour.lighter(130) if cycle % 2 else colour.darker(150)
             self._by_seq[seq_id] = colour
         return colour
+
+    def pattern(self, seq_id: str):
+        """A hatch drawn over the owner's colour for sequences past the first seven (None: plain),
+        so that owners stay apart even where two shades look alike."""
+        self(seq_id)
+        cycle = list(self._by_seq).index(seq_id) // len(OKABE_ITO)
+        return (None, Qt.BrushStyle.BDiagPattern, Qt.BrushStyle.FDiagPattern, Qt.BrushStyle.DiagCrossPattern)[cycle % 4]
 
     def reset(self) -> None:
         self._by_seq.clear()

@@ -442,3 +442,25 @@ def test_no_empty_axes_before_there_is_anything_to_attend(window, qtbot):
     wait_idle(qtbot, window)
     window.select_sequence("A")
     qtbot.waitUntil(lambda: window.kernel_panel.plots.isVisible(), timeout=10_000)
+
+
+def test_one_colour_system_owners_apart_and_free_never_an_owner_colour(window, qtbot):
+    from app.gui.palette import SequenceColours
+
+    colours = SequenceColours()
+    seqs = [f"s{i}" for i in range(28)]
+    looks = {(colours(s).name(), colours.pattern(s)) for s in seqs}
+    assert len(looks) == len(seqs)  # 28 owners, each its own colour and hatch
+    free = {window.theme.free_block.lower(), "#999999"}
+    assert not free & {colours(s).name().lower() for s in seqs}
+    window.actions.scrubber.setValue(8)
+    frame = wait_idle(qtbot, window)
+    seq = window.selected_seq
+    owner = window.colours(seq)
+    brushes = window.kernel_panel.weight_bars.opts["brushes"]
+    assert {b.color().name() for b in brushes} == {
+        owner.name(),
+        owner.darker(160).name(),
+    }  # its colour, a shade a block
+    assert window.token_map.colour.name() == owner.name()
+    assert frame.focus.seq_id == seq

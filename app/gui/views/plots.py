@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QComboBox,
     QFrame,
@@ -50,9 +51,10 @@ def _style_plot(plot: pg.PlotItem, theme: Theme, title: str, left: str, bottom: 
 class KernelPanel(QWidget):
     """For the selected sequence and head: the kernel's output against dense attention."""
 
-    def __init__(self, theme: Theme, parent=None) -> None:
+    def __init__(self, theme: Theme, colours=None, parent=None) -> None:
         super().__init__(parent)
         self.theme = theme
+        self.colours = colours  # the owners' colours (one system across views), or None
         self.frame: Frame | None = None
         self.backend_label = QLabel("backend: starting…")
         self.backend_label.setToolTip("The kernel backend and device every step runs on")
@@ -75,10 +77,10 @@ class KernelPanel(QWidget):
         self.output_plot = self.plots.addPlot(row=0, col=0)
         self.weights_plot = self.plots.addPlot(row=1, col=0)
         self.error_plot = self.plots.addPlot(row=2, col=0)
-        self.kernel_curve = self.output_plot.plot(name="paged kernel", symbol="o", symbolSize=6)
-        self.dense_curve = self.output_plot.plot(name="dense SDPA", symbol="x", symbolSize=9, pen=None)
+        # They agree to ~1e-7: the kernel as a line, dense as hollow markers on it, both visible.
+        self.kernel_curve = self.output_plot.plot(name="paged kernel")
+        self.dense_curve = self.output_plot.plot(name="dense SDPA", symbol="o", symbolSize=8, pen=None)
         self.weight_bars = pg.BarGraphItem(x=[], height=[], width=0.9)
-        self._block_brushes = [pg.mkBrush(c) for c in BLOCK_COLOURS]
         self.weights_plot.addItem(self.weight_bars)
         # The token hovered in the token map: its bar ringed, its weight written.
         self.hovered_weight = pg.ScatterPlotItem(symbol="o", size=13, brush=None)
@@ -129,14 +131,14 @@ class KernelPanel(QWidget):
         _style_plot(
             self.weights_plot,
             theme,
-            "Attention weights (colour = physical block)",
+            "Attention weights (the sequence's colour; a shade per block, #id on top)",
             "weight",
             "token",
         )
         _style_plot(self.error_plot, theme, "Max |kernel − dense| per head", "error", "head")
         self.kernel_curve.setPen(pg.mkPen(KERNEL_COLOUR, width=2))
-        self.kernel_curve.setSymbolBrush(KERNEL_COLOUR)
-        self.dense_curve.setSymbolPen(pg.mkPen(DENSE_COLOUR, width=2))
+        self.dense_curve.setSymbolPen(pg.mkPen(DENSE_COLOUR, width=1.5))
+        self.dense_curve.setSymbolBrush(None)
         self.tolerance_line.setPen(pg.mkPen(theme.bad, width=1, style=Qt.PenStyle.DashLine))
         self._redraw()
 
@@ -204,11 +206,15 @@ class KernelPanel(QWidget):
             f"({focus.context_len} tokens) · {kv}"
         )
         blocks = focus.token_blocks
-        # One brush per palette colour, shared by every bar (long contexts have thousands).
-        brushes = [self._block_brushes[b % len(BLOCK_COLOURS)] for b in blocks.tolist()]
+        # The sequence's own colour (as in the pool and the table), a darker shade every
+        # other block so the blocks stand apart; the block ids are written over them.
+        owner = self.colours(focus.seq_id) if self.colours is not None else QColor(KERNEL_COLOUR)
+        shades = (pg.mkBrush(owner), pg.mkBrush(owner.darker(160)))
+        starts = np.flatnonzero(np.r_[True, blocks[1:] != blocks[:-1]])
+        run = np.cumsum(np.r_[True, blocks[1:] != blocks[:-1]]) - 1  # which block (in order) each token is in
+        brushes = [shades[r % 2] for r in run.tolist()]
         positions = np.arange(focus.context_len)
         self.weight_bars.setOpts(x=positions, height=focus.weights[head], brushes=brushes, pen=None)
-        starts = np.flatnonzero(np.r_[True, blocks[1:] != blocks[:-1]])
         if len(starts) <= MAX_BLOCK_LABELS:
             top = float(focus.weights[head].max())
             for label, start in zip(self._block_labels, starts, strict=False):

@@ -99,7 +99,11 @@ class BlockItem(QGraphicsItem):
         bs = self.view.block_size
         if detail < 0.35:  # far away: a fill bar is all one can see
             if colours and self.fill:
-                painter.fillRect(QRectF(2, 2, (BLOCK_W - 4) * self.fill / bs, BLOCK_H - 4), colours[0])
+                bar = QRectF(2, 2, (BLOCK_W - 4) * self.fill / bs, BLOCK_H - 4)
+                painter.fillRect(bar, colours[0])
+                pattern = self.view.colours.pattern(self.holders[0][0])
+                if pattern is not None:
+                    painter.fillRect(bar, QBrush(QColor(theme.window), pattern))
         else:
             self._paint_slots(painter, theme, colours, bs)
             if detail >= 0.6:  # smaller, the labels would only blur into each other
@@ -130,13 +134,17 @@ class BlockItem(QGraphicsItem):
 
     def _paint_slots(self, painter: QPainter, theme: Theme, colours: list[QColor], bs: int) -> None:
         painter.setPen(Qt.PenStyle.NoPen)
+        patterns = [self.view.colours.pattern(seq) for seq, _ in self.holders]
         for slot in range(bs):
             cell = self.slot_rect(slot, bs)
             if slot < self.fill and colours:
                 # A shared block shows every holder as a band: one copy, many tables.
                 band = cell.height() / len(colours)
                 for i, colour in enumerate(colours):
-                    painter.fillRect(QRectF(cell.x(), cell.y() + i * band, cell.width(), band), colour)
+                    stripe = QRectF(cell.x(), cell.y() + i * band, cell.width(), band)
+                    painter.fillRect(stripe, colour)
+                    if patterns[i] is not None:
+                        painter.fillRect(stripe, QBrush(QColor(theme.window), patterns[i]))
             elif slot < self.fill and self.cached:
                 painter.fillRect(cell, QColor(theme.muted))  # cached tokens nobody holds
             else:

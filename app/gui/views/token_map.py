@@ -9,7 +9,6 @@ from PySide6.QtGui import QColor, QPainter
 from PySide6.QtWidgets import QToolTip, QWidget
 
 from app.gui.palette import Theme
-from app.gui.views.plots import BLOCK_COLOURS
 
 CELL = 14
 
@@ -31,6 +30,7 @@ class TokenMap(QWidget):
         self.block_size = 1
         self.weights: np.ndarray | None = None
         self.hovered = -1
+        self.colour = QColor(theme.muted)
         self.setMouseTracking(True)
         self.setToolTip("The selected sequence's tokens: hover one to see where its K/V lives")
 
@@ -38,7 +38,9 @@ class TokenMap(QWidget):
         self.theme = theme
         self.update()
 
-    def show_sequence(self, seq_id, block_table, num_tokens: int, block_size: int, weights=None) -> None:
+    def show_sequence(self, seq_id, block_table, num_tokens: int, block_size: int, weights=None, colour=None) -> None:
+        """``colour``: the sequence's own (as in the pool); its blocks alternate two shades of it."""
+        self.colour = QColor(colour) if colour is not None else QColor(self.theme.muted)
         self.seq_id, self.block_table = seq_id, list(block_table)
         self.num_tokens, self.block_size, self.weights = num_tokens, block_size, weights
         self.updateGeometry()
@@ -85,8 +87,7 @@ class TokenMap(QWidget):
         for t in range(self.num_tokens):
             row, column = divmod(t, columns)
             rect = QRect(column * CELL, row * CELL, CELL - 1, CELL - 1)
-            physical = self.block_table[t // self.block_size]
-            colour = QColor(BLOCK_COLOURS[physical % len(BLOCK_COLOURS)])
+            colour = QColor(self.colour if (t // self.block_size) % 2 == 0 else self.colour.darker(160))
             if t == self.hovered:
                 colour = QColor(self.theme.highlight)
             painter.fillRect(rect, colour)

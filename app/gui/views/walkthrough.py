@@ -235,13 +235,16 @@ class WalkThroughPanel(QWidget):
         lanes = np.zeros(trace.context_len)
         colours = np.zeros(trace.context_len, np.int64)
         for step in trace.steps:
-            if step.lane is None:
-                lanes[step.token], colours[step.token] = step.logical_block, step.physical_block
+            if step.lane is None:  # the CPU fold: a lane per block, two shades alternating
+                lanes[step.token], colours[step.token] = step.logical_block, step.logical_block % 2
             else:
                 warp, group, _ = step.lane
                 lanes[step.token] = warp * trace.geometry.tokens_per_warp + group
                 colours[step.token] = warp
-        palette = [pg.mkBrush(c) for c in BLOCK_COLOURS]
+        if trace.geometry is None:  # blocks are not owners: neutral shades, never an owner's colour
+            palette = [pg.mkBrush(self.theme.text), pg.mkBrush(self.theme.muted)]
+        else:  # the four warps
+            palette = [pg.mkBrush(c) for c in BLOCK_COLOURS[:4]]
         return lanes, [palette[c % len(palette)] for c in colours.tolist()]
 
     def show_stage(self, stage: int) -> None:
