@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from core import events as ev
 from core.config import CacheConfig
 from core.engine import AttentionReport, Simulator, StepResult
 from core.metrics import Metrics
@@ -73,6 +74,10 @@ class Frame:
     caption: str = ""
     note: str = ""
     captions: tuple[str, ...] = ()
+    # The CPU swap pool: its size and, per CPU block in use, the swapped sequences holding it.
+    num_cpu_blocks: int = 0
+    cpu_holders: tuple[tuple[int, tuple[str, ...]], ...] = ()
+    cpu_moved: frozenset[int] = frozenset()  # CPU blocks the current step swapped out or in
 
     @property
     def metrics(self) -> Metrics | None:
@@ -80,6 +85,14 @@ class Frame:
 
     def sequence(self, seq_id: str) -> SequenceState | None:
         return next((s for s in self.sequences if s.seq_id == seq_id), None)
+
+
+def _cpu_holders(sim: Simulator) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    holders: dict[int, list[str]] = {}
+    for seq in sim.swapped.values():
+        for block in seq.block_table:
+            holders.setdefault(block, []).append(seq.seq_id)
+    return tuple(sorted((block, tuple(seqs)) for block, seqs in holders.items()))
 
 
 def attention_weights(sim: Simulator, seq_id: str) -> tuple[np.ndarray, np.ndarray]:
@@ -189,11 +202,19 @@ def build_frame(
             "waiting": tuple(sim.scheduler.waiting),
             "running": tuple(sim.scheduler.running),
             "swapped": tuple(sim.scheduler.swapped),
+            "finished": tuple(r for r, state in sim.scheduler.requests.items() if state.status == "finished"),
         },
         scheduler_counts=None if not sim.scheduler.used else sim.scheduler.counts(),
         branch_step=timeline.branch_step,
         can_undo=timeline.can_undo,
         can_redo=timeline.can_redo,
+        num_cpu_blocks=sim.config.num_cpu_blocks,
+        cpu_holders=_cpu_holders(sim),
+        cpu_moved=frozenset(
+            e.cpu_block
+            for e in (current.events if current is not None else ())
+            if isinstance(e, ev.BlockSwappedOut | ev.BlockSwappedIn)
+        ),
         caption=timeline.caption(timeline.position),
         note=timeline.note(timeline.position),
         captions=timeline.captions(),

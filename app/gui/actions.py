@@ -19,7 +19,7 @@ from core.scenario import examples, load_shipped
 
 SPEEDS = [("Instant", 0.0), ("0.25×", 0.25), ("0.5×", 0.5), ("1×", 1.0), ("2×", 2.0), ("4×", 4.0)]
 MAX_RECENT = 8
-LAYOUT_VERSION = 6  # bump when docks change: an older saved layout is then ignored
+LAYOUT_VERSION = 7  # bump when docks change: an older saved layout is then ignored
 
 
 class BranchSlider(QSlider):
@@ -270,7 +270,7 @@ class WindowActions:
             )
         )
         view_menu.addSeparator()
-        for dock in (w.sequences_dock, w.kernel_dock, w.memory_dock, w.waste_dock, w.step_log_dock):
+        for dock in (w.sequences_dock, w.kernel_dock, w.memory_dock, w.waste_dock, w.scheduler_dock, w.step_log_dock):
             view_menu.addAction(dock.toggleViewAction())
         help_menu = bar.addMenu("&Help")
         help_menu.addAction(

@@ -35,6 +35,7 @@ from app.gui.selection import Selection
 from app.gui.views.connectors import TableToPoolLines
 from app.gui.views.plots import KernelPanel, MemoryPanel, WastePanel
 from app.gui.views.pool_view import PoolView
+from app.gui.views.scheduler_view import SchedulerView
 from app.gui.views.sequence_view import SequenceView
 from app.gui.views.step_log import StepLog
 from app.gui.views.token_map import TokenMap
@@ -80,6 +81,7 @@ class MainWindow(QMainWindow):
         self.director = AnimationDirector(self.pool_view, self.sequence_view, self)
         self._build_central()
         self._announced_branch: int | None = None
+        self._scheduler_raised = False
         self._build_docks()
         self.table_lines = TableToPoolLines(self, self.sequence_view, self.pool_view)
         self.actions = WindowActions(self)
@@ -202,6 +204,11 @@ class MainWindow(QMainWindow):
             "Waste vs contiguous", self.waste_panel, Qt.DockWidgetArea.BottomDockWidgetArea, "waste"
         )
         self.tabifyDockWidget(self.memory_dock, self.waste_dock)
+        self.scheduler_view = SchedulerView(self.colours, self.theme)
+        self.scheduler_dock = self._dock(
+            "Scheduler", self.scheduler_view, Qt.DockWidgetArea.BottomDockWidgetArea, "scheduler"
+        )
+        self.tabifyDockWidget(self.memory_dock, self.scheduler_dock)  # the same group: no orphaned tab bar
         self.step_log = StepLog()
         self.step_log.seekRequested.connect(lambda step: self.controller.seek(step))
         self.step_log_dock = self._dock("Step log", self.step_log, Qt.DockWidgetArea.BottomDockWidgetArea, "steplog")
@@ -219,6 +226,7 @@ class MainWindow(QMainWindow):
         self.colours.reset()
         self.selection.reset()
         self._announced_branch = None
+        self._scheduler_raised = False
         self.waste_panel.clear()  # a study of the last scenario's pool says nothing of this one
         self.frame = None
         self.controller.load(scenario)
@@ -388,7 +396,7 @@ class MainWindow(QMainWindow):
         self.settings.setValue("theme", name)
         for view in (
             self.pool_view, self.sequence_view, self.kernel_panel, self.memory_panel, self.waste_panel,
-            self.walkthrough, self.token_map,
+            self.walkthrough, self.token_map, self.scheduler_view,
         ):  # fmt: skip
             view.set_theme(self.theme)
 
@@ -525,6 +533,10 @@ class MainWindow(QMainWindow):
         self._sync_timeline(frame)
         self._show_caption(frame)
         self.step_log.show_frame(frame)
+        self.scheduler_view.show_frame(frame)
+        if frame.queues is not None and not self._scheduler_raised:  # a scheduler scenario: its queues in front
+            self._scheduler_raised = True
+            self.scheduler_dock.raise_()
         self._announce_scheduler_events(frame)
         attended = frame.attention is not None and self.selected_seq in frame.attention.seq_ids
         stale_focus = frame.focus is None or frame.focus.seq_id != self.selected_seq

@@ -81,6 +81,13 @@ class SequenceColours:
             self._by_seq[seq_id] = colour
         return colour
 
+    def of_request(self, request: str) -> QColor:
+        """A scheduler request's colour: that of its first sequence (``r3`` → ``r3/s0``), as the pool shows."""
+        for seq_id in self._by_seq:
+            if seq_id == request or seq_id.startswith(request + "/"):
+                return self._by_seq[seq_id]
+        return self(request)
+
     def pattern(self, seq_id: str):
         """A hatch drawn over the owner's colour for sequences past the first seven (None: plain),
         so that owners stay apart even where two shades look alike."""

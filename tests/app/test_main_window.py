@@ -464,3 +464,37 @@ def test_one_colour_system_owners_apart_and_free_never_an_owner_colour(window, q
     }  # its colour, a shade a block
     assert window.token_map.colour.name() == owner.name()
     assert frame.focus.seq_id == seq
+
+
+def test_the_scheduler_shows_its_queues_as_lanes_and_the_cpu_pool_as_tiles(make_window, qtbot):
+    window = make_window("preemption_swap")
+    window.actions.scrubber.setValue(15)  # r3 is preempted by swap
+    frame = wait_idle(qtbot, window)
+    view = window.scheduler_view
+    assert window.scheduler_dock.isVisible() and view.isVisible()  # in front for a scheduler scenario
+    assert frame.queues["swapped"] == ("r3",) and set(frame.queues["running"]) == {"r1", "r2"}
+    held = dict(frame.cpu_holders)
+    assert frame.num_cpu_blocks == 32 and len(held) == 8
+    assert all(seq.startswith("r3/") for seqs in held.values() for seq in seqs)
+    assert view.moved_cpu == set(held)  # the step's swap out is lit on the CPU tiles
+    window.actions.scrubber.setValue(25)  # swapped back in
+    frame = wait_idle(qtbot, window)
+    assert frame.queues["swapped"] == () and "r3" in frame.queues["running"] and not frame.cpu_holders
+    assert view.moved_cpu == set(held)  # the same CPU blocks, now emptied, lit again
+
+
+def test_zoom_from_the_keys_centres_on_the_selected_sequence(make_window, qtbot):
+    window = make_window("stress")
+    window.actions.scrubber.setValue(40)
+    wait_idle(qtbot, window)
+    pool = window.pool_view
+    mine = [item for item in pool.items if item.selected_seq]
+    assert mine and window.selected_seq
+    for _ in range(4):
+        window.actions.zoom_in_action.trigger()
+    centre = pool.mapToScene(pool.viewport().rect().center())
+    area = mine[0].sceneBoundingRect()
+    for item in mine[1:]:
+        area = area.united(item.sceneBoundingRect())
+    visible = pool.mapToScene(pool.viewport().rect()).boundingRect()
+    assert visible.contains(area.center()) and abs(centre.y() - area.center().y()) < visible.height() / 2

@@ -355,13 +355,22 @@ class PoolView(QGraphicsView):
 
     def wheelEvent(self, event) -> None:
         factor = 1.15 if event.angleDelta().y() > 0 else 1 / 1.15
-        self.zoom(factor)
+        self.zoom(factor, under_mouse=True)
 
     def mouseDoubleClickEvent(self, event) -> None:
         self._user_zoomed = False
         self.fit()
 
-    def zoom(self, factor: float) -> None:
+    def zoom(self, factor: float, under_mouse: bool = False) -> None:
+        """Zoom by ``factor``: about the cursor for the wheel; from the keys or the toolbar,
+        about the selected sequence's blocks (else the view's centre)."""
         self.scale(factor, factor)
         self._user_zoomed = True
+        if not under_mouse:
+            blocks = [item for item in self.items if item.selected_seq]
+            if blocks:
+                area = blocks[0].sceneBoundingRect()
+                for item in blocks[1:]:
+                    area = area.united(item.sceneBoundingRect())
+                self.centerOn(area.center())
         self.transformed.emit()

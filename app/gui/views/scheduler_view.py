@@ -1,0 +1,107 @@
+"""The scheduler on screen: its queues as lanes with the requests in them, and the CPU
+swap pool's blocks as tiles (held by swapped-out sequences), the blocks a step moved lit."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QRect, QRectF, QSize, Qt
+from PySide6.QtGui import QColor, QPainter, QPen
+from PySide6.QtWidgets import QSizePolicy, QWidget
+
+from app.gui.palette import SequenceColours, Theme
+from core.view_model import Frame
+
+LANES = (
+    ("waiting", "waiting: queued, no blocks yet"),
+    ("running", "running: decoding, blocks on the GPU"),
+    ("swapped", "swapped: preempted, K/V in the CPU pool"),
+    ("finished", "finished"),
+)
+LANE_H, CHIP_W, TILE = 24, 58, 16
+
+
+def request_of(seq_id: str) -> str:
+    """The request a scheduler sequence belongs to (``r3/s1`` → ``r3``)."""
+    return seq_id.split("/")[0]
+
+
+class SchedulerView(QWidget):
+    def __init__(self, colours: SequenceColours, theme: Theme, parent=None) -> None:
+        super().__init__(parent)
+        self.colours, self.theme = colours, theme
+        self.frame: Frame | None = None
+        self.moved_cpu: set[int] = set()  # CPU blocks this step swapped out or in
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
+        self.setToolTip(
+            "The scheduler's queues (vLLM's waiting, running and swapped), each request as a chip in its owner's "
+            "colour, and the CPU swap pool: one tile per CPU block, coloured by the swapped request holding it"
+        )
+
+    def sizeHint(self) -> QSize:
+        return QSize(600, len(LANES) * LANE_H + 80)
+
+    def set_theme(self, theme: Theme) -> None:
+        self.theme = theme
+        self.update()
+
+    def show_frame(self, frame: Frame) -> None:
+        self.frame = frame
+        self.moved_cpu = set(frame.cpu_moved)
+        self.update()
+
+    def paintEvent(self, event) -> None:
+        painter = QPainter(self)
+        theme, frame = self.theme, self.frame
+        painter.fillRect(self.rect(), QColor(theme.panel))
+        if frame is None or frame.queues is None:
+            painter.setPen(QColor(theme.muted))
+            painter.drawText(
+                self.rect().adjusted(8, 8, -8, -8),
+                Qt.AlignmentFlag.AlignLeft | Qt.TextFlag.TextWordWrap,
+                "This scenario does not use the scheduler (its steps add, grow, fork and free sequences directly). "
+                "Open a preemption, beam-search or parallel-sampling example to see its queues here.",
+            )
+            painter.end()
+            return
+        label_w = max(painter.fontMetrics().horizontalAdvance(title) for _, title in LANES) + 14
+        y = 6
+        for key, title in LANES:
+            painter.setPen(QColor(theme.muted))
+            painter.drawText(QRect(6, y, label_w, LANE_H), Qt.AlignmentFlag.AlignVCenter, title)
+            x = 6 + label_w
+            requests = frame.queues.get(key, ())
+            for request in requests:
+                if x + CHIP_W > self.width() - 6:
+                    painter.drawText(QRect(x, y, 60, LANE_H), Qt.AlignmentFlag.AlignVCenter, f"+{len(requests)}")
+                    break
+                chip = QRectF(x, y + 2, CHIP_W - 4, LANE_H - 4)
+                colour = self.colours.of_request(request)
+                painter.setPen(QPen(QColor(theme.block_border), 1))
+                painter.setBrush(colour if key != "finished" else QColor(theme.free_block))
+                painter.drawRoundedRect(chip, 6, 6)
+                painter.setPen(QColor(theme.window) if key != "finished" else QColor(theme.muted))
+                painter.drawText(chip, Qt.AlignmentFlag.AlignCenter, request)
+                x += CHIP_W
+            y += LANE_H
+        # The CPU swap pool.
+        y += 8
+        holders = dict(frame.cpu_holders)
+        painter.setPen(QColor(theme.muted))
+        used = len(holders)
+        painter.drawText(
+            QRect(6, y, self.width() - 12, 18),
+            Qt.AlignmentFlag.AlignVCenter,
+            f"CPU swap pool · {frame.num_cpu_blocks} blocks · {used} hold swapped-out K/V"
+            + ("" if frame.num_cpu_blocks else " (none configured: preemption recomputes)"),
+        )
+        y += 20
+        per_row = max(1, (self.width() - 12) // (TILE + 2))
+        for block in range(frame.num_cpu_blocks):
+            row, column = divmod(block, per_row)
+            tile = QRectF(6 + column * (TILE + 2), y + row * (TILE + 2), TILE, TILE)
+            seqs = holders.get(block, ())
+            fill = self.colours.of_request(request_of(seqs[0])) if seqs else QColor(theme.free_block)
+            lit = block in self.moved_cpu
+            painter.setPen(QPen(QColor(theme.highlight if lit else theme.block_border), 2.5 if lit else 1))
+            painter.setBrush(fill)
+            painter.drawRoundedRect(tile, 3, 3)
+        painter.end()
