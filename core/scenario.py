@@ -65,6 +65,12 @@ class Scenario:
     source: str = "<memory>"
     notes: tuple[str, ...] = ()  # narration per step ("" for none), from each step's ``note``
 
+    def summary(self, max_chars: int = 100) -> str:
+        """The description's first sentence on one line, shortened with "…" past ``max_chars``."""
+        text = " ".join(self.description.split())
+        first = text.split(". ")[0].rstrip(".")
+        return first if len(first) <= max_chars else first[: max_chars - 1].rstrip() + "…"
+
     def note(self, index: int) -> str:
         """The narration of operation ``index`` (0-based), or ""."""
         return self.notes[index] if 0 <= index < len(self.notes) else ""

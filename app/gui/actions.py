@@ -181,7 +181,7 @@ class WindowActions:
         w = self.window
         for number, (name, scenario) in enumerate(examples(), start=1):
             action = self.examples_menu.addAction(f"{number}. {scenario.name}")
-            first_line = scenario.description.split(". ")[0].strip()
+            first_line = scenario.summary()
             action.setToolTip(first_line)
             action.setStatusTip(first_line)
             action.triggered.connect(lambda _=False, n=name: w.load(load_shipped(n)))
@@ -273,6 +273,10 @@ class WindowActions:
         for dock in (w.sequences_dock, w.kernel_dock, w.memory_dock, w.waste_dock, w.scheduler_dock, w.step_log_dock):
             view_menu.addAction(dock.toggleViewAction())
         help_menu = bar.addMenu("&Help")
+        self.welcome_action = self._action(
+            "Welcome…", w.show_welcome, tip="What pagesim shows, and the examples in a learner's order"
+        )
+        help_menu.addAction(self.welcome_action)
         help_menu.addAction(
             self._action(
                 "Guide",

@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QApplication
 from app.gui.main_window import MainWindow
 from app.options import writable_problem
 from core.errors import PagesimError
-from core.scenario import load_scenario
+from core.scenario import DEFAULT_SCENARIO, load_scenario
 
 # The GUI shares the cores with the kernel's and torch's thread pools: threads that
 # spin while idle (OpenMP's default) would take the time the GUI needs to repaint.
@@ -79,6 +79,8 @@ def main(args: argparse.Namespace) -> int:
         window.resize(width, height)
     window.show()
     window.load(scenario)
+    if not headless and args.scenario == DEFAULT_SCENARIO and window.welcome_due:
+        window.show_welcome()  # a first start with no scenario named: where to begin
     remaining = [max(0, args.steps)]
     outcome = {"code": 0}
 

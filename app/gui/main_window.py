@@ -40,9 +40,10 @@ from app.gui.views.sequence_view import SequenceView
 from app.gui.views.step_log import StepLog
 from app.gui.views.token_map import TokenMap
 from app.gui.views.walkthrough import WalkThroughPanel
+from app.gui.welcome import WelcomeDialog
 from core.errors import PagesimError
 from core.operations import Add, Fork, Free, Grow, new_sequence_name
-from core.scenario import Scenario, load_scenario, shipped_folder
+from core.scenario import Scenario, load_scenario, load_shipped, shipped_folder
 from core.view_model import Frame
 
 BASE_STEP_MS = 1100  # between steps while playing at 1×
@@ -232,6 +233,18 @@ class MainWindow(QMainWindow):
         self.controller.load(scenario)
         if Path(scenario.source).exists():
             self.actions.remember(scenario.source)
+
+    def show_welcome(self) -> WelcomeDialog:
+        """Help → Welcome: what pagesim shows and the examples in a learner's order."""
+        show = self.settings.value("welcome_at_start", True, type=bool)
+        dialog = WelcomeDialog(lambda name: self.load(load_shipped(name)), self, show)
+        dialog.finished.connect(lambda _: self.settings.setValue("welcome_at_start", dialog.at_start.isChecked()))
+        dialog.open()  # window-modal, returns at once
+        return dialog
+
+    @property
+    def welcome_due(self) -> bool:
+        return self.settings.value("welcome_at_start", True, type=bool)
 
     def reload_scenario(self) -> None:
         """The scenario again from its file (or as shipped): its script from step 0, your actions gone."""

@@ -498,3 +498,20 @@ def test_zoom_from_the_keys_centres_on_the_selected_sequence(make_window, qtbot)
         area = area.united(item.sceneBoundingRect())
     visible = pool.mapToScene(pool.viewport().rect()).boundingRect()
     assert visible.contains(area.center()) and abs(centre.y() - area.center().y()) < visible.height() / 2
+
+
+def test_the_welcome_lists_the_examples_in_order_and_opens_one(window, qtbot, settings):
+    assert window.welcome_due  # a first start
+    dialog = window.show_welcome()
+    qtbot.waitUntil(dialog.isVisible)
+    from core.scenario import shipped_scenarios
+
+    assert dialog.list.count() == len(shipped_scenarios())
+    assert dialog.list.item(0).text().startswith("1. Seed article demo")
+    dialog.list.setCurrentRow(3)  # 4. prefix caching
+    name = dialog.list.currentItem().data(Qt.ItemDataRole.UserRole)
+    dialog.at_start.setChecked(False)
+    dialog.accept()
+    frame = wait_idle(qtbot, window)
+    assert name == "shared_system_prompt" and frame.scenario_name.startswith("Shared system prompt")
+    assert not window.welcome_due  # not again at the next start
