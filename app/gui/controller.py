@@ -3,6 +3,7 @@ only sends requests and receives immutable frames by queued signals."""
 
 from __future__ import annotations
 
+import time
 import traceback
 import weakref
 from dataclasses import dataclass
@@ -118,11 +119,19 @@ class BackendReady:
 
 
 @dataclass(frozen=True)
+class KernelReady:
+    """Not an answer: after a load, the kernel for the scenario's dtype is compiled (or loaded)."""
+
+    dtype: str
+    seconds: float
+
+
+@dataclass(frozen=True)
 class TraceReady:
     walk: object  # core.view_model.WalkThrough, or None
 
 
-Reply = FrameReply | Failed | Exported | WasteReady | BackendReady | TraceReady
+Reply = FrameReply | Failed | Exported | WasteReady | BackendReady | KernelReady | TraceReady
 
 
 class SimulationWorker(QObject):
@@ -189,7 +198,9 @@ class SimulationWorker(QObject):
         self._frame = None
         self._emit()
         # Then compile (or load from cache) the kernel for this dtype, before the first step.
+        started = time.perf_counter()
         timeline.sim.warm_up()
+        self.replied.emit(KernelReady(timeline.sim.config.dtype, time.perf_counter() - started))
 
     def _undo(self, _: Undo) -> None:
         self._timeline.undo()
@@ -232,6 +243,7 @@ class SimulationController(QObject):
 
     frameChanged = Signal(object)  # Frame
     errorRaised = Signal(str)
+    kernelReady = Signal(str, float)  # dtype, seconds the warm-up took
     poolRefused = Signal(int, int)  # an operation needed more blocks than are free: (needed, free)
     backendReady = Signal(str, str)
     playingChanged = Signal(bool)
@@ -246,6 +258,7 @@ class SimulationController(QObject):
         self.frame: Frame | None = None
         self.scenario: Scenario | None = None
         self.pending = 0  # requests sent and not yet answered
+        self.kernel_ready = False  # the loaded scenario's kernel is compiled
         self._thread = QThread()
         self._thread.setObjectName("pagesim-simulation")
         LIVE_THREADS.add(self._thread)
@@ -267,6 +280,7 @@ class SimulationController(QObject):
         self._request.emit(request)
 
     def load(self, scenario: Scenario) -> None:
+        self.kernel_ready = False
         self.pause()
         self.scenario = scenario
         self._send(Load(scenario))
@@ -356,6 +370,10 @@ class SimulationController(QObject):
     def _on_reply(self, reply: Reply) -> None:
         if isinstance(reply, BackendReady):  # not an answer to a request
             self.backendReady.emit(reply.name, reply.device)
+            return
+        if isinstance(reply, KernelReady):
+            self.kernel_ready = True
+            self.kernelReady.emit(reply.dtype, reply.seconds)
             return
         self.pending = max(0, self.pending - 1)
         if isinstance(reply, FrameReply):

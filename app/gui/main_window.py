@@ -96,6 +96,11 @@ class MainWindow(QMainWindow):
             lambda needed, free: self.pool_view.show_refusal(needed, free, self.last_error or "")
         )
         self.controller.backendReady.connect(self._on_backend)
+        self.controller.kernelReady.connect(
+            lambda dtype, seconds: self.statusBar().showMessage(
+                f"kernel ready for {dtype} ({seconds:.1f} s): → steps, Space plays", 6000
+            )
+        )
         self.controller.playingChanged.connect(self._on_playing)
         self.controller.exported.connect(lambda msg: self.statusBar().showMessage(msg, 8000))
         self.controller.wasteReady.connect(self.waste_panel.show_result)
@@ -229,6 +234,9 @@ class MainWindow(QMainWindow):
         self._announced_branch = None
         self._scheduler_raised = False
         self.waste_panel.clear()  # a study of the last scenario's pool says nothing of this one
+        # The worker compiles (or loads) the kernel for this dtype after the first frame:
+        # say so, so that a first → that waits for it is not a mystery.
+        self.statusBar().showMessage(f"preparing the {scenario.config.dtype} kernel…")
         self.frame = None
         self.controller.load(scenario)
         if Path(scenario.source).exists():

@@ -515,3 +515,14 @@ def test_the_welcome_lists_the_examples_in_order_and_opens_one(window, qtbot, se
     frame = wait_idle(qtbot, window)
     assert name == "shared_system_prompt" and frame.scenario_name.startswith("Shared system prompt")
     assert not window.welcome_due  # not again at the next start
+
+
+def test_the_first_step_after_a_load_is_not_a_silent_wait(make_window, qtbot):
+    window = make_window()
+    qtbot.waitUntil(lambda: window.controller.kernel_ready, timeout=60_000)  # the default's, first
+    with qtbot.waitSignal(window.controller.kernelReady, timeout=60_000) as ready:
+        window.load(load_shipped("stress"))  # float16: another kernel to prepare
+        assert "preparing the float16 kernel" in window.statusBar().currentMessage()
+    dtype, seconds = ready.args
+    assert dtype == "float16" and seconds >= 0 and window.controller.kernel_ready
+    assert "kernel ready for float16" in window.statusBar().currentMessage()
