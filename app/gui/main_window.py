@@ -33,6 +33,7 @@ from app.gui.guide import GUIDE_HTML
 from app.gui.palette import THEMES, SequenceColours, qpalette
 from app.gui.selection import Selection
 from app.gui.views.connectors import TableToPoolLines
+from app.gui.views.elided_label import ElidedLabel
 from app.gui.views.plots import KernelPanel, MemoryPanel, WastePanel
 from app.gui.views.pool_view import PoolView
 from app.gui.views.scheduler_view import SchedulerView
@@ -129,13 +130,9 @@ class MainWindow(QMainWindow):
     def _build_central(self) -> None:
         self.scenario_title = QLabel("loading…")
         self.scenario_title.setObjectName("scenarioTitle")
-        self.scenario_description = QLabel()
+        # Three lines at most, ending in "…" where it goes on (the whole text in the tooltip).
+        self.scenario_description = ElidedLabel(max_lines=3)
         self.scenario_description.setObjectName("scenarioDescription")
-        self.scenario_description.setWordWrap(True)
-        self.scenario_description.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
-        # Three lines at most: the pool is the picture; the full text is in the tooltip.
-        lines = self.scenario_description.fontMetrics().lineSpacing()
-        self.scenario_description.setMaximumHeight(3 * lines + 4)
         self.pool_caption = QLabel()
         self.pool_caption.setWordWrap(True)
         # What the step just did, in one sentence (and the scenario's own narration of it).
@@ -545,8 +542,7 @@ class MainWindow(QMainWindow):
             )
         self._announced_branch = frame.branch_step
         description = " ".join(frame.scenario_description.split())
-        self.scenario_description.setText(description)
-        self.scenario_description.setToolTip(description)
+        self.scenario_description.set_full_text(description)
         self.pool_caption.setText(
             f"Physical KV-cache pool · {c.num_blocks} blocks × block size {c.block_size} · {c.num_heads} heads "
             f"({c.num_kv_heads} KV) × head dim {c.head_dim} · {c.dtype} · {len(frame.free_queue)} in the free queue"

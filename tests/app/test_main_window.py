@@ -526,3 +526,45 @@ def test_the_first_step_after_a_load_is_not_a_silent_wait(make_window, qtbot):
     dtype, seconds = ready.args
     assert dtype == "float16" and seconds >= 0 and window.controller.kernel_ready
     assert "kernel ready for float16" in window.statusBar().currentMessage()
+
+
+def _truncated_texts(window) -> list[str]:
+    """Every visible label or header cut without "…" and a tooltip, by Qt's font metrics."""
+    from PySide6.QtGui import QTextDocument
+    from PySide6.QtWidgets import QLabel
+
+    out = []
+    for label in window.findChildren(QLabel):
+        if not label.isVisible() or not label.text():
+            continue
+        text = label.text()
+        if "<" in text:  # rich text: measure what is shown
+            doc = QTextDocument()
+            doc.setHtml(text)
+            text = doc.toPlainText()
+        rect, metrics = label.contentsRect(), label.fontMetrics()
+        if label.wordWrap():
+            need = metrics.boundingRect(rect.adjusted(0, 0, 0, 100_000), int(Qt.TextFlag.TextWordWrap), text).height()
+            cut = need > rect.height() + 2
+        else:
+            cut = metrics.horizontalAdvance(text) > rect.width() + 1
+        if cut and not (text.rstrip().endswith("…") and label.toolTip()):
+            out.append(text[:50])
+    header = window.sequence_view.header()
+    for i in range(header.count()):
+        visible = min(header.sectionSize(i), header.viewport().width() - header.sectionViewportPosition(i))
+        if header.sectionSizeHint(i) > visible:
+            out.append(window.sequence_view.headerItem().text(i))
+    return out
+
+
+@pytest.mark.parametrize("name", ["default", "preemption_swap", "long_context"])
+def test_nothing_is_cut_without_an_ellipsis_at_1024_by_700(make_window, qtbot, name):
+    window = make_window(name)
+    window.resize(1024, 700)
+    window.actions.scrubber.setValue(min(8, window.frame.length))
+    wait_idle(qtbot, window)
+    qtbot.wait(50)  # the layout settles at the new size
+    assert _truncated_texts(window) == []
+    assert window.scenario_description.text().endswith("…")  # the long description is elided…
+    assert window.scenario_description.toolTip().startswith(window.scenario_description.text()[:-1].rstrip())

@@ -131,7 +131,7 @@ class KernelPanel(QWidget):
         _style_plot(
             self.weights_plot,
             theme,
-            "Attention weights (the sequence's colour; a shade per block, #id on top)",
+            "Attention weights (a shade per block)",
             "weight",
             "token",
         )

@@ -96,7 +96,8 @@ class SequenceView(QTreeWidget):
         self.theme = theme
         self.lookup: tuple[str, int] | None = None  # the table entry an animation lights
         self.setColumnCount(4)
-        self.setHeaderLabels(["Sequence", "Tokens", "Blocks", "Block table (logical → physical)"])
+        self.setHeaderLabels(["Sequence", "Tokens", "Blocks", "Block table (L → #)"])
+        self.headerItem().setToolTip(0, "Sequence name (a request's samples or beams are request/s0, /s1, …)")
         self.headerItem().setToolTip(
             TABLE_COLUMN,
             "Each box is one entry of the block table: L<i> is the logical block (tokens i·B … i·B+B−1), "
