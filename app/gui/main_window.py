@@ -141,7 +141,7 @@ class MainWindow(QMainWindow):
         self.step_caption.setFrameShape(QFrame.Shape.NoFrame)
         self.step_caption.setFixedHeight(4 * self.fontMetrics().lineSpacing() + 8)
         self.step_caption.viewport().setAutoFillBackground(False)
-        self.step_caption.setStyleSheet("QTextBrowser { background: transparent; }")
+        self.step_caption.viewport().setStyleSheet("background: transparent;")  # not the scroll bar
         self.step_caption.setToolTip("What this step did to the block tables and the pool (Step log: every step)")
         self.pool_caption.setToolTip("The physical KV-cache pool: one tile per block, one cell per token slot")
         central = QWidget()
