@@ -24,7 +24,7 @@ def step_caption(result: StepResult) -> str:
     parts: list[str] = []
     copies = [e for e in events if isinstance(e, ev.BlockCopied)]
     released = {e.block: e for e in events if isinstance(e, ev.BlockReleased)}
-    copied_to = {e.dst for e in copies}
+    copied_to, copied_from = {e.dst for e in copies}, {e.src for e in copies}
     if len(copies) > 2:  # a beam step: one line for all its copies
         listed = ", ".join(f"{e.seq} #{e.src} → #{e.dst}" for e in copies[:3])
         parts.append(
@@ -80,7 +80,7 @@ def step_caption(result: StepResult) -> str:
     freed = [e.block for e in events if isinstance(e, ev.BlockFreed)]
     if freed:
         parts.append(f"{_plural(len(freed), 'block')} joined the free queue ({_blocks(freed)})")
-    still = [e for e in events if isinstance(e, ev.BlockReleased) and e.block not in {c.src for c in copies}]
+    still = [e for e in events if isinstance(e, ev.BlockReleased) and e.block not in copied_from]
     if still:
         parts.append(
             f"{_plural(len(still), 'shared block')} stayed with other holders ({_blocks(e.block for e in still)})"

@@ -150,6 +150,11 @@ class _Row:
     length: int = 0
     owns_tail: bool = True
 
+    def share(self) -> _Row:
+        """A row holding the same chunks; neither writes into the shared tail from now on."""
+        self.owns_tail = False
+        return _Row(list(self.keys), list(self.values), self.length, False)
+
 
 class ChunkedKVReference:
     """The dense reference's K/V: each sequence's tokens in order, in the cache's storage
@@ -193,9 +198,7 @@ class ChunkedKVReference:
             done += take
 
     def fork(self, parent: str, child: str) -> None:
-        source = self.rows[parent]
-        source.owns_tail = False
-        self.rows[child] = _Row(list(source.keys), list(source.values), source.length, False)
+        self.rows[child] = self.rows[parent].share()
 
     def free(self, seq_id: str) -> None:
         del self.rows[seq_id]
@@ -227,9 +230,7 @@ class ChunkedKVReference:
         """A copy that shares every chunk (no data copied): from now on neither side writes
         into a chunk the other holds."""
         snap = ChunkedKVReference(self.num_kv_heads, self.head_dim, self.dtype)
-        for seq_id, row in self.rows.items():
-            row.owns_tail = False
-            snap.rows[seq_id] = _Row(list(row.keys), list(row.values), row.length, False)
+        snap.rows = {seq_id: row.share() for seq_id, row in self.rows.items()}
         return snap
 
     def restore(self, snap: ChunkedKVReference) -> None:

@@ -84,6 +84,7 @@ class MainWindow(QMainWindow):
         self._build_central()
         self._announced_branch: int | None = None
         self._scheduler_raised = False
+        self._caption_html = ""
         self._build_docks()
         self.table_lines = TableToPoolLines(self, self.sequence_view, self.pool_view)
         self.actions = WindowActions(self)
@@ -569,7 +570,9 @@ class MainWindow(QMainWindow):
             text = f"<b>Step {frame.position}</b> · {html.escape(frame.caption or frame.label)}"
         if frame.note:  # the scenario's narration, after what happened
             text += f"<br><i>{html.escape(frame.note)}</i>"
-        self.step_caption.setHtml(text)
+        if text != self._caption_html:  # relaying out rich text on every step costs
+            self._caption_html = text
+            self.step_caption.setHtml(text)
 
     def _announce_scheduler_events(self, frame: Frame) -> None:
         """Preemptions and rejections say what they cost, in the status bar."""

@@ -60,11 +60,16 @@ THEMES = {
 }
 
 
+# Per cycle of seven owners: plain, then hatches (the shade alone can look alike).
+PATTERNS = (None, Qt.BrushStyle.BDiagPattern, Qt.BrushStyle.FDiagPattern, Qt.BrushStyle.DiagCrossPattern)
+
+
 class SequenceColours:
     """A stable colour per sequence, assigned in order of first appearance."""
 
     def __init__(self) -> None:
         self._by_seq: dict[str, QColor] = {}
+        self._pattern: dict[str, Qt.BrushStyle | None] = {}  # set with the colour: paint asks per block
 
     def __call__(self, seq_id: str) -> QColor:
         colour = self._by_seq.get(seq_id)
@@ -79,6 +84,7 @@ class SequenceColours:
                 # the hatch pattern tells the cycles apart.
                 colour = colour.lighter(130) if cycle % 2 else colour.darker(150)
             self._by_seq[seq_id] = colour
+            self._pattern[seq_id] = PATTERNS[cycle % len(PATTERNS)]
         return colour
 
     def of_request(self, request: str) -> QColor:
@@ -92,11 +98,11 @@ class SequenceColours:
         """A hatch drawn over the owner's colour for sequences past the first seven (None: plain),
         so that owners stay apart even where two shades look alike."""
         self(seq_id)
-        cycle = list(self._by_seq).index(seq_id) // len(OKABE_ITO)
-        return (None, Qt.BrushStyle.BDiagPattern, Qt.BrushStyle.FDiagPattern, Qt.BrushStyle.DiagCrossPattern)[cycle % 4]
+        return self._pattern[seq_id]
 
     def reset(self) -> None:
         self._by_seq.clear()
+        self._pattern.clear()
 
 
 def qpalette(theme: Theme) -> QPalette:
