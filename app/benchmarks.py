@@ -261,6 +261,22 @@ def peak_rss_bytes() -> int:
     return _status_bytes("VmHWM")
 
 
+def resident_bytes(array: np.ndarray) -> int:
+    """How many of ``array``'s bytes are in RAM (Linux ``mincore``): a zero-filled cache's
+    pages become resident only when first written."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    page = mmap.PAGESIZE
+    start = array.ctypes.data // page * page
+    pages = (array.ctypes.data + array.nbytes - start + page - 1) // page
+    flags = (ctypes.c_ubyte * pages)()
+    if libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(pages * page), flags) != 0:
+        return array.nbytes  # unknown: count it all
+    return min(array.nbytes, sum(f & 1 for f in flags) * page)
+
+
 def reset_peak_rss() -> None:
     with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
         f.write("5")  # Linux: reset VmHWM to the current RSS
@@ -300,18 +316,19 @@ def memory_case(name: str, snapshot_data: bool) -> dict:
     reset_peak_rss()
     # As `pagesim run` (no K/V in snapshots, no history) or the app (both).
     timeline = Timeline(scenario, backend, snapshot_data=snapshot_data, history=snapshot_data)
-    samples = []  # (step, RSS growth, of which the dense reference's bytes)
+    samples = []  # (step, RSS growth, of which the dense reference's and the cache's resident bytes)
     every = max(1, timeline.length // 40)
-    reference = timeline.sim.dense.reference
+    reference, pool = timeline.sim.dense.reference, (timeline.sim.cache.key_cache, timeline.sim.cache.value_cache)
     while not timeline.at_end:
         timeline.forward()
         if timeline.position % every == 0 or timeline.at_end:
-            samples.append((timeline.position, rss_bytes() - baseline, reference.nbytes))
-    cache = timeline.sim.cache.key_cache.nbytes + timeline.sim.cache.value_cache.nbytes
+            resident = sum(resident_bytes(a) for a in pool)
+            samples.append((timeline.position, rss_bytes() - baseline, reference.nbytes + resident))
+    cache = sum(a.nbytes for a in pool)
     peak = peak_rss_bytes() - baseline
-    # Flat: what the run holds beyond its state (the whole cache, counted from the start, and
-    # the dense reference, which grows with the tokens) must not grow with the steps.
-    beyond = [(step, g - cache - d) for step, g, d in samples]
+    # Flat: what the run holds beyond its state (the cache's pages once written, and the
+    # dense reference, which grows with the tokens) must not grow with the steps.
+    beyond = [(step, g - state) for step, g, state in samples]
     half = [b for step, b in beyond if step > timeline.length // 2]
     quarter = [b for step, b in beyond if timeline.length // 4 < step <= timeline.length // 2]
     drift = (max(half) - max(quarter)) / cache if quarter and half else 0.0

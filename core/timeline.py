@@ -61,7 +61,8 @@ class Timeline:
     ):
         """``snapshot_data=False``: no snapshot keeps K/V arrays (a run that never steps
         back; a seek still works, rebuilding the data from the tokens). ``history=False``:
-        only the current step's result is kept (a run that reports as it goes)."""
+        only the current step's result and caption are kept, and no snapshot after step 0
+        (a run that reports as it goes)."""
         self.scenario = scenario
         self.sim = Simulator(scenario.config, backend)
         self.operations: list[Operation] = list(scenario.operations)
@@ -238,14 +239,14 @@ class Timeline:
 
     def _record(self, result: StepResult) -> None:
         caption = step_caption(result)
+        if not self.history:
+            # A run that reports as it goes keeps nothing per step, and no snapshot past step
+            # 0 (a seek, which such a run never makes, replays from the start).
+            self._results, self._captions, self._caption_log = {result.step: result}, {result.step: caption}, None
+            return
         if self._captions.get(result.step) != caption:
             self._captions[result.step] = caption
             self._caption_log = None
-        if not self.history:
-            self._results = {result.step: result}
-            if result.step % self.snapshot_every == 0:
-                self._snapshots = {0: self._snapshots[0], result.step: self.sim.snapshot(with_data=False)}
-            return
         self._results[result.step] = result
         # Old steps keep their operation's events and metrics; their attention arrays and
         # detail events are recomputed if a seek lands there, so memory does not grow with

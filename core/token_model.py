@@ -70,7 +70,12 @@ class _RotaryTable:
     """cos and sin of every position's rotary angles, shared by every model of one head dim.
     Built with libm per position, in fixed pieces of PIECE positions: a position's value
     never depends on how far the table had grown (vectorised ufuncs may round their tails
-    differently), and building it never holds more than one piece of Python floats."""
+    differently), and building it never holds more than one piece of Python floats.
+
+    A model fills it up to its longest allowed sequence when it is built, as vLLM's rotary
+    embedding precomputes its cos/sin cache for the model's maximum position: a constant of
+    the model like its weights, not memory that grows with the run. Growing fills the
+    arrays in place (repeated concatenation left the old tables as holes in the heap)."""
 
     PIECE = 256
     _by_head_dim: ClassVar[dict[int, _RotaryTable]] = {}
@@ -78,6 +83,7 @@ class _RotaryTable:
     def __init__(self, head_dim: int) -> None:
         self.half = head_dim // 2
         self.inv_freq = [ROPE_BASE ** (-2 * i / head_dim) for i in range(self.half)]
+        self.filled = 0  # positions [0, filled) hold their values
         self.cos = np.empty((0, self.half), np.float32)
         self.sin = np.empty((0, self.half), np.float32)
 
@@ -87,16 +93,29 @@ class _RotaryTable:
             cls._by_head_dim[head_dim] = cls(head_dim)
         return cls._by_head_dim[head_dim]
 
+    def reserve(self, positions: int) -> None:
+        """Room for ``positions`` positions (rounded up to whole pieces); nothing is computed."""
+        capacity = -(-positions // self.PIECE) * self.PIECE
+        if capacity <= self.cos.shape[0]:
+            return
+        cos, sin = np.empty((capacity, self.half), np.float32), np.empty((capacity, self.half), np.float32)
+        cos[: self.filled], sin[: self.filled] = self.cos[: self.filled], self.sin[: self.filled]
+        self.cos, self.sin = cos, sin
+
+    def fill(self, upto: int) -> None:
+        """Compute positions [0, upto) (in whole pieces) if not yet done."""
+        if upto > self.filled:
+            self.reserve(upto)
+            for start in range(self.filled, upto, self.PIECE):
+                angles = [p * f for p in range(start, start + self.PIECE) for f in self.inv_freq]
+                piece = slice(start, start + self.PIECE)
+                self.cos[piece] = np.array([math.cos(a) for a in angles], np.float32).reshape(self.PIECE, -1)
+                self.sin[piece] = np.array([math.sin(a) for a in angles], np.float32).reshape(self.PIECE, -1)
+                self.filled = start + self.PIECE
+
     def at(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(n, half) float32 cos and sin at ``positions``."""
-        upto = int(positions.max()) + 1
-        if upto > self.cos.shape[0]:
-            have, pieces_cos, pieces_sin = self.cos.shape[0], [self.cos], [self.sin]
-            for start in range(have, upto, self.PIECE):
-                angles = [p * f for p in range(start, start + self.PIECE) for f in self.inv_freq]
-                pieces_cos.append(np.array([math.cos(a) for a in angles], np.float32).reshape(self.PIECE, -1))
-                pieces_sin.append(np.array([math.sin(a) for a in angles], np.float32).reshape(self.PIECE, -1))
-            self.cos, self.sin = np.concatenate(pieces_cos), np.concatenate(pieces_sin)
+        self.fill(int(positions.max()) + 1)
         return self.cos[positions], self.sin[positions]
 
 
@@ -107,6 +126,7 @@ class TokenModel:
         weights = _weights(config.seed, config.num_heads, config.num_kv_heads, config.head_dim)
         self.embedding, self.w_q, self.w_k, self.w_v, self._w_qkv = weights
         self._rotary = _RotaryTable.for_head_dim(config.head_dim)
+        self._rotary.fill(config.max_model_len)
 
     # -- synthetic token ids -----------------------------------------------------
     def _crc(self, seq_id: str) -> int:
