@@ -62,10 +62,18 @@ class Appended:
 class BlockManagerSnapshot:
     pool: PoolSnapshot
     block_fill: tuple[int, ...]
-    holders: tuple[tuple[int, tuple[tuple[str, int], ...]], ...]
-    usage: Usage
+    usage: Usage  # no holders: the sequences' block tables name them (see restore)
     prefix_counts: tuple[int, int]
     cpu_pool: PoolSnapshot | None
+
+
+def holders_from_tables(sequences: Iterable[Sequence]) -> dict[int, dict[str, int]]:
+    """block -> {sequence: logical index}, from the sequences' block tables."""
+    holders: dict[int, dict[str, int]] = {}
+    for seq in sequences:
+        for index, block in enumerate(seq.block_table):
+            holders.setdefault(block, {})[seq.seq_id] = index
+    return holders
 
 
 class BlockManager:
@@ -412,16 +420,20 @@ class BlockManager:
         return BlockManagerSnapshot(
             pool=self.pool.snapshot(),
             block_fill=tuple(self._fill),
-            holders=tuple((b, tuple(h.items())) for b, h in self._holders.items()),
             usage=self.usage.copy(),
             prefix_counts=(self.prefix_lookups, self.prefix_hits),
             cpu_pool=None if self.cpu_pool is None else self.cpu_pool.snapshot(),
         )
 
-    def restore(self, snap: BlockManagerSnapshot) -> None:
+    def restore(self, snap: BlockManagerSnapshot, sequences: Iterable[Sequence]) -> None:
+        """Back to ``snap``, with ``sequences`` (the GPU ones, in the engine's order) as they
+        were then. Holders are rebuilt from their tables rather than stored: a sequence can
+        only start sharing a block when it is created (fork, prefix hit), so walking the
+        sequences in the order they were added gives each block's holders in the order they
+        took it (checked after every operation by the invariant tests)."""
         self.pool.restore(snap.pool)
         self._fill = list(snap.block_fill)
-        self._holders = {b: dict(h) for b, h in snap.holders}
+        self._holders = holders_from_tables(sequences)
         self.usage = snap.usage.copy()
         self.prefix_lookups, self.prefix_hits = snap.prefix_counts
         if snap.cpu_pool is None:

@@ -37,7 +37,7 @@ from core.kv_cache import CacheCheckpoint, PagedKVCache, SwapSpace
 from core.metrics import Metrics
 from core.operations import Add, Fork, Free, Grow, Operation, Schedule, Submit
 from core.scheduler import Scheduler, SchedulerSnapshot
-from core.sequence import Sequence
+from core.sequence import Sequence, SequenceSnapshot
 from core.token_model import TokenModel, check_vocab
 from kernels.backend import Backend, default_scale, host_memory_available
 from kernels.dtypes import storage_dtype
@@ -97,8 +97,8 @@ class StepResult:
 class SimulatorSnapshot:
     step: int
     blocks: BlockManagerSnapshot
-    sequences: tuple[Sequence, ...]
-    swapped: tuple[Sequence, ...]
+    sequences: tuple[SequenceSnapshot, ...]
+    swapped: tuple[SequenceSnapshot, ...]
     cache: CacheCheckpoint | None  # only the newest snapshot's can be restored
     swap_space: tuple[np.ndarray, np.ndarray] | None
     dense: DenseCheckSnapshot
@@ -546,8 +546,8 @@ class Simulator:
         return SimulatorSnapshot(
             step=self.step,
             blocks=self.blocks.snapshot(),
-            sequences=tuple(s.copy() for s in self.sequences.values()),
-            swapped=tuple(s.copy() for s in self.swapped.values()),
+            sequences=tuple(s.snapshot() for s in self.sequences.values()),
+            swapped=tuple(s.snapshot() for s in self.swapped.values()),
             cache=self.cache.snapshot(self._live_blocks()) if data else None,
             swap_space=self.swap_space.snapshot() if data else None,
             dense=self.dense.snapshot(with_data),
@@ -565,9 +565,9 @@ class Simulator:
         if self.kv_data and snap.cache is not None and not self.cache.can_restore(snap.cache):
             snap = without_data(snap)  # a newer checkpoint replaced its undo log: rebuild instead
         self.step = snap.step
-        self.blocks.restore(snap.blocks)
-        self.sequences = {s.seq_id: s.copy() for s in snap.sequences}
-        self.swapped = {s.seq_id: s.copy() for s in snap.swapped}
+        self.sequences = {s.seq_id: s.restore() for s in snap.sequences}
+        self.swapped = {s.seq_id: s.restore() for s in snap.swapped}
+        self.blocks.restore(snap.blocks, self.sequences.values())
         self.dense.restore(snap.dense)
         if self.kv_data:
             if snap.cache is None:

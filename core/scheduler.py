@@ -374,7 +374,7 @@ class Scheduler:
         place (scores are a stable hash of each beam's tokens)."""
 
         def score(seq_id: str) -> int:
-            return zlib.crc32(repr(self.engine.sequence(seq_id).token_ids[-4:]).encode())
+            return zlib.crc32(repr(list(self.engine.sequence(seq_id).token_ids[-4:])).encode())
 
         ranked = sorted(state.seqs, key=score)
         worst, best = ranked[0], ranked[-1]

@@ -6,24 +6,60 @@ import hashlib
 import os
 from array import array
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
 @dataclass
 class Sequence:
     seq_id: str
-    token_ids: list[int] = field(default_factory=list)
+    # 8 bytes a token (a list of ints held 40): a run holds every token of every sequence.
+    token_ids: array = field(default_factory=lambda: array("q"))
     block_table: list[int] = field(default_factory=list)  # logical block index -> physical block id
     # Prefix caching: the chained hash of each full logical block (parent hash, token ids).
     block_hashes: list[int] = field(default_factory=list)
     owner: str | None = None  # the scheduler's request that runs it; None: the user's own
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.token_ids, array):
+            self.token_ids = array("q", self.token_ids)
+
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
+    def snapshot(self) -> SequenceSnapshot:
+        # Token ids are only ever appended to: the snapshot shares the live array and keeps
+        # its length, instead of copying every token of every sequence at every snapshot.
+        return SequenceSnapshot(
+            self.seq_id,
+            self.token_ids,
+            len(self.token_ids),
+            tuple(self.block_table),
+            tuple(self.block_hashes),
+            self.owner,
+        )
+
     def copy(self, seq_id: str | None = None) -> Sequence:
         return Sequence(
-            seq_id or self.seq_id, list(self.token_ids), list(self.block_table), list(self.block_hashes), self.owner
+            seq_id or self.seq_id,
+            array("q", self.token_ids),
+            list(self.block_table),
+            list(self.block_hashes),
+            self.owner,
+        )
+
+
+class SequenceSnapshot(NamedTuple):
+    seq_id: str
+    token_ids: array  # shared with the live sequence, which only appends: read up to num_tokens
+    num_tokens: int
+    block_table: tuple[int, ...]
+    block_hashes: tuple[int, ...]
+    owner: str | None
+
+    def restore(self) -> Sequence:
+        return Sequence(
+            self.seq_id, self.token_ids[: self.num_tokens], list(self.block_table), list(self.block_hashes), self.owner
         )
 
 

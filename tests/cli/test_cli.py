@@ -80,6 +80,19 @@ def test_bench_quick_writes_its_results(tmp_path, capsys):
     case = result["kernel"][0]
     assert case["paged_ms"] > 0 and case["dense_sdpa_ms"] > 0 and case["max_abs_error"] < 1e-5
     assert result["engine"]["operations"] == 2000 and result["machine"]["backend"] == "cpu"
+    (memory,) = result["memory"]  # --quick: stress as `pagesim run`
+    assert memory["case"] == "stress" and memory["paged_cache_mb"] == 2.0
+    assert memory["peak_growth_mb"] > memory["paged_cache_mb"]  # the cache itself is resident
+    assert len(memory["overhead_per_token"]) == 2 and memory["curve_mb"]
+
+
+def test_resident_bytes_counts_only_the_pages_written():
+    from app.benchmarks import resident_bytes
+
+    untouched = np.zeros(64 << 20, np.uint8)  # calloc'd: no page is resident yet
+    assert resident_bytes(untouched) < untouched.nbytes // 8
+    untouched[: 32 << 20] = 1
+    assert abs(resident_bytes(untouched) - (32 << 20)) < (4 << 20)
 
 
 QT = "{'PySide6', 'pyqtgraph', 'shiboken6'}"

@@ -1,5 +1,6 @@
 import numpy as np
 
+from core.block_manager import holders_from_tables
 from core.engine import Simulator
 
 
@@ -44,6 +45,9 @@ def check_invariants(sim: Simulator) -> None:
             holders[block] += 1
             expected_map.setdefault(block, set()).add((seq.seq_id, index))
     assert {b: set(h) for b, h in sim.holders_map().items()} == expected_map
+    # ... and in the order the sequences took each block, which a restore rebuilds from the tables.
+    rebuilt = holders_from_tables(sim.sequences.values())
+    assert {b: tuple(h.items()) for b, h in rebuilt.items()} == sim.holders_map()
     free = set(pool.free_blocks())
     for seq in sim.swapped.values():  # swapped sequences hold CPU blocks only
         assert all(0 <= b < sim.config.num_cpu_blocks for b in seq.block_table)

@@ -111,15 +111,16 @@ def test_an_export_holds_every_event_even_of_steps_that_dropped_their_detail(cpu
     ] == [[e.describe() for e in step if not isinstance(e, AttentionComputed | KernelLaunched)] for step in expected]
 
 
-def test_a_run_without_history_keeps_one_result_and_at_most_two_snapshots(cpu_backend):
+def test_a_run_without_history_keeps_one_result_one_caption_and_only_the_first_snapshot(cpu_backend):
     timeline = Timeline(load_shipped("stress"), cpu_backend, snapshot_data=False, history=False)
     for _ in range(70):
         timeline.forward()
     assert list(timeline._results) == [70]
-    assert len(timeline._snapshots) <= 2
+    assert list(timeline._captions) == [70] and timeline.caption(70)
+    assert list(timeline._snapshots) == [0]
     fingerprint = state_fingerprint(timeline.sim)
     timeline.seek(40)
-    timeline.seek(70)  # still exact, replayed from the kept snapshots
+    timeline.seek(70)  # still exact, replayed from step 0
     assert state_fingerprint(timeline.sim) == fingerprint
 
 

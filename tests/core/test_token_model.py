@@ -32,3 +32,33 @@ def test_seed_changes_the_model_and_names_give_stable_token_ids():
     assert not np.array_equal(a.qkv([3], [0])[1], b.qkv([3], [0])[1])
     assert a.token_ids("x", 0, 4) == TokenModel(config(seed=1)).token_ids("x", 0, 4)
     assert a.token_ids("x", 0, 4) != a.token_ids("y", 0, 4)
+
+
+def test_the_rotary_table_is_built_to_the_longest_sequence_and_never_depends_on_how_it_grew():
+    from core.token_model import _RotaryTable
+
+    head_dim = 24  # a head dim no other test uses: its table starts empty here
+    short = TokenModel(CacheConfig(num_blocks=4, block_size=4, num_heads=2, head_dim=head_dim, max_model_len=16))
+    table = _RotaryTable.for_head_dim(head_dim)
+    assert table.filled >= 16  # a constant of the model, built with it
+    _, k_short, _ = short.qkv([3, 4], [1, 15])
+    long = TokenModel(CacheConfig(num_blocks=300, block_size=4, num_heads=2, head_dim=head_dim, max_model_len=1200))
+    assert table.filled >= 1200 and table.cos.shape[0] >= 1200  # grown in place to the longer model
+    _, k_long, _ = long.qkv([3, 4, 5], [1, 15, 1100])
+    np.testing.assert_array_equal(k_short, k_long[:2])  # positions computed before keep their values
+    fresh = _RotaryTable(head_dim)
+    cos, sin = fresh.at(np.array([1100]))
+    np.testing.assert_array_equal(cos, table.cos[[1100]])  # and match a table grown in one go
+    np.testing.assert_array_equal(sin, table.sin[[1100]])
+
+
+def test_a_sequence_keeps_its_token_ids_in_eight_bytes_each_and_a_copy_is_independent():
+    from array import array
+
+    from core.sequence import Sequence
+
+    seq = Sequence("s", [1, 2, 3])
+    assert isinstance(seq.token_ids, array) and seq.token_ids.itemsize == 8
+    child = seq.copy("c")
+    child.token_ids.append(4)
+    assert list(seq.token_ids) == [1, 2, 3] and list(child.token_ids) == [1, 2, 3, 4]
