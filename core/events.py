@@ -179,6 +179,13 @@ class BlockCached(Event):
         return f"block {self.block} filled up: its tokens' hash now lets an identical prefix reuse it"
 
 
+def transfer_time(seconds: float) -> str:
+    """A simulated copy's duration in the unit that shows it: "3.1 µs", "1.25 ms"."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
+    return f"{seconds * 1e3:.2f} ms"
+
+
 @dataclass(frozen=True, slots=True)
 class BlockEvicted(Event):
     """A free cached block was reallocated: its hash (and cached data) are gone."""
@@ -253,7 +260,7 @@ class RequestPreempted(Event):
 
     def status_note(self) -> str | None:
         if self.mode == "swap":
-            cost = f"{self.blocks} blocks moved to the CPU pool ({self.swap_seconds * 1e3:.2f} ms)"
+            cost = f"{self.blocks} blocks moved to the CPU pool ({transfer_time(self.swap_seconds)})"
         else:
             cost = f"{self.blocks} blocks freed, {self.tokens} tokens to compute again"
         return f"{self.request} preempted by {self.mode}: {cost}"

@@ -18,6 +18,7 @@ CHANGE_MS = 450
 PAUSE_MS = 150
 LOOKUP_MS = 180
 LOOKUPS_MAX_MS = 1800
+SWAP_MS = 700  # a swap's tiles crossing from one pool to the other
 
 
 @dataclass
@@ -26,6 +27,8 @@ class Beat:
     glows: dict[int, QColor] = field(default_factory=dict)  # block -> colour
     arrows: list[tuple[int, int, QColor]] = field(default_factory=list)  # CoW src -> dst
     lookup: tuple[str, int] | None = None  # (seq, logical index) lit in the table
+    # Swaps drawn as moves between the pools: (GPU block, CPU block, out of the GPU, colour).
+    swaps: list[tuple[int, int, bool, QColor]] = field(default_factory=list)
 
 
 def beats_for(
@@ -41,6 +44,8 @@ def beats_for(
         return []
     scale = 1.0 / speed
     change = Beat(CHANGE_MS * scale)
+    moves = Beat(SWAP_MS * scale)
+    cpu_holders = dict(frame.cpu_holders)
     lookups: list[tuple[int, int]] = []  # (logical index, physical block) in access order
     for event in frame.result.events:
         if isinstance(event, ev.BlockAllocated | ev.BlockShared):
@@ -51,8 +56,14 @@ def beats_for(
             change.glows[event.block] = hit_colour or colour_of(event.seq)
         elif isinstance(event, ev.BlockSwappedOut):  # preemption by swap: off the GPU
             change.glows[event.block] = evicted_colour or freed_colour
+            owners = cpu_holders.get(event.cpu_block, ())
+            colour = colour_of(owners[0]) if owners else evicted_colour or freed_colour
+            moves.swaps.append((event.block, event.cpu_block, True, colour))
         elif isinstance(event, ev.BlockSwappedIn):
             change.glows[event.block] = hit_colour or freed_colour
+            owners = frame.holders.get(event.block, ())
+            colour = colour_of(owners[0][0]) if owners else hit_colour or freed_colour
+            moves.swaps.append((event.block, event.cpu_block, False, colour))
         elif isinstance(event, ev.BlockEvicted):
             change.glows[event.block] = evicted_colour or freed_colour
         elif isinstance(event, ev.BlockCopied):
@@ -60,7 +71,7 @@ def beats_for(
             change.glows[event.dst] = colour_of(event.seq)
         elif isinstance(event, ev.LookupPerformed) and event.seq == focus_seq:
             lookups = list(enumerate(event.blocks))
-    beats = []
+    beats = [moves] if moves.swaps else []  # the move first, then the pool's new state glows
     if change.glows or change.arrows:
         beats += [change, Beat(PAUSE_MS * scale)]
     if lookups:
@@ -73,10 +84,12 @@ def beats_for(
 class AnimationDirector(QObject):
     """Plays a list of beats on the pool and sequence views; a new frame cuts it short."""
 
-    def __init__(self, pool_view, sequence_view, parent=None) -> None:
+    def __init__(self, pool_view, sequence_view, parent=None, scheduler_view=None, swap_flight=None) -> None:
         super().__init__(parent)
         self.pool_view = pool_view
         self.sequence_view = sequence_view
+        self.scheduler_view = scheduler_view  # where the CPU pool's tiles are, for swaps
+        self.swap_flight = swap_flight
         self.beats: list[Beat] = []
         self._current = -1
         self._animation = QVariantAnimation(self)
@@ -120,18 +133,40 @@ class AnimationDirector(QObject):
             for src, dst, colour in beat.arrows:
                 self.pool_view.add_copy_arrow(src, dst, colour)
             self.sequence_view.set_lookup(beat.lookup)
+            if self.swap_flight is not None:
+                self.swap_flight.start(self._flights(beat))
             if beat.lookup is not None:  # say what is read: logical block → physical block
                 for block, colour in beat.glows.items():
                     self.pool_view.add_block_label(block, f"L{beat.lookup[1]} → #{block}", colour)
             self._current = index
+        if beat.swaps and self.swap_flight is not None:
+            self.swap_flight.set_progress(progress)
         # Glows swell then fade within their beat.
         strength = 1.0 - abs(2.0 * progress - 1.0) * 0.6
         for block, colour in beat.glows.items():
             if block < len(self.pool_view.items):
                 self.pool_view.items[block].set_glow(colour, strength)
 
+    def _flights(self, beat: Beat) -> list:
+        """Window rectangles each swapped tile flies between; none where either pool is out
+        of sight (the scheduler dock closed or behind another tab)."""
+        if not beat.swaps or self.scheduler_view is None or not self.scheduler_view.isVisible():
+            return []
+        window = self.swap_flight.parentWidget()
+        flights = []
+        for block, cpu_block, out, colour in beat.swaps:
+            gpu = self.pool_view.tile_rect_in(window, block)
+            cpu = self.scheduler_view.cpu_tile_rect_in(window, cpu_block)
+            if gpu is None or cpu is None:
+                continue
+            src, dst = (gpu, cpu) if out else (cpu, gpu)
+            flights.append((src, dst, colour, f"#{block}"))  # the GPU block it leaves or lands in
+        return flights
+
     def _finish(self) -> None:
         self._current = -1
         self.beats = []
+        if self.swap_flight is not None:
+            self.swap_flight.stop()
         self.pool_view.clear_overlays()
         self.sequence_view.set_lookup(None)

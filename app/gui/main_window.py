@@ -39,6 +39,7 @@ from app.gui.views.pool_view import PoolView
 from app.gui.views.scheduler_view import SchedulerView
 from app.gui.views.sequence_view import SequenceView
 from app.gui.views.step_log import StepLog
+from app.gui.views.swap_flight import SwapFlight
 from app.gui.views.token_map import TokenMap
 from app.gui.views.walkthrough import WalkThroughPanel
 from app.gui.welcome import WelcomeDialog
@@ -80,7 +81,8 @@ class MainWindow(QMainWindow):
         self.waste_panel = WastePanel(self.theme, self.controller.compute_waste)
         self.walkthrough = WalkThroughPanel(self.theme)
         self.walkthrough_open = False
-        self.director = AnimationDirector(self.pool_view, self.sequence_view, self)
+        self.swap_flight = SwapFlight(self)
+        self.director = AnimationDirector(self.pool_view, self.sequence_view, self, swap_flight=self.swap_flight)
         self._build_central()
         self._announced_branch: int | None = None
         self._scheduler_raised = False
@@ -209,6 +211,7 @@ class MainWindow(QMainWindow):
         )
         self.tabifyDockWidget(self.memory_dock, self.waste_dock)
         self.scheduler_view = SchedulerView(self.colours, self.theme)
+        self.director.scheduler_view = self.scheduler_view
         self.scheduler_dock = self._dock(
             "Scheduler", self.scheduler_view, Qt.DockWidgetArea.BottomDockWidgetArea, "scheduler"
         )

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PySide6.QtCore import QPoint, Qt
+from PySide6.QtCore import QPoint, QRectF, QSizeF, Qt
 from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QToolBar
 
@@ -568,3 +568,68 @@ def test_nothing_is_cut_without_an_ellipsis_at_1024_by_700(make_window, qtbot, n
     assert _truncated_texts(window) == []
     assert window.scenario_description.text().endswith("…")  # the long description is elided…
     assert window.scenario_description.toolTip().startswith(window.scenario_description.text()[:-1].rstrip())
+
+
+@pytest.mark.parametrize("size", [(1024, 700), (1280, 800)])
+def test_the_match_per_head_and_every_axis_label_fit_in_a_small_window(make_window, qtbot, size):
+    window = make_window("default")
+    window.resize(*size)
+    window.actions.scrubber.setValue(6)
+    wait_idle(qtbot, window)
+    qtbot.wait(50)
+    panel = window.kernel_panel
+    # The error plot is not below the fold: all of it is inside the window.
+    top_left = panel.error_view.mapTo(window, QPoint(0, 0))
+    assert panel.error_view.isVisible() and top_left.y() >= 0
+    assert top_left.y() + panel.error_view.height() <= window.height()
+    # No rotated axis label is longer than its axis ("weight" shown as "eight").
+    for plot in (panel.error_plot, panel.output_plot, panel.weights_plot):
+        axis = plot.getAxis("left")
+        assert axis.label.boundingRect().width() <= axis.height(), axis.labelText
+
+
+def test_tile_ids_are_readable_at_every_zoom_or_not_drawn(make_window, qtbot):
+    from app.gui.views.pool_view import COMPACT_ID_DETAIL, MIN_LABEL_PX, SLOTS_DETAIL, label_pixel_size
+
+    for detail in np.linspace(COMPACT_ID_DETAIL, 2.5, 60):
+        compact = detail < SLOTS_DETAIL
+        assert round(label_pixel_size(detail, compact)) * detail >= MIN_LABEL_PX - 0.5, detail
+    window = make_window("default")
+    window.resize(1024, 700)
+    wait_idle(qtbot, window)
+    qtbot.wait(50)
+    pool = window.pool_view
+    detail = pool.transform().m11()
+    assert detail >= COMPACT_ID_DETAIL  # 24 blocks at 1024 × 700: every id is drawn
+    font, metrics = pool.compact_font(label_pixel_size(detail, detail < SLOTS_DETAIL))
+    assert metrics.horizontalAdvance("#23") <= 60 - 8  # and fits its tile
+
+
+@pytest.mark.parametrize("step, out", [(15, True), (25, False)])
+def test_a_swap_flies_its_tiles_between_the_gpu_and_cpu_pools(make_window, qtbot, step, out):
+    window = make_window("preemption_swap", speed=1.0)
+    window.resize(1280, 800)
+    window.actions.scrubber.setValue(step - 1)
+    wait_idle(qtbot, window)
+    qtbot.waitUntil(lambda: not window.director.running, timeout=10_000)
+    qtbot.keyClick(window, Qt.Key.Key_Right)
+    frame = wait_idle(qtbot, window)
+    kind = ev.BlockSwappedOut if out else ev.BlockSwappedIn
+    swaps = [e for e in frame.result.events if isinstance(e, kind)]
+    assert len(swaps) == 8
+    flight = window.swap_flight
+    qtbot.waitUntil(lambda: flight.isVisible() and 0.3 < flight.progress < 0.7, timeout=5_000)
+    assert len(flight.flights) == len(swaps)
+    pool = window.pool_view.viewport()
+    cpu = window.scheduler_view
+    gpu_area = QRectF(pool.mapTo(window, QPoint(0, 0)), QSizeF(pool.size()))
+    cpu_area = QRectF(cpu.mapTo(window, QPoint(0, 0)), QSizeF(cpu.size()))
+    for (src, dst, _, label), event in zip(flight.flights, swaps, strict=True):
+        start, end = (gpu_area, cpu_area) if out else (cpu_area, gpu_area)
+        assert start.contains(src.center()) and end.contains(dst.center())
+        assert label == f"#{event.block}"
+    now = flight.tile_at(0).center()  # mid-flight: between the two pools
+    src, dst = flight.flights[0][0].center(), flight.flights[0][1].center()
+    assert min(src.y(), dst.y()) < now.y() < max(src.y(), dst.y())
+    qtbot.waitUntil(lambda: not window.director.running, timeout=10_000)
+    assert not flight.isVisible() and not flight.flights

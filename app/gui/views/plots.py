@@ -29,6 +29,7 @@ BLOCK_COLOURS = ["#88CCEE", "#CC6677", "#DDCC77", "#117733", "#332288", "#AA4499
 
 
 MAX_BLOCK_LABELS = 24
+ERROR_PLOT_HEIGHT = 150  # px: title, bars per head against the bound, head axis
 KERNEL_COLOUR, DENSE_COLOUR, UTIL_COLOUR, FRAG_COLOUR = "#E69F00", "#56B4E9", "#009E73", "#D55E00"
 
 
@@ -76,7 +77,11 @@ class KernelPanel(QWidget):
         self.plots = pg.GraphicsLayoutWidget()
         self.output_plot = self.plots.addPlot(row=0, col=0)
         self.weights_plot = self.plots.addPlot(row=1, col=0)
-        self.error_plot = self.plots.addPlot(row=2, col=0)
+        # The match per head stays in sight at every window size, right under the verdict;
+        # the two larger plots scroll below it when the dock is short.
+        self.error_view = pg.GraphicsLayoutWidget()
+        self.error_view.setFixedHeight(ERROR_PLOT_HEIGHT)
+        self.error_plot = self.error_view.addPlot(row=0, col=0)
         # They agree to ~1e-7: the kernel as a line, dense as hollow markers on it, both visible.
         self.kernel_curve = self.output_plot.plot(name="paged kernel")
         self.dense_curve = self.output_plot.plot(name="dense SDPA", symbol="o", symbolSize=8, pen=None)
@@ -90,13 +95,13 @@ class KernelPanel(QWidget):
         self.error_bars = pg.BarGraphItem(x=[], height=[], width=0.6)
         self.error_plot.addItem(self.error_bars)
         self.tolerance_line = pg.InfiniteLine(
-            angle=0, movable=False, label="rounding bound", labelOpts={"position": 0.05, "anchors": [(0, 1), (0, 1)]}
+            angle=0, movable=False, label="rounding bound", labelOpts={"position": 0.02, "anchors": [(0, 1), (0, 1)]}
         )
         self.error_plot.addItem(self.tolerance_line)
         self.error_plot.setLogMode(y=True)
         self.error_plot.getAxis("bottom").setTickSpacing(1, 1)
         self.error_plot.setYRange(-12, 0, padding=0.05)
-        self.error_plot.getAxis("left").setTickSpacing(3, 3)
+        self.error_plot.getAxis("left").setTickSpacing(6, 3)  # 10⁻¹², 10⁻⁶, 1: room for each label
         # A fixed pool of block labels, shown and hidden: re-adding TextItems on every
         # frame churns the scene for nothing.
         self._block_labels = [pg.TextItem(anchor=(0, 1)) for _ in range(MAX_BLOCK_LABELS)]
@@ -107,8 +112,9 @@ class KernelPanel(QWidget):
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(self.backend_label)
         layout.addLayout(top)
-        # Three plots need room: below it they scroll rather than squash to nothing.
-        self.plots.setMinimumHeight(430)
+        layout.addWidget(self.error_view)
+        # Two plots need room: below it they scroll rather than squash to nothing.
+        self.plots.setMinimumHeight(300)
         self.plots.setMinimumWidth(260)
         scroll = QScrollArea()
         scroll.setWidgetResizable(True)
@@ -121,6 +127,7 @@ class KernelPanel(QWidget):
     def set_theme(self, theme: Theme) -> None:
         self.theme = theme
         self.plots.setBackground(theme.plot_background)
+        self.error_view.setBackground(theme.plot_background)
         _style_plot(
             self.output_plot,
             theme,
@@ -233,6 +240,7 @@ class KernelPanel(QWidget):
             ],
         )
         self.tolerance_line.setValue(np.log10(float(focus.head_tolerances.min())))
+        self.error_plot.setYRange(np.log10(floor), 0, padding=0.02)  # fixed decades: steps compare
 
 
 def _same_focus(a, b) -> bool:
@@ -330,9 +338,14 @@ class MemoryPanel(QWidget):
                 plot.setXRange(0, view[0] + 0.5, padding=0)
                 plot.getAxis("bottom").setTickSpacing(spacing, spacing)
             self.blocks_plot.setYRange(0, np.log10(peak * 1.6), padding=0)  # from 1 block
-            # 1, 2, 5, 10, 20, 50 … blocks: a log axis's own minor ticks crowd a short plot.
-            marks = [m * 10**e for e in range(8) for m in (1, 2, 5) if m * 10**e <= peak * 1.6]
-            self.blocks_plot.getAxis("left").setTicks([[(np.log10(v), f"{v:,}") for v in marks], []])
+
+            # Powers of ten labelled; 2 and 5 times them as a second level, which pyqtgraph
+            # labels only where there is room (a log axis's own minor ticks crowd a short plot).
+            def marks(multiples):
+                return [(np.log10(m * 10**e), f"{m * 10**e:,}") for e in range(8) for m in multiples
+                        if m * 10**e <= peak * 1.6]  # fmt: skip
+
+            self.blocks_plot.getAxis("left").setTicks([marks((1,)), marks((2, 5))])
             self.util_plot.setYRange(0, 105, padding=0)
         # Nothing allocated: no utilisation to speak of (a gap, not a jump to 100 %).
         self.util_curve.setData(steps, [100 * m.utilisation if m.slots_allocated else nan for m in history])

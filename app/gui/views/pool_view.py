@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from PySide6.QtCore import QPointF, QRectF, Qt, Signal
-from PySide6.QtGui import QBrush, QColor, QFont, QPainter, QPainterPath, QPen
+from PySide6.QtCore import QPoint, QPointF, QRectF, Qt, Signal
+from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import (
     QGraphicsItem,
     QGraphicsPathItem,
@@ -15,6 +15,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QMenu,
     QStyleOptionGraphicsItem,
+    QWidget,
 )
 
 from app.gui.palette import SequenceColours, Theme
@@ -22,6 +23,17 @@ from core.view_model import Frame
 
 BLOCK_W, BLOCK_H, GAP = 60.0, 38.0, 8.0
 SLOTS_PER_ROW = 16
+SLOTS_DETAIL = 0.62  # below this zoom the header's id would be under ~8 px: a compact tile instead
+MIN_LABEL_PX = 7.0  # an id smaller than this on screen is noise: below, a tile is its fill bar
+COMPACT_ID_DETAIL = MIN_LABEL_PX / (BLOCK_H * 0.5)  # where half a tile's height reaches that
+
+
+def label_pixel_size(detail: float, compact: bool) -> float:
+    """A tile's id font size in scene units at zoom ``detail``: about 8.5–9 px on screen,
+    within the 14-unit header of a full tile or half a compact tile's height."""
+    if compact:
+        return min(BLOCK_H * 0.5, 9.0 / detail)
+    return min(13.5, max(10.0, 8.5 / detail))
 
 
 class BlockItem(QGraphicsItem):
@@ -97,17 +109,19 @@ class BlockItem(QGraphicsItem):
             painter.setPen(QPen(QColor(theme.muted), 1.2, Qt.PenStyle.DashLine))
         painter.drawRoundedRect(rect, 4, 4)
         bs = self.view.block_size
-        if detail < 0.35:  # far away: a fill bar is all one can see
+        if detail < SLOTS_DETAIL:  # too small for slots and a header: a fill bar and the id
             if colours and self.fill:
-                bar = QRectF(2, 2, (BLOCK_W - 4) * self.fill / bs, BLOCK_H - 4)
+                top = 2.0 if detail < COMPACT_ID_DETAIL else BLOCK_H * 0.62
+                bar = QRectF(2, top, (BLOCK_W - 4) * self.fill / bs, BLOCK_H - 2 - top)
                 painter.fillRect(bar, colours[0])
                 pattern = self.view.colours.pattern(self.holders[0][0])
                 if pattern is not None:
                     painter.fillRect(bar, QBrush(QColor(theme.window), pattern))
+            if detail >= COMPACT_ID_DETAIL:
+                self._paint_compact_id(painter, theme, detail)
         else:
             self._paint_slots(painter, theme, colours, bs)
-            if detail >= 0.6:  # smaller, the labels would only blur into each other
-                self._paint_labels(painter, theme, detail)
+            self._paint_labels(painter, theme, detail)
         if self.refused is not None:
             painter.setPen(QPen(self.refused, 3.0, Qt.PenStyle.DashLine))
             painter.setBrush(Qt.BrushStyle.NoBrush)
@@ -151,16 +165,34 @@ class BlockItem(QGraphicsItem):
                 painter.fillRect(cell, QColor(theme.empty_slot))
 
     def _paint_labels(self, painter: QPainter, theme: Theme, detail: float) -> None:
+        font, metrics = self.view.compact_font(label_pixel_size(detail, compact=False))
         painter.setPen(QColor(theme.text if self.ref_count else theme.muted))
-        painter.setFont(self.view.label_font)
-        painter.drawText(QRectF(4, 1, BLOCK_W - 8, 14), Qt.AlignmentFlag.AlignLeft, f"#{self.block_id}")
+        painter.setFont(font)
+        painter.drawText(QRectF(4, 0, BLOCK_W - 8, 15), Qt.AlignmentFlag.AlignLeft, f"#{self.block_id}")
         if self.ref_count > 1:
-            badge = QRectF(BLOCK_W - 24, 2, 22, 12)
+            text = f"×{self.ref_count}"
+            width = metrics.horizontalAdvance(text) + 6
+            badge = QRectF(BLOCK_W - 2 - width, 1.5, width, min(14.0, metrics.height()))
             painter.setPen(Qt.PenStyle.NoPen)
             painter.setBrush(QColor(theme.text))
             painter.drawRoundedRect(badge, 6, 6)
             painter.setPen(QColor(theme.window))
-            painter.drawText(badge, Qt.AlignmentFlag.AlignCenter, f"×{self.ref_count}")
+            painter.drawText(badge, Qt.AlignmentFlag.AlignCenter, text)
+
+    def _paint_compact_id(self, painter: QPainter, theme: Theme, detail: float) -> None:
+        """The block id over the upper part of a small tile, in a font sized to stay about
+        9 px tall on screen; "#" and the ref-count badge go first when they do not fit."""
+        font, metrics = self.view.compact_font(label_pixel_size(detail, compact=True))
+        painter.setFont(font)
+        painter.setPen(QColor(theme.text if self.ref_count else theme.muted))
+        area = QRectF(2, 0, BLOCK_W - 4, BLOCK_H * 0.62)
+        text = f"#{self.block_id}"
+        if self.ref_count > 1 and metrics.horizontalAdvance(f"{text} ×{self.ref_count}") <= area.width():
+            text = f"{text} ×{self.ref_count}"
+        elif metrics.horizontalAdvance(text) > area.width():
+            text = str(self.block_id)
+        if metrics.horizontalAdvance(text) <= area.width():
+            painter.drawText(area, Qt.AlignmentFlag.AlignCenter, text)
 
     def mousePressEvent(self, event) -> None:
         self.view.blockClicked.emit(self.block_id)
@@ -187,6 +219,7 @@ class PoolView(QGraphicsView):
         self.selected_seq: str | None = None
         self.label_font = QFont()
         self.label_font.setPointSizeF(7.5)
+        self._compact_fonts: dict[int, tuple[QFont, QFontMetricsF]] = {}
         self.setScene(QGraphicsScene(self))
         self.setRenderHints(QPainter.RenderHint.Antialiasing | QPainter.RenderHint.TextAntialiasing)
         self.setDragMode(QGraphicsView.DragMode.ScrollHandDrag)
@@ -203,6 +236,15 @@ class PoolView(QGraphicsView):
         self.menu = QMenu(self)
 
     # -- content --------------------------------------------------------------------
+    def compact_font(self, pixel_size: float) -> tuple[QFont, QFontMetricsF]:
+        """A font of about ``pixel_size`` scene units, and its metrics (cached per size)."""
+        size = max(4, round(pixel_size))
+        if size not in self._compact_fonts:
+            font = QFont(self.label_font)
+            font.setPixelSize(size)
+            self._compact_fonts[size] = (font, QFontMetricsF(font))
+        return self._compact_fonts[size]
+
     def set_theme(self, theme: Theme) -> None:
         self.theme = theme
         self.setBackgroundBrush(QColor(theme.window))
@@ -252,6 +294,13 @@ class PoolView(QGraphicsView):
         if not 0 <= block < len(self.items):
             return None
         return self.mapFromScene(self.items[block].sceneBoundingRect()).boundingRect()
+
+    def tile_rect_in(self, widget: QWidget, block: int) -> QRectF | None:
+        """The block's tile in ``widget``'s coordinates; None if it is scrolled out of sight."""
+        rect = self.tile_rect(block)
+        if rect is None or not self.viewport().rect().intersects(rect):
+            return None
+        return QRectF(rect.translated(self.viewport().mapTo(widget, QPoint(0, 0))))
 
     # -- overlays for animations ------------------------------------------------------
     def add_copy_arrow(self, src: int, dst: int, colour: QColor) -> QGraphicsPathItem:

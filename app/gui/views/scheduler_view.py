@@ -3,7 +3,7 @@ swap pool's blocks as tiles (held by swapped-out sequences), the blocks a step m
 
 from __future__ import annotations
 
-from PySide6.QtCore import QRect, QRectF, QSize, Qt
+from PySide6.QtCore import QPoint, QPointF, QRect, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
@@ -30,6 +30,8 @@ class SchedulerView(QWidget):
         self.colours, self.theme = colours, theme
         self.frame: Frame | None = None
         self.moved_cpu: set[int] = set()  # CPU blocks this step swapped out or in
+        # Where the CPU tiles start: below the lanes and the pool's caption.
+        self._tiles_top = 6 + len(LANES) * LANE_H + 8 + 20
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
         self.setToolTip(
             "The scheduler's queues (vLLM's waiting, running and swapped), each request as a chip in its owner's "
@@ -47,6 +49,20 @@ class SchedulerView(QWidget):
         self.frame = frame
         self.moved_cpu = set(frame.cpu_moved)
         self.update()
+
+    def cpu_tile_rect(self, block: int) -> QRectF:
+        per_row = max(1, (self.width() - 12) // (TILE + 2))
+        row, column = divmod(block, per_row)
+        return QRectF(6 + column * (TILE + 2), self._tiles_top + row * (TILE + 2), TILE, TILE)
+
+    def cpu_tile_rect_in(self, widget: QWidget, block: int) -> QRectF | None:
+        """CPU block ``block``'s tile in ``widget``'s coordinates; None if it is not on screen."""
+        if self.frame is None or not 0 <= block < self.frame.num_cpu_blocks:
+            return None
+        tile = self.cpu_tile_rect(block)
+        if not self.visibleRegion().boundingRect().intersects(tile.toRect()):
+            return None
+        return tile.translated(QPointF(self.mapTo(widget, QPoint(0, 0))))
 
     def paintEvent(self, event) -> None:
         painter = QPainter(self)
@@ -94,10 +110,9 @@ class SchedulerView(QWidget):
             + ("" if frame.num_cpu_blocks else " (none configured: preemption recomputes)"),
         )
         y += 20
-        per_row = max(1, (self.width() - 12) // (TILE + 2))
+        self._tiles_top = y
         for block in range(frame.num_cpu_blocks):
-            row, column = divmod(block, per_row)
-            tile = QRectF(6 + column * (TILE + 2), y + row * (TILE + 2), TILE, TILE)
+            tile = self.cpu_tile_rect(block)
             seqs = holders.get(block, ())
             fill = self.colours.of_request(request_of(seqs[0])) if seqs else QColor(theme.free_block)
             lit = block in self.moved_cpu
