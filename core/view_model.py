@@ -222,7 +222,7 @@ def build_frame(
 
 
 KERNEL_CHOICES = {
-    "cpu": "CPU: block by block",
+    "cpu": "CPU: tile by tile",
     "cuda-v1": "CUDA v1: warps, groups",
     "cuda-v2": "CUDA v2: partitions",
 }
@@ -255,7 +255,7 @@ class WalkThrough:
         """One sentence for a stage (written when shown: a long context has thousands)."""
         trace = self.trace
         if stage < len(trace.steps):
-            return _describe_step(trace.steps[stage], self.kernel)
+            return _describe_step(trace.steps[stage], self.kernel, split=bool(trace.partitions))
         if stage - len(trace.steps) < len(trace.merges):
             return _describe_merge(trace.merges[stage - len(trace.steps)])
         return (
@@ -264,7 +264,7 @@ class WalkThrough:
         )
 
 
-def _describe_step(step, kernel: str) -> str:
+def _describe_step(step, kernel: str, split: bool = False) -> str:
     text = (
         f"token {step.token}: logical block {step.logical_block} → physical block #{step.physical_block}, "
         f"slot {step.slot} · score q·k·scale = {step.score:+.3f}"
@@ -277,6 +277,8 @@ def _describe_step(step, kernel: str) -> str:
             f"rescale by exp(m_old − m_new) = ×{step.correction:.3f}"
         )
     text += f" · ℓ = {step.l_after:.3f}"
+    if step.lane is None and split:
+        text += f" · partition {step.partition}"
     if step.lane is not None:
         warp, group, iteration = step.lane
         text += f" · warp {warp}, thread group {group}, iteration {iteration}"

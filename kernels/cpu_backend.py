@@ -74,55 +74,141 @@ def _load(x, kind):
     return _half_to_float32(bits)
 
 
+# The work split. A work item is one (sequence, partition) with every query head: it walks
+# the partition's blocks in table order, and each token's K (then V) row holds every KV head
+# side by side, so a block is read as one contiguous run (the cache is block-major) instead of
+# one head's slice at a stride of num_kv_heads · head_dim — the access pattern whose speed
+# depended on which CPU's prefetcher ran it. A GQA group's query heads share each row while it
+# is in L1: K/V are read once per KV head, not once per query head. Scores are gathered for a
+# tile of whole blocks (≥ TILE_TOKENS tokens) before one online-softmax rescale per head, so
+# block size 1 does not pay an exp and a rescale per token. A few long sequences are split
+# into partitions (split-K, as vLLM's v2) whose states a second loop merges.
+TILE_TOKENS = 32
+MIN_PARTITION_TOKENS = 512
+# Work items wanted per launch: a constant, not the thread count, so that the output (its
+# summation order) is the same on every machine.
+TARGET_WORK_ITEMS = 16
+
+
+def work_split(num_seqs: int, max_blocks: int, block_size: int) -> tuple[int, int, int]:
+    """(blocks per tile, blocks per partition, partitions) for a launch. (Splitting few short
+    sequences by KV heads instead was measured slower: it brings the strided reads back.)"""
+    tile_blocks = max(1, TILE_TOKENS // block_size)
+    parts = 1
+    if 0 < num_seqs < TARGET_WORK_ITEMS:
+        longest_parts = max(1, max_blocks * block_size // MIN_PARTITION_TOKENS)
+        parts = min(-(-TARGET_WORK_ITEMS // num_seqs), longest_parts)
+    part_blocks = -(-max(1, max_blocks) // parts)
+    part_blocks = -(-part_blocks // tile_blocks) * tile_blocks  # whole tiles
+    return tile_blocks, part_blocks, -(-max(1, max_blocks) // part_blocks)
+
+
 @numba.njit(parallel=True, fastmath=_FASTMATH, cache=True, boundscheck=False)
-def _paged_attention_kernel(out, query, key_cache, value_cache, block_tables, context_lens, scale, kind):
+def _paged_attention_kernel(
+    out,
+    query,
+    key_cache,
+    value_cache,
+    block_tables,
+    context_lens,
+    scale,
+    kind,
+    part_blocks,
+    part_m,
+    part_l,
+    part_acc,
+):
     num_seqs, num_heads, head_dim = query.shape
     block_size = key_cache.shape[1]
-    heads_per_kv = num_heads // key_cache.shape[2]
-    for work in numba.prange(num_seqs * num_heads):
-        seq = work // num_heads
-        head = work % num_heads
-        kv_head = head // heads_per_kv
+    num_kv = key_cache.shape[2]
+    group = num_heads // num_kv
+    num_parts = part_m.shape[1]
+    tile_blocks = max(1, TILE_TOKENS // block_size)
+    for work in numba.prange(num_seqs * num_parts):
+        seq = work // num_parts
+        part = work % num_parts
         context_len = context_lens[seq]
-
-        q = np.empty(head_dim, np.float32)
-        for d in range(head_dim):
-            q[d] = _load(query[seq, head, d], kind) * scale
-        acc = np.zeros(head_dim, np.float32)
-        scores = np.empty(block_size, np.float32)
-        running_max = -np.inf
-        running_sum = np.float32(0.0)
-
-        num_logical_blocks = (context_len + block_size - 1) // block_size
-        for logical_block in range(num_logical_blocks):
-            # The block-table lookup: logical block -> physical block, read in place.
-            physical_block = block_tables[seq, logical_block]
-            tokens_here = min(block_size, context_len - logical_block * block_size)
-
-            block_max = -np.inf
-            for t in range(tokens_here):
-                s = np.float32(0.0)
-                for d in range(head_dim):
-                    s += q[d] * _load(key_cache[physical_block, t, kv_head, d], kind)
-                scores[t] = s
-                block_max = max(block_max, s)
-
-            # Online softmax: rescale what was accumulated under the old max.
-            new_max = max(running_max, block_max)
-            correction = np.float32(math.exp(running_max - new_max))
-            running_sum *= correction
+        seq_blocks = (context_len + block_size - 1) // block_size
+        first_block = part * part_blocks
+        last_block = min(seq_blocks, first_block + part_blocks)
+        q = np.empty((num_heads, head_dim), np.float32)
+        for h in range(num_heads):
             for d in range(head_dim):
-                acc[d] *= correction
-            for t in range(tokens_here):
-                p = np.float32(math.exp(scores[t] - new_max))
-                running_sum += p
+                q[h, d] = _load(query[seq, h, d], kind) * scale
+        acc = np.zeros((num_heads, head_dim), np.float32)
+        running_max = np.full(num_heads, -np.inf, np.float32)
+        running_sum = np.zeros(num_heads, np.float32)
+        scores = np.empty((num_heads, tile_blocks * block_size), np.float32)
+        for tile_first in range(first_block, last_block, tile_blocks):
+            tile_last = min(last_block, tile_first + tile_blocks)
+            n = 0
+            for logical in range(tile_first, tile_last):
+                physical = block_tables[seq, logical]
+                tokens_here = min(block_size, context_len - logical * block_size)
+                for t in range(tokens_here):
+                    for kvh in range(num_kv):
+                        for g in range(group):
+                            h = kvh * group + g
+                            s = np.float32(0.0)
+                            for d in range(head_dim):
+                                s += q[h, d] * _load(key_cache[physical, t, kvh, d], kind)
+                            scores[h, n] = s
+                    n += 1
+            for h in range(num_heads):
+                tile_max = running_max[h]
+                for i in range(n):
+                    tile_max = max(tile_max, scores[h, i])
+                correction = np.float32(math.exp(running_max[h] - tile_max))
+                running_sum[h] *= correction
                 for d in range(head_dim):
-                    acc[d] += p * _load(value_cache[physical_block, t, kv_head, d], kind)
-            running_max = new_max
-
-        inv_sum = np.float32(1.0) / running_sum
-        for d in range(head_dim):
-            out[seq, head, d] = acc[d] * inv_sum
+                    acc[h, d] *= correction
+                for i in range(n):
+                    p = np.float32(math.exp(scores[h, i] - tile_max))
+                    scores[h, i] = p
+                    running_sum[h] += p
+                running_max[h] = tile_max
+            n = 0
+            for logical in range(tile_first, tile_last):
+                physical = block_tables[seq, logical]
+                tokens_here = min(block_size, context_len - logical * block_size)
+                for t in range(tokens_here):
+                    for kvh in range(num_kv):
+                        for g in range(group):
+                            h = kvh * group + g
+                            p = scores[h, n]
+                            for d in range(head_dim):
+                                acc[h, d] += p * _load(value_cache[physical, t, kvh, d], kind)
+                    n += 1
+        if num_parts == 1:
+            for h in range(num_heads):
+                inv = np.float32(1.0) / running_sum[h] if running_sum[h] > 0 else np.float32(0.0)
+                for d in range(head_dim):
+                    out[seq, h, d] = acc[h, d] * inv
+        else:
+            for h in range(num_heads):
+                part_m[seq, part, h] = running_max[h]
+                part_l[seq, part, h] = running_sum[h]
+                for d in range(head_dim):
+                    part_acc[seq, part, h, d] = acc[h, d]
+    if num_parts > 1:
+        for work in numba.prange(num_seqs * num_heads):
+            seq = work // num_heads
+            h = work % num_heads
+            top = -np.inf
+            for p in range(num_parts):
+                top = max(top, part_m[seq, p, h])
+            total = np.float32(0.0)
+            for d in range(head_dim):
+                out[seq, h, d] = 0.0
+            for p in range(num_parts):
+                if part_l[seq, p, h] > 0:
+                    w = np.float32(math.exp(part_m[seq, p, h] - top))
+                    total += part_l[seq, p, h] * w
+                    for d in range(head_dim):
+                        out[seq, h, d] += part_acc[seq, p, h, d] * w
+            inv = np.float32(1.0) / total if total > 0 else np.float32(0.0)
+            for d in range(head_dim):
+                out[seq, h, d] *= inv
 
 
 @numba.njit(cache=True, boundscheck=False)
@@ -161,7 +247,12 @@ class CpuBackend(Backend):
 
     def _paged_attention(self, query, key_cache, value_cache, block_tables, context_lens, scale):
         kind = _KINDS[self.kv_dtype_name(key_cache.dtype)]
+        num_seqs, num_heads, head_dim = query.shape
+        _, part_blocks, parts = work_split(num_seqs, block_tables.shape[1], key_cache.shape[1])
         out = np.empty(query.shape, dtype=np.float32)
+        part_m = np.empty((num_seqs, parts, num_heads), np.float32)
+        part_l = np.empty((num_seqs, parts, num_heads), np.float32)
+        part_acc = np.empty((num_seqs, parts, num_heads, head_dim) if parts > 1 else (1, 1, 1, 1), np.float32)
         _paged_attention_kernel(
             out,
             _kernel_view(np.ascontiguousarray(query)),
@@ -171,5 +262,9 @@ class CpuBackend(Backend):
             context_lens,
             np.float32(scale),
             kind,
+            part_blocks,
+            part_m,
+            part_l,
+            part_acc,
         )
         return out

@@ -2,9 +2,10 @@
 what the kernel walk-through shows, in plain NumPy, outside Qt.
 
 The replay follows each kernel's own order of work, so its stages are the kernel's:
-- the CPU kernel (``kernels/cpu_backend.py``) folds one block at a time: the block-table
-  lookup, the block's scores, its max, the rescale of the running sum and accumulator by
-  exp(m_old − m_new), then the block's exp-weighted values;
+- the CPU kernel (``kernels/cpu_backend.py``) folds one tile of whole blocks at a time
+  (≥ 32 tokens): the block-table lookups, the tile's scores, its max, the rescale of the
+  running sum and accumulator by exp(m_old − m_new), then the tile's exp-weighted values; a
+  few long sequences are split into partitions, reduced at the end as v2's are;
 - the CUDA kernel (``kernels/paged_attention.cu``) gives each of its 4 warps thread groups
   of ``GROUP`` lanes; group g of warp w takes the tokens first + g for first = begin +
   w·TOKENS_PER_WARP, stepping by 4·TOKENS_PER_WARP, and keeps its own online softmax; the
@@ -106,7 +107,7 @@ class KernelTrace:
     lookups: list[tuple[int, int]] = field(default_factory=list)  # (logical, physical), in the kernel's order
     scores: np.ndarray | None = None  # (context_len,)
     steps: list[TokenStep] = field(default_factory=list)
-    block_folds: list[dict] = field(default_factory=list)  # CPU: per block (max, new max, correction, sum)
+    block_folds: list[dict] = field(default_factory=list)  # CPU: per tile (blocks, max, new max, correction, sum)
     merges: list[Merge] = field(default_factory=list)
     partitions: list[PartitionResult] = field(default_factory=list)
     geometry: CudaGeometry | None = None
@@ -140,35 +141,53 @@ def _running(scores: np.ndarray):
 
 
 def trace_cpu(query, key_cache, value_cache, block_tables, context_lens, row: int, head: int, scale: float):
-    """The CPU kernel's walk: block by block, one rescale per block."""
+    """The CPU kernel's walk: its work split (:func:`kernels.cpu_backend.work_split`), tile
+    by tile of whole blocks with one rescale per tile, partition by partition, and for a
+    split sequence the partitions reduced as v2's are."""
+    from kernels.cpu_backend import work_split
+
     kv_head, n, bs, blocks, values, scores = _inputs(
         query, key_cache, value_cache, block_tables, context_lens, row, head, scale
     )
-    trace = KernelTrace("cpu", row, head, kv_head, n, n, scores=scores)
-    m, l = -np.inf, 0.0  # noqa: E741
-    acc = np.zeros(values.shape[1], np.float64)
-    for logical in range(-(-n // bs)):
-        trace.lookups.append((logical, int(blocks[logical * bs])))
-        lo, hi = logical * bs, min(n, (logical + 1) * bs)
-        block = scores[lo:hi].astype(np.float64)
-        new_max = max(m, float(block.max()))
-        correction = float(np.exp(m - new_max)) if m != -np.inf else 0.0
-        p = np.exp(block - new_max)
-        running = l * correction + np.cumsum(p)
-        acc = acc * correction + p @ values[lo:hi]
-        physical, block_scores, sums = int(blocks[lo]), scores[lo:hi].tolist(), running.tolist()
-        for i, (score, total) in enumerate(zip(block_scores, sums, strict=True)):
-            first = i == 0  # the block's rescale happened before its first token
-            trace.steps.append(
-                TokenStep(lo + i, logical, physical, i, score, m if first else new_max, new_max,
-                          correction if first else 1.0, total)
+    tile_blocks, part_blocks, parts = work_split(query.shape[0], np.asarray(block_tables).shape[1], bs)
+    trace = KernelTrace("cpu", row, head, kv_head, n, part_blocks * bs if parts > 1 else n, scores=scores)
+    seq_blocks = -(-n // bs)
+    for part in range(parts):
+        first, last = part * part_blocks, min(seq_blocks, (part + 1) * part_blocks)
+        if first >= last:
+            continue  # past this sequence's end: the kernel's state stays empty
+        m, l = -np.inf, 0.0  # noqa: E741
+        acc = np.zeros(values.shape[1], np.float64)
+        for tile_first in range(first, last, tile_blocks):
+            tile_last = min(last, tile_first + tile_blocks)
+            trace.lookups.extend((logical, int(blocks[logical * bs])) for logical in range(tile_first, tile_last))
+            lo, hi = tile_first * bs, min(n, tile_last * bs)
+            tile = scores[lo:hi].astype(np.float64)
+            new_max = max(m, float(tile.max()))
+            correction = float(np.exp(m - new_max)) if m != -np.inf else 0.0
+            p = np.exp(tile - new_max)
+            running = l * correction + np.cumsum(p)
+            acc = acc * correction + p @ values[lo:hi]
+            columns = (range(lo, hi), blocks[lo:hi].tolist(), scores[lo:hi].tolist(), running.tolist())
+            for token, physical, score, total in zip(*columns, strict=True):
+                first_token = token == lo  # the tile's rescale happened before its first token
+                trace.steps.append(
+                    TokenStep(token, token // bs, physical, token % bs, score, m if first_token else new_max,
+                              new_max, correction if first_token else 1.0, total, None, part)
+                )  # fmt: skip
+            l = float(running[-1])  # noqa: E741
+            trace.block_folds.append(
+                {"logical": tile_first, "logical_end": tile_last, "block_max": float(tile.max()), "m": new_max,
+                 "correction": correction, "l": l, "partition": part}
             )  # fmt: skip
-        l = float(running[-1])  # noqa: E741
-        trace.block_folds.append(
-            {"logical": logical, "block_max": float(block.max()), "m": new_max, "correction": correction, "l": l}
-        )
-        m = new_max
-    trace.output = (acc / l).astype(np.float32) if l > 0 else np.zeros(values.shape[1], np.float32)
+            m = new_max
+        output = (acc / l).astype(np.float32) if l > 0 else np.zeros(values.shape[1], np.float32)
+        trace.partitions.append(PartitionResult(part, first * bs, min(n, last * bs), m, l, output))
+    if len(trace.partitions) <= 1:
+        trace.output = trace.partitions[0].output if trace.partitions else np.zeros(values.shape[1], np.float32)
+        trace.partitions = []  # one partition: nothing to reduce
+        return trace
+    _reduce(trace)
     return trace
 
 
@@ -254,6 +273,12 @@ def trace_cuda(
         end = min(begin + size, n)
         m, total, out = _attend_range(trace, geometry, scores, values, blocks, bs, begin, end, index)
         trace.partitions.append(PartitionResult(index, begin, end, float(m), float(total), out))
+    _reduce(trace)
+    return trace
+
+
+def _reduce(trace: KernelTrace) -> None:
+    """Partitions' normalised outputs rescaled by exp(mᵢ − M) and weighted by their exp-sums."""
     big_m = max(p.max_logit for p in trace.partitions)
     weights = [p.exp_sum * float(np.exp(p.max_logit - big_m)) for p in trace.partitions]
     total = sum(weights)
@@ -264,4 +289,3 @@ def trace_cuda(
         np.zeros_like(trace.partitions[0].output),
     )
     trace.output = (acc / total).astype(np.float32)
-    return trace

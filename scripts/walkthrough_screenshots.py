@@ -1,5 +1,5 @@
 """Screenshots of the kernel walk-through for the README (docs/screenshots/walkthrough-*.png):
-the tour at a merge of the CUDA kernel, the seed demo folding block by block on the CPU,
+the tour at a merge of the CUDA kernel, the seed demo folding tile by tile on the CPU,
 the long-context scenario at v2's reduce; each at 1280 × 800 and 1920 × 1080.
 
     QT_QPA_PLATFORM=offscreen .venv/bin/python scripts/walkthrough_screenshots.py

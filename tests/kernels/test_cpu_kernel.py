@@ -77,6 +77,40 @@ def test_kernel_matches_dense_attention(cpu_backend, block_size, head_dim, gqa, 
     np.testing.assert_allclose(out, expected, atol=tolerance(dtype) / 10, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+def test_few_long_sequences_are_split_into_partitions_and_merged_exactly_enough(cpu_backend, block_size, dtype):
+    from kernels.cpu_backend import MIN_PARTITION_TOKENS, work_split
+
+    rng = np.random.default_rng(block_size)
+    lens = [3000, 1100, 5]  # a long one, a middling one, one shorter than a tile
+    case = make_case(
+        rng, num_seqs=3, context_lens=lens, block_size=block_size, num_heads=4, num_kv_heads=2, head_dim=32, dtype=dtype
+    )
+    tile_blocks, part_blocks, parts = work_split(3, case[3].shape[1], block_size)
+    assert parts > 1 and part_blocks % tile_blocks == 0 and part_blocks * block_size >= MIN_PARTITION_TOKENS
+    assert (parts - 1) * part_blocks < case[3].shape[1] <= parts * part_blocks  # every block in one partition
+    scale = default_scale(32)
+    out = cpu_backend.paged_attention(*case, scale)
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, dense_for(*case, scale), atol=tolerance(dtype) / 10, rtol=0)
+
+
+def test_the_work_split_fills_the_cpu_with_whole_tiles_and_never_depends_on_the_thread_count():
+    from kernels.cpu_backend import TARGET_WORK_ITEMS, TILE_TOKENS, work_split
+
+    assert work_split(16, 128, 16) == (TILE_TOKENS // 16, 128, 1)  # enough sequences: no split
+    assert work_split(1, 8, 16) == (2, 8, 1)  # too short to split
+    tile_blocks, part_blocks, parts = work_split(1, 2048, 16)  # one 32k sequence
+    assert parts == TARGET_WORK_ITEMS and parts * part_blocks >= 2048
+    assert work_split(3, 10, 64)[0] == 1  # a block of 64 is a tile of its own
+    numba.set_num_threads(1)
+    try:
+        assert work_split(1, 2048, 16) == (tile_blocks, part_blocks, parts)
+    finally:
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+
+
 def test_kernel_matches_seed_gather_reference_on_the_article_example(cpu_backend):
     # The seed article's demo: torch.manual_seed(42), 8 blocks of 4, 2 heads, head dim 8.
     torch.manual_seed(42)

@@ -8,6 +8,7 @@ import pytest
 
 from core.scenario import load_scenario, shipped_scenarios
 from core.timeline import Timeline
+from kernels.cpu_backend import work_split
 from kernels.trace import CudaGeometry, trace_cpu, trace_cuda
 
 
@@ -61,9 +62,20 @@ def test_the_replay_records_each_stage(last_steps):
     bs = inputs[1].shape[1]
     cpu = trace_cpu(*inputs, row, 0, report.scale)
     assert [p for _, p in cpu.lookups] == list(report.block_tables[row, : -(-n // bs)])
-    assert len(cpu.block_folds) == -(-n // bs) and len(cpu.steps) == n
-    rescaled = [f for f in cpu.block_folds if f["correction"] < 1.0]
-    assert rescaled, "a new maximum arrived in some block and rescaled what came before"
+    assert len(cpu.steps) == n
+    # One fold per tile of whole blocks, tiles never crossing a partition, partitions reduced.
+    tile_blocks, part_blocks, parts = work_split(report.query.shape[0], report.block_tables.shape[1], bs)
+    seq_blocks = -(-n // bs)
+    tiles = [(t, min(t + tile_blocks, (p + 1) * part_blocks, seq_blocks)) for p in range(parts)
+             for t in range(p * part_blocks, min((p + 1) * part_blocks, seq_blocks), tile_blocks)]  # fmt: skip
+    assert [(f["logical"], f["logical_end"]) for f in cpu.block_folds] == tiles
+    assert len(cpu.partitions) == -(-seq_blocks // part_blocks) > 1  # 8k tokens beside a few short ones: split
+    assert {m.stage for m in cpu.merges} == {"reduce"}
+    rescaled = [f for f in cpu.block_folds if 0 < f["correction"] < 1.0]
+    assert rescaled, "a new maximum arrived in some tile and rescaled what came before"
+    firsts = {step.token for step in cpu.steps if step.correction != 1.0}
+    assert firsts <= {lo * bs for lo, _ in tiles}  # a rescale only ever before a tile's first token
+    assert {p.begin for p in cpu.partitions} <= firsts  # and every partition starts from an empty state
     v2 = trace_cuda(*inputs, row, 0, report.scale, "v2")
     assert [(p.begin, p.end) for p in v2.partitions] == [(b, min(b + 512, n)) for b in range(0, n, 512)]
     assert {m.stage for m in v2.merges} == {"group", "warp", "reduce"}

@@ -47,7 +47,8 @@ class WalkThroughPanel(QWidget):
             self.kernel_box.addItem(label.split(":")[0], key)  # short in the box, the whole name as its tip
             self.kernel_box.setItemData(self.kernel_box.count() - 1, label, Qt.ItemDataRole.ToolTipRole)
         self.kernel_box.setToolTip(
-            "Which kernel's algorithm to replay: the CPU kernel folds one block at a time; the CUDA kernel splits the "
+            "Which kernel's algorithm to replay: the CPU kernel folds a tile of whole blocks (≥ 32 tokens) at a time, "
+            "a long sequence split into partitions; the CUDA kernel splits the "
             "tokens over 4 warps × thread groups (v1), and over 512-token partitions with a reduce (v2, split-K)"
         )
         self.head_box = QSpinBox()
@@ -217,7 +218,7 @@ class WalkThroughPanel(QWidget):
         self.scores.setData(tokens, trace.scores, brush=pg.mkBrush(self.theme.muted))
         lanes, brushes = self._lanes(walk)
         self.lanes.setData(tokens, lanes, brush=brushes)
-        lane_axis = "lane (warp, group)" if trace.geometry is not None else "block (CPU fold)"
+        lane_axis = "lane (warp, group)" if trace.geometry is not None else "tile (CPU fold)"
         self.lane_plot.getPlotItem().setLabel("left", lane_axis, color=self.theme.muted)
         for part in trace.partitions:
             band = pg.LinearRegionItem((part.begin - 0.5, part.end - 0.5), movable=False)
@@ -234,9 +235,13 @@ class WalkThroughPanel(QWidget):
         trace = walk.trace
         lanes = np.zeros(trace.context_len)
         colours = np.zeros(trace.context_len, np.int64)
+        tile_of = {}  # the CPU fold: logical block -> its tile (a lane per tile of whole blocks)
+        for index, fold in enumerate(trace.block_folds):
+            tile_of.update(dict.fromkeys(range(fold["logical"], fold["logical_end"]), index))
         for step in trace.steps:
-            if step.lane is None:  # the CPU fold: a lane per block, two shades alternating
-                lanes[step.token], colours[step.token] = step.logical_block, step.logical_block % 2
+            if step.lane is None:  # two shades alternating, tile after tile
+                tile = tile_of[step.logical_block]
+                lanes[step.token], colours[step.token] = tile, tile % 2
             else:
                 warp, group, _ = step.lane
                 lanes[step.token] = warp * trace.geometry.tokens_per_warp + group
@@ -350,7 +355,7 @@ class WalkThroughPanel(QWidget):
             )
             _style_plot(plot, self.theme, title, "value", "dimension")
         else:
-            axis = "lane (warp, group)" if walk.trace.geometry is not None else "block (CPU fold)"
+            axis = "lane (warp, group)" if walk.trace.geometry is not None else "tile (CPU fold)"
             _style_plot(plot, self.theme, "Who reads each token", axis, "token")
         plot.enableAutoRange()
 
