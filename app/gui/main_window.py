@@ -133,6 +133,9 @@ class MainWindow(QMainWindow):
     def _build_central(self) -> None:
         self.scenario_title = QLabel("loading…")
         self.scenario_title.setObjectName("scenarioTitle")
+        # A long title wraps rather than widen the centre and squeeze the docks beside it.
+        self.scenario_title.setWordWrap(True)
+        self.scenario_title.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         # Three lines at most, ending in "…" where it goes on (the whole text in the tooltip).
         self.scenario_description = ElidedLabel(max_lines=3)
         self.scenario_description.setObjectName("scenarioDescription")
