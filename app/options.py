@@ -18,10 +18,12 @@ def add_backend_option(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--cuda-kernel",
-        choices=["auto", "v1", "v2"],
+        choices=["auto", "vllm", "v1", "v2"],
         default="auto",
-        help="CUDA only: force v1 or split-K v2 (auto: v1 when the longest context is ≤ 8192 and either "
-        "it fits one 512-token partition or there are more than 512 (sequence, head) pairs)",
+        help="CUDA only: force v1 or split-K v2; auto: from the occupancy model (v1 when it fills at least 4 "
+        "waves of the device or the context fits one 512-token partition, else v2 if that gives more waves); "
+        "vllm: vLLM's rule (v1 when the longest context is ≤ 8192 and either it fits one partition or there are "
+        "more than 512 (sequence, head) pairs)",
     )
 
 

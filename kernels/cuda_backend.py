@@ -21,6 +21,7 @@ from kernels.cuda_build import (
     kernel_source,
 )
 from kernels.dtypes import dtype_name
+from kernels.occupancy import DeviceLimits, KernelResources, LaunchPlan, plan_launch
 
 # vLLM's rule: v1 when the longest context fits one pass (≤ 8192) and either it is a
 # single partition or there are enough (sequence, head) pairs to fill the GPU.
@@ -76,14 +77,42 @@ class CudaBackend(Backend):
         reason = unavailable_reason()
         if reason is not None:
             raise RuntimeError(reason)
-        if variant not in ("auto", "v1", "v2"):
-            raise ValueError(f"variant must be auto, v1 or v2; got {variant!r}")
+        if variant not in ("auto", "vllm", "v1", "v2"):
+            raise ValueError(f"variant must be auto, vllm, v1 or v2; got {variant!r}")
         self.xp = cupy
         self.variant = variant
         self.device_id = device_id
         self._device = cupy.cuda.Device(device_id)
         props = cupy.cuda.runtime.getDeviceProperties(device_id)
         self._device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        self._limits: DeviceLimits | None = None
+
+    def device_limits(self) -> DeviceLimits:
+        """The occupancy model's limits, from the device's own attributes."""
+        if self._limits is None:
+            a = self._device.attributes
+            self._limits = DeviceLimits(
+                self._device_name,
+                sm_count=a["MultiProcessorCount"],
+                max_threads_per_sm=a.get("MaxThreadsPerMultiProcessor", 2048),
+                max_blocks_per_sm=a.get("MaxBlocksPerMultiprocessor", 32),
+                registers_per_sm=a.get("MaxRegistersPerMultiprocessor", 65536),
+                shared_per_sm=a.get("MaxSharedMemoryPerMultiprocessor", 228 * 1024),
+                reserved_shared_per_block=a.get("ReservedSharedMemoryPerBlock", 1024),
+            )
+        return self._limits
+
+    def launch_plan(self, key_cache, num_seqs: int, num_heads: int, max_context: int) -> LaunchPlan:
+        """v1 or v2 from the occupancy model, with the compiled kernels' registers and shared memory."""
+        inst, module = self._module_for(key_cache)
+
+        def resources(name: str) -> KernelResources:
+            function = module.get_function(inst.names[name])
+            return KernelResources(NUM_THREADS, function.num_regs, function.shared_size_bytes)
+
+        return plan_launch(
+            num_seqs, num_heads, max_context, resources("v1"), resources("v2"), self.device_limits(), PARTITION_SIZE
+        )
 
     @property
     def device(self) -> str:
@@ -236,8 +265,12 @@ class CudaBackend(Backend):
         num_seqs, num_heads, head_dim = query.shape
         _, block_size, num_kv_heads, _ = key_cache.shape
         inst, module = self._module_for(key_cache)
-        variant = variant or (self.variant if self.variant != "auto" else None)
-        variant = variant or choose_variant(max_context, num_seqs, num_heads)
+        if variant is None and self.variant in ("v1", "v2"):
+            variant = self.variant
+        elif variant is None and self.variant == "vllm":
+            variant = choose_variant(max_context, num_seqs, num_heads)
+        elif variant is None:
+            variant = self.launch_plan(key_cache, num_seqs, num_heads, max_context).variant
         with self._device:
             q = xp.ascontiguousarray(query)
             if num_seqs == 0 or max_context == 0:

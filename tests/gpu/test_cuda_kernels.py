@@ -141,3 +141,15 @@ def test_cli_run_with_the_cuda_backend(cuda_backend, capsys):
     if main(["run", "default", "--backend", "cuda"]) != 0:
         pytest.fail(capsys.readouterr().err)
     assert "CUDA" in capsys.readouterr().out
+
+
+def test_the_occupancy_model_reads_the_device_and_plans_the_headline_case(cuda_backend):
+    import cupy
+
+    from kernels.occupancy import MIN_WAVES
+
+    limits = cuda_backend.device_limits()
+    assert limits.sm_count == cupy.cuda.Device().attributes["MultiProcessorCount"] > 0
+    kc = cuda_backend.allocate_cache(16, 16, 32, 128, np.dtype(np.float16))[0]
+    plan = cuda_backend.launch_plan(kc, 64, 32, 4096)  # the headline case
+    assert plan.blocks_per_sm > 0 and plan.waves >= MIN_WAVES, plan  # not a 1.3-wave launch

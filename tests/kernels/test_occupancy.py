@@ -1,0 +1,57 @@
+"""The occupancy model on the H200's and A100's published limits, with the register and
+shared-memory figures ptxas reports for the kernels (docs/kernel-resources.md)."""
+
+import pytest
+
+from kernels.cuda_build import NUM_THREADS, PARTITION_SIZE
+from kernels.occupancy import A100, H200, MIN_WAVES, KernelResources, Occupancy, occupancy, plan_launch
+
+# paged_attention_v1/v2<fp16, 128, 16>: registers per sm_90 / sm_80, 2080 B of shared memory.
+V1_SM90, V2_SM90 = KernelResources(NUM_THREADS, 40, 2080), KernelResources(NUM_THREADS, 44, 2080)
+V1_SM80, V2_SM80 = KernelResources(NUM_THREADS, 44, 2080), KernelResources(NUM_THREADS, 48, 2080)
+
+
+def test_registers_bind_and_are_allocated_per_warp_in_units_of_256():
+    # 40 registers × 32 lanes = 1280 per warp, 4 warps: 5120 a block, 12 in 64 K registers.
+    assert occupancy(V1_SM90, H200).blocks_per_sm == 12 and occupancy(V1_SM90, H200).limited_by == "registers"
+    # 44 × 32 = 1408, rounded up to 1536 a warp: 10 blocks, not the 11 a plain division gives.
+    assert occupancy(V2_SM90, H200).blocks_per_sm == 10
+    assert occupancy(V1_SM80, A100).blocks_per_sm == 10
+
+
+def test_other_limits_bind_when_they_are_tighter():
+    big_shared = KernelResources(128, 16, 48 * 1024)  # (48 K + 1 K reserved) a block
+    assert occupancy(big_shared, H200) == Occupancy(4, "shared memory")
+    assert occupancy(big_shared, A100).blocks_per_sm == 3  # the A100 has 164 K a SM, not 228 K
+    light = KernelResources(128, 16, 0)
+    assert occupancy(light, H200).blocks_per_sm == 16 and occupancy(light, H200).limited_by == "threads"
+    tiny = KernelResources(32, 16, 0)
+    assert occupancy(tiny, H200).blocks_per_sm == 32 and occupancy(tiny, H200).limited_by == "blocks"
+
+
+def test_the_headline_case_is_not_a_one_and_a_third_wave_launch():
+    # 64 sequences × 4096 tokens × 32 heads, fp16, head dim 128: v1 is 2048 blocks, 12 a SM
+    # on 132 SMs — 1.29 waves, the second one three-quarters empty.
+    plan = plan_launch(64, 32, 4096, V1_SM90, V2_SM90, H200, PARTITION_SIZE)
+    assert plan.variant == "v2" and plan.partitions == 8 and plan.grid_blocks == 16384
+    assert plan.waves == pytest.approx(16384 / (10 * 132)) and plan.waves >= MIN_WAVES
+    assert "1.3 waves" in plan.reason
+    a100 = plan_launch(64, 32, 4096, V1_SM80, V2_SM80, A100, PARTITION_SIZE)
+    assert a100.variant == "v2" and a100.waves == pytest.approx(16384 / 1080)
+
+
+def test_v1_when_it_already_fills_the_device_or_the_context_is_one_partition():
+    many = plan_launch(512, 32, 2048, V1_SM90, V2_SM90, H200, PARTITION_SIZE)  # 16384 blocks of v1
+    assert many.variant == "v1" and many.waves >= MIN_WAVES and many.efficiency > 0.9
+    short = plan_launch(2, 8, 300, V1_SM90, V2_SM90, H200, PARTITION_SIZE)
+    assert short.variant == "v1" and short.partitions == 1 and "one partition" in short.reason
+    # vLLM's rule would take v1 here too (a single partition); where they differ:
+    from kernels.cuda_backend import choose_variant
+
+    assert choose_variant(4096, 64, 32) == "v1"  # 2048 (sequence, head) pairs > 512: vLLM says v1
+    assert plan_launch(64, 32, 4096, V1_SM90, V2_SM90, H200, PARTITION_SIZE).variant == "v2"
+
+
+def test_efficiency_counts_the_tail_wave():
+    plan = plan_launch(64, 32, 4096, V1_SM90, V2_SM90, H200, PARTITION_SIZE)
+    assert plan.efficiency == pytest.approx(plan.waves / 13)
