@@ -131,11 +131,11 @@ class MainWindow(QMainWindow):
 
     # -- layout ----------------------------------------------------------------------
     def _build_central(self) -> None:
-        self.scenario_title = QLabel("loading…")
+        # A long title keeps to one line ending in "…" (whole in its tooltip) rather than
+        # widen the centre and squeeze the docks beside it, or push the pool down.
+        self.scenario_title = ElidedLabel(max_lines=1)
         self.scenario_title.setObjectName("scenarioTitle")
-        # A long title wraps rather than widen the centre and squeeze the docks beside it.
-        self.scenario_title.setWordWrap(True)
-        self.scenario_title.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.scenario_title.set_full_text("loading…")
         # Three lines at most, ending in "…" where it goes on (the whole text in the tooltip).
         self.scenario_description = ElidedLabel(max_lines=3)
         self.scenario_description.setObjectName("scenarioDescription")
@@ -538,7 +538,7 @@ class MainWindow(QMainWindow):
         self.request_trace()
         c = frame.config
         branched = frame.branch_step is not None
-        self.scenario_title.setText(
+        self.scenario_title.set_full_text(
             frame.scenario_name + (f" — your branch from step {frame.branch_step}" if branched else "")
         )
         if branched and frame.branch_step != self._announced_branch and frame.can_undo:

@@ -354,13 +354,13 @@ def test_an_action_mid_scenario_can_be_undone_redone_and_reloaded(window, qtbot)
     window.actions.add_action.trigger()  # Add (A): a new sequence, at step 2 of the script
     frame = wait_idle(qtbot, window)
     assert frame.length == 3 and frame.branch_step == 2 and frame.can_undo
-    assert window.actions.scrubber.branch == 2 and "your branch from step 2" in window.scenario_title.text()
+    assert window.actions.scrubber.branch == 2 and "your branch from step 2" in window.scenario_title.full_text
     assert "set aside" in window.statusBar().currentMessage() and "Undo" in window.statusBar().currentMessage()
     window.actions.undo_action.trigger()  # Ctrl+Z
     frame = wait_idle(qtbot, window)
     assert frame.length == length and frame.position == 2 and frame.branch_step is None
     assert window.actions.scrubber.branch is None and window.actions.redo_action.isEnabled()
-    assert "branch" not in window.scenario_title.text()
+    assert "branch" not in window.scenario_title.full_text
     window.actions.redo_action.trigger()  # Ctrl+Shift+Z
     frame = wait_idle(qtbot, window)
     assert frame.length == 3 and frame.position == 3 and len(frame.sequences) == 3
@@ -570,9 +570,12 @@ def test_nothing_is_cut_without_an_ellipsis_at_1024_by_700(make_window, qtbot, n
     if description.text() != description.full_text:  # a long description is elided…
         assert description.text().endswith("…")
         assert description.toolTip().startswith(description.text()[:-1].rstrip())  # …and whole in its tooltip
-    # A long title wraps instead of widening the centre: the block-table column keeps its room.
+    # A long title keeps to one line instead of widening the centre (the block-table column
+    # keeps its room) or pushing the pool down; cut, it ends in "…" and is whole in its tooltip.
     title = window.scenario_title
     assert title.width() <= window.centralWidget().width()
+    assert title.height() < 2 * title.fontMetrics().lineSpacing()
+    assert title.text() == title.full_text or (title.text().endswith("…") and title.toolTip() == title.full_text)
 
 
 @pytest.mark.parametrize("size", [(1024, 700), (1280, 800)])

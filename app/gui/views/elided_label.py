@@ -3,7 +3,7 @@ goes on (the whole text in its tooltip), instead of being cut mid-line."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, Qt
 from PySide6.QtWidgets import QLabel, QSizePolicy
 
 
@@ -15,7 +15,16 @@ class ElidedLabel(QLabel):
         self.setWordWrap(True)
         self.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
         self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
-        self.setFixedHeight(max_lines * self.fontMetrics().lineSpacing() + 4)
+        self._fit_height()
+
+    def _fit_height(self) -> None:
+        self.setFixedHeight(self.max_lines * self.fontMetrics().lineSpacing() + 4)
+
+    def changeEvent(self, event) -> None:
+        super().changeEvent(event)
+        if event.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange):  # a stylesheet's font size
+            self._fit_height()
+            self._fit()
 
     def set_full_text(self, text: str) -> None:
         self.full_text = " ".join(text.split())
