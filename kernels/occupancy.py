@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 MIN_WAVES = 4.0  # below this, v2 is taken if it gives more waves
 
 
@@ -33,11 +35,36 @@ class DeviceLimits:
     register_unit: int = 256  # registers are allocated per warp in units of this many
     shared_unit: int = 128
     warp_size: int = 32
+    # For the bytes-in-flight estimate: peak DRAM bandwidth and a loaded DRAM latency (an
+    # assumption, not a datasheet figure: ~600–700 ns is what microbenchmarks report).
+    dram_bytes_per_s: float = 0.0
+    dram_latency_s: float = 650e-9
 
 
-# Published figures (CUDA occupancy calculator, compute capability 9.0 and 8.0).
-H200 = DeviceLimits("H200 (sm_90, 132 SMs)", sm_count=132, shared_per_sm=228 * 1024)
-A100 = DeviceLimits("A100 (sm_80, 108 SMs)", sm_count=108, shared_per_sm=164 * 1024)
+# Published figures (CUDA occupancy calculator, compute capability 9.0 and 8.0; HBM3e and
+# HBM2e peak bandwidth of the H200 SXM and the A100 80 GB SXM).
+H200 = DeviceLimits("H200 (sm_90, 132 SMs)", sm_count=132, shared_per_sm=228 * 1024, dram_bytes_per_s=4.8e12)
+A100 = DeviceLimits(
+    "A100 (sm_80, 108 SMs)", sm_count=108, shared_per_sm=164 * 1024, dram_bytes_per_s=2.039e12, dram_latency_s=550e-9
+)
+
+
+def bytes_in_flight_per_warp(head_dim: int, itemsize: int) -> int:
+    """What one warp of ``paged_attention.cu`` has in flight: each of its thread groups loads
+    one token's head slice of K (16 bytes a lane), uses it (dot product, shuffles, exp), and
+    only then loads the same token's V — never both at once, one token per group. So a warp
+    holds tokens_per_warp × head_dim × itemsize bytes in flight."""
+    from kernels.trace import CudaGeometry
+
+    geometry = CudaGeometry.of(np.dtype(f"f{itemsize}") if itemsize != 2 else np.float16, head_dim)
+    return geometry.tokens_per_warp * head_dim * itemsize
+
+
+def dram_fraction(bytes_in_flight_per_sm: float, limits: DeviceLimits) -> float:
+    """The share of peak DRAM bandwidth those bytes can sustain (Little's law: bandwidth ×
+    latency bytes must be in flight to stream at the peak), at most 1."""
+    needed = limits.dram_bytes_per_s * limits.dram_latency_s / limits.sm_count
+    return min(1.0, bytes_in_flight_per_sm / needed) if needed else 0.0
 
 
 @dataclass(frozen=True)

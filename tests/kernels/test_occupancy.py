@@ -55,3 +55,15 @@ def test_v1_when_it_already_fills_the_device_or_the_context_is_one_partition():
 def test_efficiency_counts_the_tail_wave():
     plan = plan_launch(64, 32, 4096, V1_SM90, V2_SM90, H200, PARTITION_SIZE)
     assert plan.efficiency == pytest.approx(plan.waves / 13)
+
+
+def test_bytes_in_flight_follow_the_thread_group_layout_and_littles_law():
+    from kernels.occupancy import bytes_in_flight_per_warp, dram_fraction
+
+    # fp16, head dim 128: groups of 16 lanes × 16 B, two tokens a warp: 512 B; fp32 head dim
+    # 256: a token a warp, two 16-byte loads a lane: 1 KB.
+    assert bytes_in_flight_per_warp(128, 2) == 512 and bytes_in_flight_per_warp(256, 4) == 1024
+    assert bytes_in_flight_per_warp(24, 2) == 8 * 24 * 2  # groups of 4 lanes, 8 tokens a warp
+    # The H200 needs 4.8 TB/s × 650 ns / 132 SMs ≈ 23.6 KB in flight a SM to stream at the peak.
+    assert dram_fraction(40 * 512, H200) == pytest.approx(40 * 512 / (4.8e12 * 650e-9 / 132))
+    assert dram_fraction(48 * 512, H200) == 1.0 and dram_fraction(40 * 512, A100) == 1.0
