@@ -135,17 +135,24 @@ __device__ void attend_range(float* __restrict__ out, float* __restrict__ out_ma
       const long long physical = static_cast<long long>(block_table[t / block_size]);
       base = (physical * block_size + t % block_size) * token_stride + static_cast<long long>(kv_head) * HEAD_DIM;
     }
-    float k[G::ELEMS];
-    float s = 0.f;
+    // K and V of this token are both loaded before either is used: the V address is known
+    // as soon as the K one is, so its latency overlaps the K load's and the reduction
+    // below instead of following them (twice the bytes in flight per warp).
+    float k[G::ELEMS], v[G::ELEMS];
 #pragma unroll
     for (int c = 0; c < G::CHUNKS_PER_LANE; ++c) {
       const int chunk = lane_in_group + c * G::GROUP;
       if (valid && chunk < G::CHUNKS) {
         load_vec<KIND>(key_cache + base + chunk * G::VEC, k + c * G::VEC);
+        load_vec<KIND>(value_cache + base + chunk * G::VEC, v + c * G::VEC);
+      } else {
 #pragma unroll
-        for (int i = 0; i < G::VEC; ++i) s += q[c * G::VEC + i] * k[c * G::VEC + i];
+        for (int i = 0; i < G::VEC; ++i) k[c * G::VEC + i] = v[c * G::VEC + i] = 0.f;
       }
     }
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < G::ELEMS; ++i) s += q[i] * k[i];
 #pragma unroll
     for (int mask = G::GROUP / 2; mask > 0; mask /= 2) s += __shfl_xor_sync(FULL_MASK, s, mask);
     if (!valid) continue;  // after the shuffles: masked slots never touch the state
@@ -155,18 +162,7 @@ __device__ void attend_range(float* __restrict__ out, float* __restrict__ out_ma
     const float p = __expf(s - m_new);
     l = l * correction + p;
 #pragma unroll
-    for (int c = 0; c < G::CHUNKS_PER_LANE; ++c) {
-      const int chunk = lane_in_group + c * G::GROUP;
-      float v[G::VEC];
-      if (chunk < G::CHUNKS) {
-        load_vec<KIND>(value_cache + base + chunk * G::VEC, v);
-      } else {
-#pragma unroll
-        for (int i = 0; i < G::VEC; ++i) v[i] = 0.f;
-      }
-#pragma unroll
-      for (int i = 0; i < G::VEC; ++i) acc[c * G::VEC + i] = acc[c * G::VEC + i] * correction + p * v[i];
-    }
+    for (int i = 0; i < G::ELEMS; ++i) acc[i] = acc[i] * correction + p * v[i];
     m = m_new;
   }
 

@@ -36,22 +36,22 @@ Per attention kernel, on the H200 for sm_90 and the A100 for sm_80 (`kernels/occ
 unit-tested on these figures): resident blocks per SM from the registers above (allocated
 per warp in units of 256) and the shared memory (+1 KB reserved a block), the warps that
 makes, and what those warps have in flight. In `paged_attention.cu` each thread group
-loads one token's head slice of K (16 bytes a lane), reduces it (dot product, xor
-shuffles, two `__expf`), and only then loads that token's V: a warp never has more than
-tokens_per_warp × head_dim × itemsize bytes in flight (512 B for every fp16 head dim up to
-256). Little's law says peak bandwidth × loaded latency must be in flight to stream at
-the peak: with 650 ns (H200, HBM3e 4.8 TB/s) and 550 ns (A100 80 GB, HBM2e 2.04 TB/s),
+loads one token's head slice of K and, right after it, of V (16 bytes a lane each; the V
+address is known as soon as the K one), and only then reduces (dot product, xor shuffles,
+two `__expf`): a warp has 2 × tokens_per_warp × head_dim × itemsize bytes in flight (1 KB
+for every fp16 head dim up to 256; before V was moved up, half that, as V waited for the
+reduction). Little's law says peak bandwidth × loaded latency must be in flight to stream
+at the peak: with 650 ns (H200, HBM3e 4.8 TB/s) and 550 ns (A100 80 GB, HBM2e 2.04 TB/s),
 23.6 KB and 10.4 KB per SM. **Estimated fraction of peak** = in flight / needed, at full
-occupancy and at most 1; it ignores the gap between a warp's K and its V (the reduction
-runs with nothing of that warp in flight, ~10–15 % of each iteration), DRAM page effects
-and the tail wave, so it is an upper bound. What it shows: at full occupancy these
-kernels have about enough bytes in flight on the H200 and plenty on the A100; what cost
-most was the launch shape — the headline case (64 × 4096 × 32 heads, fp16) as vLLM's rule
-picks it is a v1 launch of 2048 blocks, 1.29 waves on 132 SMs (its second wave a quarter
-full: 65 % of the device busy over the launch); the occupancy model launches v2 instead,
-{headline}. The redesign of issue #14 point 3 (V loaded right after K, several tokens per
-group per iteration) would double and then multiply the bytes in flight per warp, which
-is what lets a kernel stay at the peak with fewer resident warps.
+occupancy and at most 1; it ignores the reduction's gap between one token's loads and the
+next (nothing of that warp in flight meanwhile), DRAM page effects and the tail wave, so it
+is an upper bound. What it shows: at full occupancy the kernels have enough bytes in flight
+on both devices, with a margin now; what cost most was the launch shape — the headline
+case (64 × 4096 × 32 heads, fp16) as vLLM's rule picks it is a v1 launch of 2048 blocks,
+1.29 waves on 132 SMs with the registers before this change (its second wave a quarter
+full); the occupancy model launches v2 instead, {headline}. Not done yet (issue #14, point
+3): several tokens per thread group per iteration with one rescale per batch, one
+block-table read per block, and one thread block for all query heads of a KV group.
 """
 
 

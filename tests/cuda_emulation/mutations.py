@@ -71,8 +71,8 @@ MUTATIONS = [
     ),
     Mutation(
         "softmax rescale dropped (old accumulator not multiplied by exp(m_old − m_new))",
-        "acc[c * G::VEC + i] = acc[c * G::VEC + i] * correction + p * v[i];",
-        "acc[c * G::VEC + i] = acc[c * G::VEC + i] + p * v[i];",
+        "acc[i] = acc[i] * correction + p * v[i];",
+        "acc[i] = acc[i] + p * v[i];",
     ),
 ]
 
