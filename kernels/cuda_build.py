@@ -34,6 +34,7 @@ def _source_constant(name: str) -> int:
 
 PARTITION_SIZE = _source_constant("PARTITION_SIZE")  # tokens per v2 partition
 NUM_THREADS = _source_constant("NUM_THREADS")  # threads per thread block
+TOKENS_PER_ITER = _source_constant("TOKENS_PER_ITER")  # tokens a thread group loads before using any
 OPTIONS = ("--std=c++17",)
 ARCHES = ("sm_80", "sm_90")
 

@@ -51,13 +51,13 @@ A100 = DeviceLimits(
 
 def bytes_in_flight_per_warp(head_dim: int, itemsize: int) -> int:
     """What one warp of ``paged_attention.cu`` has in flight: each of its thread groups loads
-    one token's head slice of K and of V (16 bytes a lane each, V issued right after K, both
-    before the reduction uses either), one token per group at a time. So a warp holds
-    2 × tokens_per_warp × head_dim × itemsize bytes in flight."""
+    the head slices of K and of V (16 bytes a lane each) of a batch of TOKENS_PER_ITER tokens,
+    all issued before the reduction uses any. So a warp holds 2 × batch × tokens_per_warp ×
+    head_dim × itemsize bytes in flight."""
     from kernels.trace import CudaGeometry
 
     geometry = CudaGeometry.of(np.dtype(f"f{itemsize}") if itemsize != 2 else np.float16, head_dim)
-    return 2 * geometry.tokens_per_warp * head_dim * itemsize
+    return 2 * geometry.batch * geometry.tokens_per_warp * head_dim * itemsize
 
 
 def dram_fraction(bytes_in_flight_per_sm: float, limits: DeviceLimits) -> float:

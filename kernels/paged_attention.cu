@@ -16,6 +16,7 @@ constexpr int WARP = 32;
 constexpr int NUM_THREADS = 128;
 constexpr int NUM_WARPS = NUM_THREADS / WARP;
 constexpr int PARTITION_SIZE = 512;  // tokens per v2 partition (vLLM's choice)
+constexpr int TOKENS_PER_ITER = 2;  // tokens each thread group loads before it uses any
 constexpr unsigned FULL_MASK = 0xffffffffu;
 
 // Storage kinds: 0 = float32, 1 = float16, 2 = bfloat16 (held as raw 16-bit patterns).
@@ -43,10 +44,9 @@ template <> __device__ __forceinline__ float widen16<2>(unsigned int bits) {
 // Elements in one 16-byte vector load.
 template <int KIND> struct Vec { static constexpr int N = 16 / sizeof(typename Storage<KIND>::type); };
 
-// One 16-byte coalesced load, widened to fp32.
+// 16 bytes as loaded, widened to fp32 (held raw until used: half the registers for 16-bit kinds).
 template <int KIND>
-__device__ __forceinline__ void load_vec(const typename Storage<KIND>::type* p, float* out) {
-  const uint4 v = *reinterpret_cast<const uint4*>(p);
+__device__ __forceinline__ void widen_vec(const uint4& v, float* out) {
   const unsigned int w[4] = {v.x, v.y, v.z, v.w};
   if constexpr (KIND == 0) {
 #pragma unroll
@@ -58,6 +58,18 @@ __device__ __forceinline__ void load_vec(const typename Storage<KIND>::type* p, 
       out[2 * i + 1] = widen16<KIND>(w[i] >> 16);
     }
   }
+}
+
+// One 16-byte coalesced load, as it comes.
+template <int KIND> __device__ __forceinline__ uint4 load_raw(const typename Storage<KIND>::type* p) {
+  const uint4 v = *reinterpret_cast<const uint4*>(p);
+  return v;
+}
+
+// One 16-byte coalesced load, widened to fp32.
+template <int KIND>
+__device__ __forceinline__ void load_vec(const typename Storage<KIND>::type* p, float* out) {
+  widen_vec<KIND>(load_raw<KIND>(p), out);
 }
 
 __host__ __device__ constexpr int next_pow2(int x) { return x <= 1 ? 1 : 2 * next_pow2((x + 1) / 2); }
@@ -124,45 +136,73 @@ __device__ void attend_range(float* __restrict__ out, float* __restrict__ out_ma
   float m = negative_infinity(), l = 0.f;
   const long long token_stride = static_cast<long long>(num_kv_heads) * HEAD_DIM;
 
-  // Every lane of a warp runs the same iterations so the shuffles stay converged.
-  for (int first = token_begin + warp * G::TOKENS_PER_WARP; first < token_end;
-       first += NUM_WARPS * G::TOKENS_PER_WARP) {
-    const int t = first + group;
-    const bool valid = t < token_end;
-    long long base = 0;
-    if (valid) {
-      // The block-table lookup: logical block -> physical block, widened before the multiply.
-      const long long physical = static_cast<long long>(block_table[t / block_size]);
-      base = (physical * block_size + t % block_size) * token_stride + static_cast<long long>(kv_head) * HEAD_DIM;
-    }
-    // K and V of this token are both loaded before either is used: the V address is known
-    // as soon as the K one is, so its latency overlaps the K load's and the reduction
-    // below instead of following them (twice the bytes in flight per warp).
-    float k[G::ELEMS], v[G::ELEMS];
+  // Every lane of a warp runs the same iterations so the shuffles stay converged. An
+  // iteration gives each thread group TOKENS_PER_ITER tokens (first + group + j·TOKENS_PER_WARP):
+  // all their K and V loads are issued before any is used, and the online softmax rescales
+  // once per batch, not once per token.
+  constexpr int BATCH = TOKENS_PER_ITER;
+  constexpr int WARP_SPAN = G::TOKENS_PER_WARP * BATCH;  // tokens a warp takes per iteration
+  for (int first = token_begin + warp * WARP_SPAN; first < token_end; first += NUM_WARPS * WARP_SPAN) {
+    uint4 k[BATCH][G::CHUNKS_PER_LANE], v[BATCH][G::CHUNKS_PER_LANE];  // raw 16-byte loads
+    bool valid[BATCH];
 #pragma unroll
-    for (int c = 0; c < G::CHUNKS_PER_LANE; ++c) {
-      const int chunk = lane_in_group + c * G::GROUP;
-      if (valid && chunk < G::CHUNKS) {
-        load_vec<KIND>(key_cache + base + chunk * G::VEC, k + c * G::VEC);
-        load_vec<KIND>(value_cache + base + chunk * G::VEC, v + c * G::VEC);
-      } else {
+    for (int j = 0; j < BATCH; ++j) {
+      const int t = first + group + j * G::TOKENS_PER_WARP;
+      valid[j] = t < token_end;
+      long long base = 0;
+      if (valid[j]) {
+        // The block-table lookup: logical block -> physical block, widened before the multiply.
+        const long long physical = static_cast<long long>(block_table[t / block_size]);
+        base = (physical * block_size + t % block_size) * token_stride + static_cast<long long>(kv_head) * HEAD_DIM;
+      }
 #pragma unroll
-        for (int i = 0; i < G::VEC; ++i) k[c * G::VEC + i] = v[c * G::VEC + i] = 0.f;
+      for (int c = 0; c < G::CHUNKS_PER_LANE; ++c) {
+        const int chunk = lane_in_group + c * G::GROUP;
+        if (valid[j] && chunk < G::CHUNKS) {
+          k[j][c] = load_raw<KIND>(key_cache + base + chunk * G::VEC);
+          v[j][c] = load_raw<KIND>(value_cache + base + chunk * G::VEC);
+        } else {
+          k[j][c].x = k[j][c].y = k[j][c].z = k[j][c].w = 0u;  // zero bits: 0.0 in every kind
+          v[j][c] = k[j][c];
+        }
       }
     }
-    float s = 0.f;
+    float s[BATCH];
+    float batch_max = negative_infinity();
 #pragma unroll
-    for (int i = 0; i < G::ELEMS; ++i) s += q[i] * k[i];
+    for (int j = 0; j < BATCH; ++j) {
+      s[j] = 0.f;
 #pragma unroll
-    for (int mask = G::GROUP / 2; mask > 0; mask /= 2) s += __shfl_xor_sync(FULL_MASK, s, mask);
-    if (!valid) continue;  // after the shuffles: masked slots never touch the state
+      for (int c = 0; c < G::CHUNKS_PER_LANE; ++c) {
+        float kf[G::VEC];
+        widen_vec<KIND>(k[j][c], kf);
+#pragma unroll
+        for (int i = 0; i < G::VEC; ++i) s[j] += q[c * G::VEC + i] * kf[i];
+      }
+#pragma unroll
+      for (int mask = G::GROUP / 2; mask > 0; mask /= 2) s[j] += __shfl_xor_sync(FULL_MASK, s[j], mask);
+      if (valid[j]) batch_max = fmaxf(batch_max, s[j]);  // after the shuffles: masked slots never count
+    }
+    if (!valid[0]) continue;  // the batch's tokens are in order: none of them is in range
 
-    const float m_new = fmaxf(m, s);
+    const float m_new = fmaxf(m, batch_max);
     const float correction = __expf(m - m_new);  // 0 while m is still -inf
-    const float p = __expf(s - m_new);
-    l = l * correction + p;
+    l *= correction;
 #pragma unroll
-    for (int i = 0; i < G::ELEMS; ++i) acc[i] = acc[i] * correction + p * v[i];
+    for (int i = 0; i < G::ELEMS; ++i) acc[i] *= correction;
+#pragma unroll
+    for (int j = 0; j < BATCH; ++j) {
+      if (!valid[j]) break;
+      const float p = __expf(s[j] - m_new);
+      l += p;
+#pragma unroll
+      for (int c = 0; c < G::CHUNKS_PER_LANE; ++c) {
+        float vf[G::VEC];
+        widen_vec<KIND>(v[j][c], vf);
+#pragma unroll
+        for (int i = 0; i < G::VEC; ++i) acc[c * G::VEC + i] += p * vf[i];
+      }
+    }
     m = m_new;
   }
 

@@ -7,9 +7,10 @@ The replay follows each kernel's own order of work, so its stages are the kernel
   running sum and accumulator by exp(m_old − m_new), then the tile's exp-weighted values; a
   few long sequences are split into partitions, reduced at the end as v2's are;
 - the CUDA kernel (``kernels/paged_attention.cu``) gives each of its 4 warps thread groups
-  of ``GROUP`` lanes; group g of warp w takes the tokens first + g for first = begin +
-  w·TOKENS_PER_WARP, stepping by 4·TOKENS_PER_WARP, and keeps its own online softmax; the
-  groups of a warp then merge by xor shuffles (masks GROUP, 2·GROUP, … 16), the warps through
+  of ``GROUP`` lanes; per iteration group g of warp w takes a batch of TOKENS_PER_ITER
+  tokens first + g + j·TOKENS_PER_WARP for first = begin + w·span (span = TOKENS_PER_WARP ·
+  TOKENS_PER_ITER), stepping by 4·span, and keeps its own online softmax, rescaled once per
+  batch; the groups of a warp then merge by xor shuffles (masks GROUP, 2·GROUP, … 16), the warps through
   shared memory; v2 does that per 512-token partition and a reduce rescales each
   partition by exp(m_i − M) weighted by its exp-sum.
 The states are computed per lane in float64 with NumPy (fast enough for a long context on
@@ -18,12 +19,13 @@ the GUI's worker); the trace's output equals the kernel's within the kernel's ro
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
-from kernels.cuda_build import NUM_THREADS, PARTITION_SIZE
+from kernels.cuda_build import NUM_THREADS, PARTITION_SIZE, TOKENS_PER_ITER
 
 WARP = 32
 NUM_WARPS = NUM_THREADS // WARP
@@ -39,7 +41,8 @@ class CudaGeometry:
 
     vec: int  # elements per 16-byte load
     group: int  # lanes per thread group (one token's head slice)
-    tokens_per_warp: int
+    tokens_per_warp: int  # tokens a warp's groups read side by side
+    batch: int = TOKENS_PER_ITER  # tokens each group loads per iteration, one rescale for them
 
     @classmethod
     def of(cls, dtype, head_dim: int) -> CudaGeometry:
@@ -47,11 +50,19 @@ class CudaGeometry:
         group = min(WARP, _next_pow2(head_dim // vec))
         return cls(vec, group, WARP // group)
 
+    @property
+    def warp_span(self) -> int:
+        """Tokens a warp takes per iteration."""
+        return self.tokens_per_warp * self.batch
+
     def lane_of(self, token: int, begin: int = 0) -> tuple[int, int, int]:
-        """(warp, group, iteration) that reads ``token`` in a partition starting at ``begin``."""
+        """(warp, group, iteration) that reads ``token`` in a partition starting at ``begin``:
+        iteration i gives warp w the tokens begin + i·4·span + w·span + [0, span), group g
+        the ones ≡ g modulo tokens_per_warp."""
         rel = token - begin
-        per_round = NUM_WARPS * self.tokens_per_warp
-        return (rel % per_round) // self.tokens_per_warp, rel % self.tokens_per_warp, rel // per_round
+        per_round = NUM_WARPS * self.warp_span
+        within = rel % per_round
+        return within // self.warp_span, within % self.tokens_per_warp, rel // per_round
 
 
 class TokenStep(NamedTuple):
@@ -200,24 +211,50 @@ def _merge(a, b):
     return m, l1 * wa + l2 * wb, acc1 * wa + acc2 * wb
 
 
+def _batched_running(scores: np.ndarray, batch: int):
+    """The online softmax over ``scores`` in order, rescaled once per ``batch`` tokens (the
+    batch's max taken before any of its exps): m before and after each token, the rescale
+    factor (at a batch's first token; 1 after), and ℓ after each."""
+    s = scores.astype(np.float64)
+    m, l = -np.inf, 0.0  # noqa: E741
+    m_before, m_after, correction, running = [], [], [], []
+    for lo in range(0, len(s), batch):
+        chunk = s[lo : lo + batch]
+        new = max(m, float(chunk.max()))
+        factor = math.exp(m - new) if m != -np.inf else 0.0
+        l *= factor  # noqa: E741
+        for i, score in enumerate(chunk.tolist()):
+            l += math.exp(score - new)  # noqa: E741
+            m_before.append(m if i == 0 else new)
+            correction.append(factor if i == 0 else 1.0)
+            m_after.append(new)
+            running.append(l)
+        m = new
+    return m_before, m_after, correction, running
+
+
 def _attend_range(trace: KernelTrace, geometry, scores, values, blocks, bs, begin, end, partition):
     """One thread block's work over tokens [begin, end): groups, then warps."""
     d = values.shape[1]
     states = {}
     steps = []
-    per_round = NUM_WARPS * geometry.tokens_per_warp
+    span, per_round = geometry.warp_span, NUM_WARPS * geometry.warp_span
     for w in range(NUM_WARPS):
         for g in range(geometry.tokens_per_warp):
-            tokens = np.arange(begin + w * geometry.tokens_per_warp + g, end, per_round)
+            # Group g of warp w, iteration after iteration: its batch of tokens a group apart.
+            firsts = np.arange(begin + w * span + g, end, per_round)
+            tokens = (firsts[:, None] + np.arange(geometry.batch)[None, :] * geometry.tokens_per_warp).ravel()
+            tokens = tokens[tokens < end]
             if tokens.size == 0:
                 states[(w, g)] = (-np.inf, 0.0, np.zeros(d))
                 continue
-            m_before, m, correction, l = _running(scores[tokens])  # noqa: E741
+            m_before, m, correction, l = _batched_running(scores[tokens], geometry.batch)  # noqa: E741
             weights = np.exp(scores[tokens].astype(np.float64) - m[-1])
             states[(w, g)] = (float(m[-1]), float(l[-1]), weights @ values[tokens])
-            columns = (tokens.tolist(), blocks[tokens].tolist(), scores[tokens].tolist(), m_before.tolist(),
-                       m.tolist(), correction.tolist(), l.tolist())  # fmt: skip
-            for i, (t, block, score, before, after, factor, total) in enumerate(zip(*columns, strict=True)):
+            iterations = ((tokens - begin) // per_round).tolist()
+            columns = (tokens.tolist(), blocks[tokens].tolist(), scores[tokens].tolist(), m_before, m, correction, l,
+                       iterations)  # fmt: skip
+            for t, block, score, before, after, factor, total, i in zip(*columns, strict=True):
                 steps.append(
                     TokenStep(t, t // bs, block, t % bs, score, before, after, factor, total, (w, g, i), partition)
                 )

@@ -36,22 +36,25 @@ Per attention kernel, on the H200 for sm_90 and the A100 for sm_80 (`kernels/occ
 unit-tested on these figures): resident blocks per SM from the registers above (allocated
 per warp in units of 256) and the shared memory (+1 KB reserved a block), the warps that
 makes, and what those warps have in flight. In `paged_attention.cu` each thread group
-loads one token's head slice of K and, right after it, of V (16 bytes a lane each; the V
-address is known as soon as the K one), and only then reduces (dot product, xor shuffles,
-two `__expf`): a warp has 2 × tokens_per_warp × head_dim × itemsize bytes in flight (1 KB
-for every fp16 head dim up to 256; before V was moved up, half that, as V waited for the
-reduction). Little's law says peak bandwidth × loaded latency must be in flight to stream
-at the peak: with 650 ns (H200, HBM3e 4.8 TB/s) and 550 ns (A100 80 GB, HBM2e 2.04 TB/s),
-23.6 KB and 10.4 KB per SM. **Estimated fraction of peak** = in flight / needed, at full
-occupancy and at most 1; it ignores the reduction's gap between one token's loads and the
-next (nothing of that warp in flight meanwhile), DRAM page effects and the tail wave, so it
-is an upper bound. What it shows: at full occupancy the kernels have enough bytes in flight
-on both devices, with a margin now; what cost most was the launch shape — the headline
-case (64 × 4096 × 32 heads, fp16) as vLLM's rule picks it is a v1 launch of 2048 blocks,
-1.29 waves on 132 SMs with the registers before this change (its second wave a quarter
-full); the occupancy model launches v2 instead, {headline}. Not done yet (issue #14, point
-3): several tokens per thread group per iteration with one rescale per batch, one
-block-table read per block, and one thread block for all query heads of a KV group.
+takes a batch of TOKENS_PER_ITER = 2 tokens per iteration and loads the head slices of K
+and V of both (16 bytes a lane each, held raw until used) before it reduces any (dot
+products, xor shuffles, one rescale for the batch): a warp has 2 × 2 × tokens_per_warp ×
+head_dim × itemsize bytes in flight, 2 KB for every fp16 head dim up to 256. (The kernel
+before issue #14 loaded one token's K, reduced it and only then loaded its V: 512 B a warp.)
+Little's law says peak bandwidth × loaded latency must be in flight to stream at the peak:
+with 650 ns (H200, HBM3e 4.8 TB/s) and 550 ns (A100 80 GB, HBM2e 2.04 TB/s), 23.6 KB and
+10.4 KB per SM. **Estimated fraction of peak** = in flight / needed, at full occupancy and
+at most 1; it ignores the reduction's gap between one batch's loads and the next, DRAM page
+effects and the tail wave, so it is an upper bound. What it shows: the old kernel had about
+enough bytes in flight on the H200 only at full occupancy (24 KB against 23.6 KB); the new
+one has three times what is needed with fewer resident warps. What cost most was the launch
+shape — the headline case (64 × 4096 × 32 heads, fp16) as vLLM's rule picks it is a v1
+launch of 2048 blocks, 1.29 waves on 132 SMs with the old kernel's registers (its second
+wave a quarter full); the occupancy model launches v2 instead, {headline}. Not done yet
+(issue #14, point 3): one block-table read per block (each lane reads its token's entry;
+the reads of a warp hit one or two entries, served by L1), and one thread block for all
+query heads of a KV group (GQA reads each K/V row once per query head today, from L2 after
+the first).
 """
 
 

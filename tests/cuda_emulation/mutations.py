@@ -33,10 +33,9 @@ class Mutation:
 MUTATIONS = [
     Mutation(
         "`continue` before the score shuffle (masked lanes skip it)",
-        "    for (int mask = G::GROUP / 2; mask > 0; mask /= 2) s += __shfl_xor_sync(FULL_MASK, s, mask);\n"
-        "    if (!valid) continue;",
-        "    if (!valid) continue;\n"
-        "    for (int mask = G::GROUP / 2; mask > 0; mask /= 2) s += __shfl_xor_sync(FULL_MASK, s, mask);",
+        "      for (int mask = G::GROUP / 2; mask > 0; mask /= 2) s[j] += __shfl_xor_sync(FULL_MASK, s[j], mask);",
+        "      if (!valid[j]) continue;\n"
+        "      for (int mask = G::GROUP / 2; mask > 0; mask /= 2) s[j] += __shfl_xor_sync(FULL_MASK, s[j], mask);",
     ),
     Mutation(
         "`__syncthreads` inside a branch (only warp 0 waits)",
@@ -71,8 +70,13 @@ MUTATIONS = [
     ),
     Mutation(
         "softmax rescale dropped (old accumulator not multiplied by exp(m_old − m_new))",
-        "acc[i] = acc[i] * correction + p * v[i];",
-        "acc[i] = acc[i] + p * v[i];",
+        "for (int i = 0; i < G::ELEMS; ++i) acc[i] *= correction;",
+        "for (int i = 0; i < G::ELEMS; ++i) acc[i] *= 1.f;",
+    ),
+    Mutation(
+        "a batch's second token loaded but never accumulated",
+        "      if (!valid[j]) break;",
+        "      if (!valid[j] || j > 0) break;",
     ),
 ]
 

@@ -9,6 +9,7 @@ import pytest
 from core.scenario import load_scenario, shipped_scenarios
 from core.timeline import Timeline
 from kernels.cpu_backend import work_split
+from kernels.cuda_build import TOKENS_PER_ITER
 from kernels.trace import CudaGeometry, trace_cpu, trace_cuda
 
 
@@ -93,5 +94,7 @@ def test_geometry_follows_the_cuda_source(dtype, head_dim, group, tokens_per_war
 
     g = CudaGeometry.of(storage_dtype(dtype), head_dim)
     assert (g.group, g.tokens_per_warp) == (group, tokens_per_warp)
-    assert g.lane_of(0) == (0, 0, 0) and g.lane_of(tokens_per_warp) == (1, 0, 0)
-    assert g.lane_of(4 * tokens_per_warp) == (0, 0, 1)
+    span = tokens_per_warp * g.batch  # a warp's tokens per iteration: its groups' batches
+    assert g.batch == TOKENS_PER_ITER > 1
+    assert g.lane_of(0) == (0, 0, 0) and g.lane_of(tokens_per_warp) == (0, 0, 0)  # the batch's second
+    assert g.lane_of(span) == (1, 0, 0) and g.lane_of(4 * span) == (0, 0, 1)

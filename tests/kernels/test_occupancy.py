@@ -8,8 +8,8 @@ from kernels.occupancy import A100, H200, MIN_WAVES, KernelResources, Occupancy,
 
 # paged_attention_v1/v2<fp16, 128, 16> as ptxas reports them (docs/kernel-resources.md):
 # registers on sm_90 / sm_80, 2080 B of shared memory.
-V1_SM90, V2_SM90 = KernelResources(NUM_THREADS, 45, 2080), KernelResources(NUM_THREADS, 51, 2080)
-V1_SM80, V2_SM80 = KernelResources(NUM_THREADS, 48, 2080), KernelResources(NUM_THREADS, 52, 2080)
+V1_SM90, V2_SM90 = KernelResources(NUM_THREADS, 48, 2080), KernelResources(NUM_THREADS, 48, 2080)
+V1_SM80, V2_SM80 = KernelResources(NUM_THREADS, 53, 2080), KernelResources(NUM_THREADS, 56, 2080)
 
 
 def test_registers_bind_and_are_allocated_per_warp_in_units_of_256():
@@ -17,9 +17,9 @@ def test_registers_bind_and_are_allocated_per_warp_in_units_of_256():
     exact = KernelResources(NUM_THREADS, 40, 2080)
     assert occupancy(exact, H200).blocks_per_sm == 12 and occupancy(exact, H200).limited_by == "registers"
     # 45 × 32 = 1440, rounded up to 1536 a warp: 10 blocks, not the 11 a plain division gives.
-    assert occupancy(V1_SM90, H200).blocks_per_sm == 10
-    assert occupancy(V2_SM90, H200).blocks_per_sm == 9  # 51 × 32 = 1632 → 1792 a warp
-    assert occupancy(V1_SM80, A100).blocks_per_sm == 10
+    assert occupancy(KernelResources(NUM_THREADS, 45, 2080), H200).blocks_per_sm == 10
+    assert occupancy(V1_SM90, H200).blocks_per_sm == 10  # 48 × 32 = 1536 exactly
+    assert occupancy(V1_SM80, A100).blocks_per_sm == 9  # 53 × 32 = 1696 → 1792 a warp
 
 
 def test_other_limits_bind_when_they_are_tighter():
@@ -34,11 +34,11 @@ def test_other_limits_bind_when_they_are_tighter():
 
 def test_the_headline_case_is_not_a_one_and_a_half_wave_launch():
     # 64 sequences × 4096 tokens × 32 heads, fp16, head dim 128: v1 is 2048 blocks, 10 a SM
-    # on 132 SMs — 1.55 waves, the second one half empty (1.29 with the 40 registers v1 had
-    # before V was loaded beside K).
+    # on 132 SMs — 1.55 waves, the second one half empty (1.29 with the 40 registers of the
+    # kernel before issue #14).
     plan = plan_launch(64, 32, 4096, V1_SM90, V2_SM90, H200, PARTITION_SIZE)
     assert plan.variant == "v2" and plan.partitions == 8 and plan.grid_blocks == 16384
-    assert plan.waves == pytest.approx(16384 / (9 * 132)) and plan.waves >= MIN_WAVES
+    assert plan.waves == pytest.approx(16384 / (10 * 132)) and plan.waves >= MIN_WAVES
     assert "v1 would be 1.6 waves" in plan.reason
     before = plan_launch(64, 32, 4096, KernelResources(NUM_THREADS, 40, 2080), V2_SM90, H200, PARTITION_SIZE)
     assert "v1 would be 1.3 waves" in before.reason and before.variant == "v2"
@@ -60,16 +60,16 @@ def test_v1_when_it_already_fills_the_device_or_the_context_is_one_partition():
 
 def test_efficiency_counts_the_tail_wave():
     plan = plan_launch(64, 32, 4096, V1_SM90, V2_SM90, H200, PARTITION_SIZE)
-    assert plan.efficiency == pytest.approx(plan.waves / 14)
+    assert plan.efficiency == pytest.approx(plan.waves / 13)
 
 
 def test_bytes_in_flight_follow_the_thread_group_layout_and_littles_law():
     from kernels.occupancy import bytes_in_flight_per_warp, dram_fraction
 
-    # fp16, head dim 128: groups of 16 lanes × 16 B, two tokens a warp, K and V: 1 KB; fp32
-    # head dim 256: a token a warp, two 16-byte loads a lane of each: 2 KB.
-    assert bytes_in_flight_per_warp(128, 2) == 1024 and bytes_in_flight_per_warp(256, 4) == 2048
-    assert bytes_in_flight_per_warp(24, 2) == 2 * 8 * 24 * 2  # groups of 4 lanes, 8 tokens a warp
+    # fp16, head dim 128: groups of 16 lanes × 16 B, two groups a warp, a batch of two tokens
+    # each, K and V: 2 KB; fp32 head dim 256: one group, two 16-byte loads a lane: 4 KB.
+    assert bytes_in_flight_per_warp(128, 2) == 2048 and bytes_in_flight_per_warp(256, 4) == 4096
+    assert bytes_in_flight_per_warp(24, 2) == 2 * 2 * 8 * 24 * 2  # groups of 4 lanes, 8 groups a warp
     # The H200 needs 4.8 TB/s × 650 ns / 132 SMs ≈ 23.6 KB in flight a SM to stream at the peak.
     assert dram_fraction(40 * 512, H200) == pytest.approx(40 * 512 / (4.8e12 * 650e-9 / 132))
     assert dram_fraction(48 * 512, H200) == 1.0 and dram_fraction(40 * 512, A100) == 1.0
