@@ -357,6 +357,13 @@ class WalkThroughPanel(QWidget):
         else:
             axis = "lane (warp, group)" if walk.trace.geometry is not None else "tile (CPU fold)"
             _style_plot(plot, self.theme, "Who reads each token", axis, "token")
+            # Lanes and tiles are whole numbers: integer ticks, and room around a single one.
+            plot.enableAutoRange()
+            top = max(1, int(self.lanes.data["y"].max()) if len(self.lanes.data) else 1)
+            plot.getAxis("left").setTickSpacing(max(1, round(top / 4)), 1)
+            plot.setYRange(-0.5, top + 0.5, padding=0)
+            return
+        plot.getAxis("left").setTickSpacing()
         plot.enableAutoRange()
 
     def _show_tree(self, current: int) -> None:
