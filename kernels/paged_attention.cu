@@ -141,6 +141,8 @@ __device__ void attend_range(float* __restrict__ out, float* __restrict__ out_ma
   // all their K and V loads are issued before any is used, and the online softmax rescales
   // once per batch, not once per token.
   constexpr int BATCH = TOKENS_PER_ITER;
+  int cached_logical = -1;  // the block-table entry this lane read last
+  long long cached_physical = 0;
   constexpr int WARP_SPAN = G::TOKENS_PER_WARP * BATCH;  // tokens a warp takes per iteration
   for (int first = token_begin + warp * WARP_SPAN; first < token_end; first += NUM_WARPS * WARP_SPAN) {
     uint4 k[BATCH][G::CHUNKS_PER_LANE], v[BATCH][G::CHUNKS_PER_LANE];  // raw 16-byte loads
@@ -151,9 +153,15 @@ __device__ void attend_range(float* __restrict__ out, float* __restrict__ out_ma
       valid[j] = t < token_end;
       long long base = 0;
       if (valid[j]) {
-        // The block-table lookup: logical block -> physical block, widened before the multiply.
-        const long long physical = static_cast<long long>(block_table[t / block_size]);
-        base = (physical * block_size + t % block_size) * token_stride + static_cast<long long>(kv_head) * HEAD_DIM;
+        // The block-table lookup: logical block -> physical block, read once per block a
+        // lane visits (a lane's tokens run through each block in order), widened before the multiply.
+        const int logical = t / block_size;
+        if (logical != cached_logical) {
+          cached_logical = logical;
+          cached_physical = static_cast<long long>(block_table[logical]);
+        }
+        base = (cached_physical * block_size + t % block_size) * token_stride +
+               static_cast<long long>(kv_head) * HEAD_DIM;
       }
 #pragma unroll
       for (int c = 0; c < G::CHUNKS_PER_LANE; ++c) {

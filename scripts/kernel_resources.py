@@ -50,11 +50,10 @@ enough bytes in flight on the H200 only at full occupancy (24 KB against 23.6 KB
 one has three times what is needed with fewer resident warps. What cost most was the launch
 shape — the headline case (64 × 4096 × 32 heads, fp16) as vLLM's rule picks it is a v1
 launch of 2048 blocks, 1.29 waves on 132 SMs with the old kernel's registers (its second
-wave a quarter full); the occupancy model launches v2 instead, {headline}. Not done yet
-(issue #14, point 3): one block-table read per block (each lane reads its token's entry;
-the reads of a warp hit one or two entries, served by L1), and one thread block for all
-query heads of a KV group (GQA reads each K/V row once per query head today, from L2 after
-the first).
+wave a quarter full); the occupancy model launches v2 instead, {headline}. Each lane reads a
+block-table entry once per block it visits (its tokens run through each block in order).
+Not done yet (issue #14, point 3): one thread block for all query heads of a KV group (GQA
+reads each K/V row once per query head today, from L2 after the first).
 """
 
 

@@ -60,8 +60,8 @@ MUTATIONS = [
     ),
     Mutation(
         "reading one block past the table",
-        "block_table[t / block_size]",
-        "block_table[t / block_size + 1]",
+        "block_table[logical]",
+        "block_table[logical + 1]",
     ),
     Mutation(
         "misaligned 16-byte vector load of the query (one element off)",
