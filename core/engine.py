@@ -16,6 +16,7 @@ sequence registry and the query of each sequence's newest token.
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 from dataclasses import dataclass, replace
 
@@ -485,7 +486,7 @@ class Simulator:
         lengths = np.array([len(s.block_table) for s in seqs], dtype=np.int64)
         block_tables = np.zeros((len(seqs), max(int(lengths.max(initial=0)), 1)), dtype=np.int32)
         # One scatter of every table's entries (a row assignment per sequence cost ~3 µs each).
-        flat = np.fromiter((b for s in seqs for b in s.block_table), dtype=np.int32, count=int(lengths.sum()))
+        flat = np.array(list(itertools.chain.from_iterable(s.block_table for s in seqs)), dtype=np.int32)
         rows = np.repeat(np.arange(len(seqs)), lengths)
         block_tables[rows, np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)] = flat
         context_lens = np.array([s.num_tokens for s in seqs], dtype=np.int32)

@@ -22,6 +22,7 @@ from kernels.backend import Backend
 
 SNAPSHOT_EVERY = 16
 KEEP_ATTENTION = 4  # steps whose kernel and dense outputs stay cached; older ones recompute on a seek
+_UNKNOWN = object()
 MAX_SNAPSHOTS = 8  # beyond this, the snapshot closest to its neighbours goes: memory stays flat
 
 
@@ -66,6 +67,7 @@ class Timeline:
         self.scenario = scenario
         self.sim = Simulator(scenario.config, backend)
         self.operations: list[Operation] = list(scenario.operations)
+        self._branch: int | object | None = _UNKNOWN  # branch_step, until the operations change
         self.snapshot_every = snapshot_every
         self.snapshot_data = snapshot_data
         self.history = history
@@ -163,6 +165,11 @@ class Timeline:
     @property
     def branch_step(self) -> int | None:
         """The step after which the operations leave the scenario's script (None: they follow it)."""
+        if self._branch is _UNKNOWN:  # the operations change only in _replace_from
+            self._branch = self._find_branch()
+        return self._branch
+
+    def _find_branch(self) -> int | None:
         script = self.scenario.operations
         for index, (ours, theirs) in enumerate(zip(self.operations, script, strict=False)):
             if ours != theirs:
@@ -196,6 +203,7 @@ class Timeline:
         goes (the state itself is left to the caller)."""
         del self.operations[at:]
         self.operations.extend(operations)
+        self._branch = _UNKNOWN
         self._snapshots = {k: v for k, v in self._snapshots.items() if k <= at}
         self._results = {k: v for k, v in self._results.items() if k <= at}
         self._captions = {k: v for k, v in self._captions.items() if k <= at}
