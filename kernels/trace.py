@@ -19,7 +19,6 @@ the GUI's worker); the trace's output equals the kernel's within the kernel's ro
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -214,23 +213,25 @@ def _merge(a, b):
 def _batched_running(scores: np.ndarray, batch: int):
     """The online softmax over ``scores`` in order, rescaled once per ``batch`` tokens (the
     batch's max taken before any of its exps): m before and after each token, the rescale
-    factor (at a batch's first token; 1 after), and ℓ after each."""
+    factor (at a batch's first token; 1 after), and ℓ after each — as lists, in NumPy (a
+    long context has thousands of tokens per thread group)."""
     s = scores.astype(np.float64)
-    m, l = -np.inf, 0.0  # noqa: E741
-    m_before, m_after, correction, running = [], [], [], []
-    for lo in range(0, len(s), batch):
-        chunk = s[lo : lo + batch]
-        new = max(m, float(chunk.max()))
-        factor = math.exp(m - new) if m != -np.inf else 0.0
-        l *= factor  # noqa: E741
-        for i, score in enumerate(chunk.tolist()):
-            l += math.exp(score - new)  # noqa: E741
-            m_before.append(m if i == 0 else new)
-            correction.append(factor if i == 0 else 1.0)
-            m_after.append(new)
-            running.append(l)
-        m = new
-    return m_before, m_after, correction, running
+    n = len(s)
+    padded = np.full(-(-n // batch) * batch, -np.inf)
+    padded[:n] = s
+    m_batch = np.maximum.accumulate(padded.reshape(-1, batch).max(axis=1))  # m after each batch
+    m_prev = np.concatenate([[-np.inf], m_batch[:-1]])
+    with np.errstate(invalid="ignore"):
+        factor = np.where(np.isneginf(m_prev), 0.0, np.exp(m_prev - m_batch))
+    of_batch = np.arange(n) // batch
+    first = np.arange(n) % batch == 0
+    m_after = m_batch[of_batch]
+    m_before = np.where(first, m_prev[of_batch], m_after)
+    correction = np.where(first, factor[of_batch], 1.0)
+    # ℓ_t = Σ_{i ≤ t} exp(s_i − m_after_t), summed against the final max to stay in range.
+    top = m_batch[-1]
+    running = np.cumsum(np.exp(s - top)) * np.exp(top - m_after)
+    return m_before.tolist(), m_after.tolist(), correction.tolist(), running.tolist()
 
 
 def _attend_range(trace: KernelTrace, geometry, scores, values, blocks, bs, begin, end, partition):
