@@ -522,7 +522,8 @@ class MainWindow(QMainWindow):
         self.pool_view.clear_refusal()  # an action went through: the refusal is history
         first = self.frame is None
         self.frame = frame
-        self.statusBar().setStyleSheet("")
+        if self.statusBar().styleSheet():  # an error turned it red; restyling costs a re-polish
+            self.statusBar().setStyleSheet("")
         if first and frame.position == 0:
             self.statusBar().showMessage(
                 f"{frame.scenario_name}: {frame.length} steps · Space plays, → steps, A adds a sequence", 10_000

@@ -69,6 +69,8 @@ class BlockItem(QGraphicsItem):
     def set_glow(self, colour: QColor | None, strength: float = 1.0, slot: int = -1) -> None:
         """Outline the block (an animation, a lookup); ``slot`` ≥ 0 also rings that one slot."""
         self.glow, self.glow_strength, self.glow_slot = colour, strength, slot
+        if colour is not None:
+            self.view._glowing.add(self)  # so clearing visits these, not every block
         self.update()
 
     def describe(self) -> str:
@@ -229,6 +231,7 @@ class PoolView(QGraphicsView):
         self._user_zoomed = False
         self._shown: Frame | None = None  # the frame the items show
         self._overlays: list[QGraphicsItem] = []
+        self._glowing: set[BlockItem] = set()
         self.refusal: tuple[int, int] | None = None  # (needed, free) while a refusal is shown
         self.refusal_banner = QLabel(self.viewport())
         self.refusal_banner.setWordWrap(True)
@@ -384,9 +387,9 @@ class PoolView(QGraphicsView):
         for overlay in self._overlays:
             self.scene().removeItem(overlay)
         self._overlays.clear()
-        for item in self.items:
-            if item.glow is not None:
-                item.set_glow(None)
+        for item in [i for i in self._glowing if i.glow is not None]:
+            item.set_glow(None)
+        self._glowing.clear()
 
     # -- navigation -----------------------------------------------------------------
     def fit(self) -> None:

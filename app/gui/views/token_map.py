@@ -40,8 +40,16 @@ class TokenMap(QWidget):
 
     def show_sequence(self, seq_id, block_table, num_tokens: int, block_size: int, weights=None, colour=None) -> None:
         """``colour``: the sequence's own (as in the pool); its blocks alternate two shades of it."""
-        self.colour = QColor(colour) if colour is not None else QColor(self.theme.muted)
-        self.seq_id, self.block_table = seq_id, list(block_table)
+        colour = QColor(colour) if colour is not None else QColor(self.theme.muted)
+        block_table = list(block_table)
+        same = (seq_id, block_table, num_tokens, block_size, colour) == (
+            self.seq_id, self.block_table, self.num_tokens, self.block_size, self.colour
+        ) and (weights is self.weights or (weights is not None and self.weights is not None
+                                           and np.array_equal(weights, self.weights)))  # fmt: skip
+        if same:
+            return  # most steps grow some other sequence: nothing to repaint
+        self.colour = colour
+        self.seq_id, self.block_table = seq_id, block_table
         self.num_tokens, self.block_size, self.weights = num_tokens, block_size, weights
         self.updateGeometry()
         self.update()
