@@ -138,18 +138,6 @@ def _inputs(query, key_cache, value_cache, block_tables, context_lens, row: int,
     return kv_head, n, bs, blocks, values, scores
 
 
-def _running(scores: np.ndarray):
-    """An online softmax over ``scores`` in order, from an empty state: m before and after
-    each, the rescale factor exp(m_before − m) and ℓ after each."""
-    s = scores.astype(np.float64)
-    m = np.maximum.accumulate(s)
-    m_before = np.concatenate([[-np.inf], m[:-1]])
-    correction = np.exp(np.where(np.isneginf(m_before), -np.inf, m_before - m))
-    # ℓ_t = Σ_{i ≤ t} exp(s_i − m_t), summed against the final max to stay in range.
-    l = np.cumsum(np.exp(s - m[-1])) * np.exp(m[-1] - m)  # noqa: E741
-    return m_before, m, correction, l
-
-
 def trace_cpu(query, key_cache, value_cache, block_tables, context_lens, row: int, head: int, scale: float):
     """The CPU kernel's walk: its work split (:func:`kernels.cpu_backend.work_split`), tile
     by tile of whole blocks with one rescale per tile, partition by partition, and for a

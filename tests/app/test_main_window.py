@@ -609,7 +609,7 @@ def test_tile_ids_are_readable_at_every_zoom_or_not_drawn(make_window, qtbot):
     pool = window.pool_view
     detail = pool.transform().m11()
     assert detail >= COMPACT_ID_DETAIL  # 24 blocks at 1024 × 700: every id is drawn
-    _, metrics = pool.compact_font(label_pixel_size(detail, detail < SLOTS_DETAIL))
+    _, metrics = pool.sized_font(label_pixel_size(detail, detail < SLOTS_DETAIL))
     assert metrics.horizontalAdvance("#23") <= 60 - 8  # and fits its tile
 
 

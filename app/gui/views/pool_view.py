@@ -167,7 +167,7 @@ class BlockItem(QGraphicsItem):
                 painter.fillRect(cell, QColor(theme.empty_slot))
 
     def _paint_labels(self, painter: QPainter, theme: Theme, detail: float) -> None:
-        font, metrics = self.view.compact_font(label_pixel_size(detail, compact=False))
+        font, metrics = self.view.sized_font(label_pixel_size(detail, compact=False))
         painter.setPen(QColor(theme.text if self.ref_count else theme.muted))
         painter.setFont(font)
         painter.drawText(QRectF(4, 0, BLOCK_W - 8, 15), Qt.AlignmentFlag.AlignLeft, f"#{self.block_id}")
@@ -184,7 +184,7 @@ class BlockItem(QGraphicsItem):
     def _paint_compact_id(self, painter: QPainter, theme: Theme, detail: float) -> None:
         """The block id over the upper part of a small tile, in a font sized to stay about
         9 px tall on screen; "#" and the ref-count badge go first when they do not fit."""
-        font, metrics = self.view.compact_font(label_pixel_size(detail, compact=True))
+        font, metrics = self.view.sized_font(label_pixel_size(detail, compact=True))
         painter.setFont(font)
         painter.setPen(QColor(theme.text if self.ref_count else theme.muted))
         area = QRectF(2, 0, BLOCK_W - 4, BLOCK_H * 0.62)
@@ -221,7 +221,7 @@ class PoolView(QGraphicsView):
         self.selected_seq: str | None = None
         self.label_font = QFont()
         self.label_font.setPointSizeF(7.5)
-        self._compact_fonts: dict[int, tuple[QFont, QFontMetricsF]] = {}
+        self._sized_fonts: dict[int, tuple[QFont, QFontMetricsF]] = {}
         self.setScene(QGraphicsScene(self))
         self.setRenderHints(QPainter.RenderHint.Antialiasing | QPainter.RenderHint.TextAntialiasing)
         self.setDragMode(QGraphicsView.DragMode.ScrollHandDrag)
@@ -239,14 +239,14 @@ class PoolView(QGraphicsView):
         self.menu = QMenu(self)
 
     # -- content --------------------------------------------------------------------
-    def compact_font(self, pixel_size: float) -> tuple[QFont, QFontMetricsF]:
+    def sized_font(self, pixel_size: float) -> tuple[QFont, QFontMetricsF]:
         """A font of about ``pixel_size`` scene units, and its metrics (cached per size)."""
         size = max(4, round(pixel_size))
-        if size not in self._compact_fonts:
+        if size not in self._sized_fonts:
             font = QFont(self.label_font)
             font.setPixelSize(size)
-            self._compact_fonts[size] = (font, QFontMetricsF(font))
-        return self._compact_fonts[size]
+            self._sized_fonts[size] = (font, QFontMetricsF(font))
+        return self._sized_fonts[size]
 
     def set_theme(self, theme: Theme) -> None:
         self.theme = theme
@@ -387,7 +387,7 @@ class PoolView(QGraphicsView):
         for overlay in self._overlays:
             self.scene().removeItem(overlay)
         self._overlays.clear()
-        for item in [i for i in self._glowing if i.glow is not None]:
+        for item in self._glowing:
             item.set_glow(None)
         self._glowing.clear()
 

@@ -17,6 +17,8 @@ LANES = (
     ("finished", "finished"),
 )
 LANE_H, CHIP_W, TILE = 24, 58, 16
+POOL_CAPTION_TOP = 6 + len(LANES) * LANE_H + 8  # the CPU pool's caption, below the lanes
+TILES_TOP = POOL_CAPTION_TOP + 20  # and its tiles below that
 
 
 def request_of(seq_id: str) -> str:
@@ -30,8 +32,6 @@ class SchedulerView(QWidget):
         self.colours, self.theme = colours, theme
         self.frame: Frame | None = None
         self.moved_cpu: set[int] = set()  # CPU blocks this step swapped out or in
-        # Where the CPU tiles start: below the lanes and the pool's caption.
-        self._tiles_top = 6 + len(LANES) * LANE_H + 8 + 20
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
         self.setToolTip(
             "The scheduler's queues (vLLM's waiting, running and swapped), each request as a chip in its owner's "
@@ -53,7 +53,7 @@ class SchedulerView(QWidget):
     def cpu_tile_rect(self, block: int) -> QRectF:
         per_row = max(1, (self.width() - 12) // (TILE + 2))
         row, column = divmod(block, per_row)
-        return QRectF(6 + column * (TILE + 2), self._tiles_top + row * (TILE + 2), TILE, TILE)
+        return QRectF(6 + column * (TILE + 2), TILES_TOP + row * (TILE + 2), TILE, TILE)
 
     def cpu_tile_rect_in(self, widget: QWidget, block: int) -> QRectF | None:
         """CPU block ``block``'s tile in ``widget``'s coordinates; None if it is not on screen."""
@@ -99,7 +99,7 @@ class SchedulerView(QWidget):
                 x += CHIP_W
             y += LANE_H
         # The CPU swap pool.
-        y += 8
+        y = POOL_CAPTION_TOP
         holders = dict(frame.cpu_holders)
         painter.setPen(QColor(theme.muted))
         used = len(holders)
@@ -109,8 +109,6 @@ class SchedulerView(QWidget):
             f"CPU swap pool · {frame.num_cpu_blocks} blocks · {used} hold swapped-out K/V"
             + ("" if frame.num_cpu_blocks else " (none configured: preemption recomputes)"),
         )
-        y += 20
-        self._tiles_top = y
         for block in range(frame.num_cpu_blocks):
             tile = self.cpu_tile_rect(block)
             seqs = holders.get(block, ())

@@ -42,11 +42,12 @@ class TokenMap(QWidget):
         """``colour``: the sequence's own (as in the pool); its blocks alternate two shades of it."""
         colour = QColor(colour) if colour is not None else QColor(self.theme.muted)
         block_table = list(block_table)
-        same = (seq_id, block_table, num_tokens, block_size, colour) == (
-            self.seq_id, self.block_table, self.num_tokens, self.block_size, self.colour
-        ) and (weights is self.weights or (weights is not None and self.weights is not None
-                                           and np.array_equal(weights, self.weights)))  # fmt: skip
-        if same:
+        state = (seq_id, block_table, num_tokens, block_size, colour)
+        shown = (self.seq_id, self.block_table, self.num_tokens, self.block_size, self.colour)
+        same_weights = weights is self.weights or (
+            weights is not None and self.weights is not None and np.array_equal(weights, self.weights)
+        )
+        if state == shown and same_weights:
             return  # most steps grow some other sequence: nothing to repaint
         self.colour = colour
         self.seq_id, self.block_table = seq_id, block_table
