@@ -130,6 +130,8 @@ class BlockManager:
         """Each of these sequences grew by one token (a decode step)."""
         u, limit, res = self.usage, self.config.max_model_len, self.contiguous_reservation
         u.logical_tokens += len(lengths_before)
+        if not lengths_before or max(lengths_before) < limit:
+            return
         for n in lengths_before:
             if n + 1 > limit:  # past the reservation's length, the contiguous baseline grows too
                 u.contiguous_blocks += res(n + 1) - res(n)
@@ -159,8 +161,9 @@ class BlockManager:
             blocks = self.pool.allocate_specific(placement, evicted)
         else:
             blocks = self.pool.allocate(count, evicted)
-        for block in evicted:
-            self.events.emit(ev.BlockEvicted(block))
+        if evicted and self.events.enabled:
+            for block in evicted:
+                self.events.emit(ev.BlockEvicted(block))
         for block in blocks:
             self._fill[block] = 0  # an evicted block's old tokens no longer count
         return blocks
@@ -188,10 +191,12 @@ class BlockManager:
             self._count_slots(-self._fill[block])
             if not self.pool.is_cached(block):  # a cached block keeps its tokens for reuse
                 self._fill[block] = 0
-            self.events.emit(ev.BlockFreed(block, seq_id))
+            if self.events.enabled:
+                self.events.emit(ev.BlockFreed(block, seq_id))
         else:
             self._ref_changed(ref_count, up=False)
-            self.events.emit(ev.BlockReleased(block, seq_id, ref_count))
+            if self.events.enabled:
+                self.events.emit(ev.BlockReleased(block, seq_id, ref_count))
 
     # -- prefix cache -----------------------------------------------------------------------
     def _chunks(self, token_ids: list[int], start: int, stop: int):
@@ -215,12 +220,14 @@ class BlockManager:
         return hits
 
     def _cache_full_blocks(self, seq: Sequence) -> None:
-        full = seq.num_tokens // self.config.block_size
-        for index, chunk in self._chunks(seq.token_ids, len(seq.block_hashes), full):
-            h = block_hash(seq.block_hashes[-1] if seq.block_hashes else None, chunk)
-            seq.block_hashes.append(h)
+        bs, ids, hashes = self.config.block_size, seq.token_ids, seq.block_hashes
+        for index in range(len(hashes), len(ids) // bs):
+            raw = ids[index * bs : (index + 1) * bs]
+            chunk = tuple(raw)
+            h = block_hash(hashes[-1] if hashes else None, raw)
+            hashes.append(h)
             block = seq.block_table[index]
-            if self.pool.register(block, h, chunk, index * self.config.block_size):
+            if self.pool.register(block, h, chunk, index * bs) and self.events.enabled:
                 self.events.emit(ev.BlockCached(block, seq.seq_id, h))
 
     # -- allocate: a new sequence's blocks ---------------------------------------------------
@@ -271,7 +278,7 @@ class BlockManager:
         """Blocks a decode step of ``seqs`` may take: one at each block boundary, one for
         each shared last block (copy-on-write); an upper bound when siblings share one."""
         bs, refs = self.config.block_size, self.pool._ref_counts
-        return sum(1 for q in seqs if len(q.token_ids) % bs == 0 or refs[q.block_table[-1]] > 1)
+        return len([q for q in seqs if len(q.token_ids) % bs == 0 or refs[q.block_table[-1]] > 1])
 
     def append_slots(self, seq: Sequence, token_ids: list[int], skip: int = 0) -> Appended:
         """Append ``token_ids`` to ``seq``: copy-on-write of a shared last block, new blocks
@@ -289,25 +296,30 @@ class BlockManager:
         slots = [table[p // bs] * bs + p % bs for p in range(start + skip, start + len(token_ids))]
         seq.token_ids.extend(token_ids)
         self._count_tokens(start, start + len(token_ids))
-        emit = self.events.enabled
-        for slot, i in zip(slots, range(skip, len(token_ids)), strict=True):
-            self._add_fill(slot // bs, 1)
-            if emit:
+        if self.events.enabled:
+            for slot, i in zip(slots, range(skip, len(token_ids)), strict=True):
+                self._add_fill(slot // bs, 1)
                 self.events.emit(ev.TokenWritten(seq.seq_id, start + i, token_ids[i], slot // bs, slot % bs))
+        else:  # the same counts, a block at a time
+            fill, first = self._fill, start + skip
+            for index in range(first // bs, self.config.blocks_for(start + len(token_ids))):
+                written = min((index + 1) * bs, start + len(token_ids)) - max(index * bs, first)
+                fill[table[index]] += written
+            self._count_slots(len(slots))
         if self.config.prefix_caching:
             self._cache_full_blocks(seq)
         return Appended(slots, copies)
 
-    def append_decode(self, seqs: list[Sequence], tokens: list[int]) -> Appended:
+    def append_decode(self, seqs: list[Sequence], tokens: list[int], lengths: list[int]) -> Appended:
         """The batched form of :meth:`append_slots`: one new token for each sequence (a
-        decode step), with the same copy-on-write, block and hashing rules, in one pass.
-        The caller has checked :meth:`decode_blocks_needed` against the free pool."""
+        decode step; ``lengths``: their lengths before it), with the same copy-on-write,
+        block and hashing rules, in one pass. The caller has checked
+        :meth:`decode_blocks_needed` against the free pool."""
         bs, refs, fill = self.config.block_size, self.pool._ref_counts, self._fill
         emit = self.events.emit if self.events.enabled else None
         caching = self.config.prefix_caching
         slots: list[int] = []
         copies: list[tuple[int, int]] = []
-        lengths = [len(seq.token_ids) for seq in seqs]
         for seq, token, n in zip(seqs, tokens, lengths, strict=True):
             offset = n % bs
             if offset == 0:
@@ -333,8 +345,9 @@ class BlockManager:
         self._add_fill(dst, self._fill[src])
         seq.block_table[index] = dst
         self._hold(dst, seq.seq_id, index)
-        self.events.emit(ev.BlockAllocated(dst, seq.seq_id, index))
-        self.events.emit(ev.BlockCopied(src, dst, seq.seq_id, index))
+        if self.events.enabled:
+            self.events.emit(ev.BlockAllocated(dst, seq.seq_id, index))
+            self.events.emit(ev.BlockCopied(src, dst, seq.seq_id, index))
         self._release(src, seq.seq_id)
         return src, dst
 

@@ -367,16 +367,17 @@ class Simulator:
         check_vocab(token_ids, "token_ids")
         self._append([seq], [token_ids])
 
-    def decode(self, seq_ids: list[str], checked: bool = False) -> None:
+    def decode(self, seq_ids: list[str], checked: bool = False, seqs: list[Sequence] | None = None) -> None:
         """One new token for each sequence at once (a decode step), validated as a whole.
         ``checked``: the caller has just compared the block manager's
-        ``decode_blocks_needed`` with the free pool."""
-        seqs = self.sequences_of(seq_ids)
+        ``decode_blocks_needed`` with the free pool, for ``seqs`` (these sequences)."""
+        if seqs is None:
+            seqs = self.sequences_of(seq_ids)
         if not checked and (need := self.blocks.decode_blocks_needed(seqs)) > self.blocks.num_free:
             raise PoolExhaustedError(need, self.blocks.num_free, f"a decode step of {len(seqs)} sequences")
         starts = [len(s.token_ids) for s in seqs]
         tokens = self.model.next_token_ids(seq_ids, starts)
-        done = self.blocks.append_decode(seqs, tokens)
+        done = self.blocks.append_decode(seqs, tokens, starts)
         if self.kv_data and seqs:
             self._write_kv(seqs, starts, [[t] for t in tokens], done.slots, done.copies)
 

@@ -53,7 +53,7 @@ class SequenceEngine(Protocol):
     def add_owned(self, seq_id: str, prompt: tuple[int, ...], owner: str) -> None: ...
     def fork_owned(self, parent: str, child: str, owner: str) -> None: ...
     def free_owned(self, seq_id: str) -> None: ...
-    def decode(self, seq_ids: list[str], checked: bool = False) -> None: ...
+    def decode(self, seq_ids: list[str], checked: bool = False, seqs: list[Sequence] | None = None) -> None: ...
     def swap_out(self, seq_ids: list[str]) -> int: ...
     def swap_in(self, seq_ids: list[str]) -> int: ...
     def swapped_sequence(self, seq_id: str) -> Sequence: ...
@@ -279,8 +279,9 @@ class Scheduler:
         self.events.emit(ev.RequestPreempted(request, "recompute", tuple(state.seqs), blocks, lost, 0.0))
 
     # -- one iteration -----------------------------------------------------------------
-    def _decode_seq_ids(self, requests: list[str]) -> list[str]:
-        return [seq_id for request in requests for seq_id in self.requests[request].seqs]
+    def _decode_sequences(self, requests: list[str]) -> list[Sequence]:
+        states = self.requests
+        return self.engine.sequences_of([seq_id for request in requests for seq_id in states[request].seqs])
 
     def step(self) -> None:
         engine, blocks, emit = self.engine, self.blocks, self.events.emit
@@ -305,8 +306,9 @@ class Scheduler:
             emit(ev.RequestSwappedIn(state.request, need, seconds))
         # 2. Admit waiting requests in order; a LATER at the head blocks the queue (FCFS).
         decoding = list(self.running)
-        decode_ids = self._decode_seq_ids(decoding)
-        running_seqs = len(decode_ids)
+        # (admission cannot change these: a new request never takes a live sequence's name)
+        decode_seqs = self._decode_sequences(decoding)
+        running_seqs = len(decode_seqs)
         while self.waiting and not self.swapped:
             state = self.requests[self.waiting[0]]
             if running_seqs + state.num_seqs > self.config.max_num_seqs:
@@ -328,7 +330,6 @@ class Scheduler:
             self._admit(state)
             running_seqs += len(state.seqs)
         # 3. Decode one token for every sequence that was running, preempting from the back.
-        decode_seqs = engine.sequences_of(decode_ids)
         while decoding and blocks.decode_blocks_needed(decode_seqs) > blocks.num_free:
             if self.running == decoding[:1] and len(decoding) == 1:
                 # Alone and still short: preempting it would only bring it back to this point.
@@ -338,10 +339,9 @@ class Scheduler:
             self.preempt(victim)
             if victim in decoding:
                 decoding.remove(victim)
-            decode_ids = self._decode_seq_ids(decoding)
-            decode_seqs = engine.sequences_of(decode_ids)
+            decode_seqs = self._decode_sequences(decoding)
         if decoding:
-            engine.decode(decode_ids, checked=True)
+            engine.decode([q.seq_id for q in decode_seqs], checked=True, seqs=decode_seqs)
         for request in decoding:
             state = self.requests[request]
             state.generated += 1

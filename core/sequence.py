@@ -68,9 +68,9 @@ class SequenceSnapshot(NamedTuple):
 _ROOT = os.urandom(16)
 
 
-def block_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
+def block_hash(parent: int | None, token_ids: tuple[int, ...] | array) -> int:
     """vLLM's chained block hash: SHA-256 of the parent's hash and the block's token ids,
     so a hash names a whole prefix. Hits still compare the tokens."""
     digest = hashlib.sha256(_ROOT if parent is None else parent.to_bytes(16, "little"))
-    digest.update(array("q", token_ids).tobytes())
+    digest.update(token_ids if isinstance(token_ids, array) else array("q", token_ids))
     return int.from_bytes(digest.digest()[:16], "little")

@@ -23,30 +23,47 @@ ROPE_BASE = 10_000.0
 _MASK64 = (1 << 64) - 1
 
 
-def _mix(*words: int) -> int:
-    """splitmix64 over a few words: a cheap, stable hash for synthetic token ids."""
-    z = 0x9E3779B97F4A7C15
+_SEED64 = 0x9E3779B97F4A7C15
+
+
+def _mix_from(z: int, *words: int) -> int:
+    """splitmix64 rounds over a few words from state ``z`` (a hash of the words before)."""
     for word in words:
-        z = (z + (word & _MASK64) + 0x9E3779B97F4A7C15) & _MASK64
+        z = (z + (word & _MASK64) + _SEED64) & _MASK64
         z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
         z ^= z >> 31
     return z
 
 
-_GOLDEN, _C1, _C2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+def _mix(*words: int) -> int:
+    """splitmix64 over a few words: a cheap, stable hash for synthetic token ids."""
+    return _mix_from(_SEED64, *words)
+
+
+_GOLDEN, _C1, _C2 = np.uint64(_SEED64), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31, _VOCAB64 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(VOCAB_SIZE)
+
+
+def _mix_array_from(z: np.ndarray, *words) -> np.ndarray:
+    """:func:`_mix_from` for arrays, reduced to token ids; ``z`` (the caller's own, fresh)
+    is worked on in place. uint64 array arithmetic wraps like the mask, silently."""
+    for word in words:
+        z += word
+        z += _GOLDEN
+        z ^= z >> _S30
+        z *= _C1
+        z ^= z >> _S27
+        z *= _C2
+        z ^= z >> _S31
+    z %= _VOCAB64
+    return z.astype(np.int64)
 
 
 def _mix_array(seed: int, crcs: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """``_mix(seed, crc, position) % VOCAB_SIZE`` for arrays (uint64 wraps like the mask)."""
-    with np.errstate(over="ignore"):
-        z = np.full(crcs.shape, _GOLDEN, dtype=np.uint64)
-        for word in (np.uint64(seed & _MASK64), crcs, positions):
-            z = z + word + _GOLDEN
-            z = (z ^ (z >> np.uint64(30))) * _C1
-            z = (z ^ (z >> np.uint64(27))) * _C2
-            z ^= z >> np.uint64(31)
-    return (z % np.uint64(VOCAB_SIZE)).astype(np.int64)
+    """``_mix(seed, crc, position) % VOCAB_SIZE`` for arrays."""
+    start = np.full(crcs.shape, _GOLDEN, dtype=np.uint64)
+    return _mix_array_from(start, np.uint64(seed & _MASK64), crcs, positions)
 
 
 @functools.lru_cache(maxsize=4)
@@ -122,17 +139,13 @@ class _RotaryTable:
 class TokenModel:
     def __init__(self, config: CacheConfig) -> None:
         self.config = config
-        self._crc_of: dict[str, int] = {}
+        self._stream_of: dict[str, int] = {}  # a sequence's hash state after (seed, crc)
         weights = _weights(config.seed, config.num_heads, config.num_kv_heads, config.head_dim)
         self.embedding, self.w_q, self.w_k, self.w_v, self._w_qkv = weights
         self._rotary = _RotaryTable.for_head_dim(config.head_dim)
         self._rotary.fill(config.max_model_len)
 
     # -- synthetic token ids -----------------------------------------------------
-    def _crc(self, seq_id: str) -> int:
-        crc = self._crc_of[seq_id] = zlib.crc32(seq_id.encode())
-        return crc
-
     def token_id(self, seq_id: str, position: int) -> int:
         """The token a sequence holds (or samples) at ``position``; stable across runs."""
         return _mix(self.config.seed, zlib.crc32(seq_id.encode()), position) % VOCAB_SIZE
@@ -144,10 +157,17 @@ class TokenModel:
         return _mix_array(self.config.seed, crc, np.arange(start, start + count, dtype=np.uint64)).tolist()
 
     def next_token_ids(self, seq_ids: list[str], positions: list[int]) -> list[int]:
-        """One token per sequence (a decode step), computed together."""
-        crc_of = self._crc_of
-        crcs = np.array([crc_of.get(s) or self._crc(s) for s in seq_ids], dtype=np.uint64)
-        return _mix_array(self.config.seed, crcs, np.asarray(positions, dtype=np.uint64)).tolist()
+        """One token per sequence (a decode step), computed together: each sequence's
+        (seed, name) rounds are hashed once, only the position's round runs per step."""
+        stream_of = self._stream_of
+        states = []
+        for s in seq_ids:
+            state = stream_of.get(s)
+            if state is None:
+                state = stream_of[s] = _mix(self.config.seed, zlib.crc32(s.encode()))
+            states.append(state)
+        z = np.array(states, dtype=np.uint64)
+        return _mix_array_from(z, np.asarray(positions, dtype=np.uint64)).tolist()
 
     # -- projections -------------------------------------------------------------
     # Bit-exact determinism matters: a token's K/V must not depend on what else was in

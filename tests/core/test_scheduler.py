@@ -9,7 +9,7 @@ from core.engine import Simulator
 from core.errors import DuplicateSequenceError, InvalidOperationError
 from core.operations import Schedule, Submit
 from core.scheduler import LATER, NEVER, OK
-from tests.core.helpers import check_invariants
+from tests.core.helpers import check_invariants, state_fingerprint
 
 
 def make_sim(cpu_backend, num_blocks=24, **kw):
@@ -226,3 +226,29 @@ def test_direct_operations_cannot_pull_sequences_from_under_the_scheduler(cpu_ba
         sim.apply(Grow("q"))
     run(sim, 6)
     assert sim.scheduler.requests["q"].status == "finished"
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    mode=st.sampled_from(["recompute", "swap"]),
+    requests=st.lists(st.tuples(st.integers(1, 20), st.integers(1, 12), st.integers(1, 3)), min_size=1, max_size=6),
+    prefix=st.booleans(),
+)
+def test_a_run_that_keeps_no_events_reaches_the_same_state(cpu_backend, mode, requests, prefix):
+    """``record=False`` (benchmarks, big runs) takes shortcuts past the event log: block
+    fills counted a block at a time, no events built. The state must not notice."""
+    sims = [
+        make_sim(cpu_backend, num_blocks=14, watermark=0.0, preemption=mode, num_cpu_blocks=8, prefix_caching=prefix)
+        for _ in range(2)
+    ]
+    for sim, record in zip(sims, (True, False), strict=True):
+        for i, (prompt, output, n) in enumerate(requests):
+            sim.apply(Submit(f"r{i}", output, prompt_len=prompt, n=n, shared_prefix=4), record=record)
+        for _ in range(60):
+            sim.apply(Schedule(1), record=record)
+        check_invariants(sim)
+    recorded, unrecorded = sims
+    assert unrecorded.block_fills() == recorded.block_fills()
+    assert unrecorded.metrics() == recorded.metrics()
+    assert unrecorded.scheduler.counts() == recorded.scheduler.counts()
+    assert state_fingerprint(unrecorded)[1:] == state_fingerprint(recorded)[1:]
