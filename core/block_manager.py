@@ -280,6 +280,12 @@ class BlockManager:
         bs, refs = self.config.block_size, self.pool._ref_counts
         return len([q for q in seqs if len(q.token_ids) % bs == 0 or refs[q.block_table[-1]] > 1])
 
+    def decode_fits(self, seqs: list[Sequence]) -> bool:
+        """The free pool covers a decode step of ``seqs`` (each takes at most one block, so
+        a pool with a block for each needs no count)."""
+        free = self.pool.num_free
+        return len(seqs) <= free or self.decode_blocks_needed(seqs) <= free
+
     def append_slots(self, seq: Sequence, token_ids: list[int], skip: int = 0) -> Appended:
         """Append ``token_ids`` to ``seq``: copy-on-write of a shared last block, new blocks
         at block boundaries, the tokens' slots (all but the first ``skip``, which reused

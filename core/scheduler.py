@@ -63,7 +63,7 @@ SHARED_PREFIX_ID = "__shared_prefix__"  # the token stream every request's share
 _COUNTERS = ("preemptions", "recomputed_tokens", "swapped_blocks", "swap_seconds", "finished", "rejected")
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestState:
     request: str
     order: int  # submission order: the priority (lower first)
@@ -330,7 +330,7 @@ class Scheduler:
             self._admit(state)
             running_seqs += len(state.seqs)
         # 3. Decode one token for every sequence that was running, preempting from the back.
-        while decoding and blocks.decode_blocks_needed(decode_seqs) > blocks.num_free:
+        while decoding and not blocks.decode_fits(decode_seqs):
             if self.running == decoding[:1] and len(decoding) == 1:
                 # Alone and still short: preempting it would only bring it back to this point.
                 self._abort(decoding.pop(), "grew past what the pool can hold")

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 
-@dataclass
+@dataclass(slots=True)
 class Sequence:
     seq_id: str
     # 8 bytes a token (a list of ints held 40): a run holds every token of every sequence.

@@ -160,12 +160,11 @@ class TokenModel:
         """One token per sequence (a decode step), computed together: each sequence's
         (seed, name) rounds are hashed once, only the position's round runs per step."""
         stream_of = self._stream_of
-        states = []
-        for s in seq_ids:
-            state = stream_of.get(s)
-            if state is None:
-                state = stream_of[s] = _mix(self.config.seed, zlib.crc32(s.encode()))
-            states.append(state)
+        states = list(map(stream_of.get, seq_ids))
+        if None in states:
+            for i, s in enumerate(seq_ids):
+                if states[i] is None:
+                    states[i] = stream_of[s] = _mix(self.config.seed, zlib.crc32(s.encode()))
         z = np.array(states, dtype=np.uint64)
         return _mix_array_from(z, np.asarray(positions, dtype=np.uint64)).tolist()
 
