@@ -84,7 +84,7 @@ class DenseCheck:
         self.reference.append(seq_id, keys, values)
         self.touch(seq_id)
         if len(keys):
-            k32, v32 = keys.astype(np.float32), values.astype(np.float32)
+            k32, v32 = keys.astype(np.float32, copy=False), values.astype(np.float32, copy=False)
             np.maximum(self._k_norm[seq_id], np.linalg.norm(k32, axis=2).max(axis=0), out=self._k_norm[seq_id])
             np.maximum(self._v_abs[seq_id], np.abs(v32).max(axis=(0, 2)), out=self._v_abs[seq_id])
 

@@ -187,19 +187,20 @@ class TokenModel:
 
     def qkv(self, token_ids, positions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """float32 q (n, num_heads, head_dim), k and v (n, num_kv_heads, head_dim)."""
-        token_ids = np.asarray(token_ids, dtype=np.int64)
+        ids = np.asarray(token_ids, dtype=np.int64).tolist()  # a decode step's few: Python is quicker
         positions = np.asarray(positions, dtype=np.int64)
-        if token_ids.size and (token_ids.min() < 0 or token_ids.max() >= VOCAB_SIZE):
+        if ids and (min(ids) < 0 or max(ids) >= VOCAB_SIZE):
             raise ValueError(f"token ids must be in [0, {VOCAB_SIZE})")
         c = self.config
         q_dim, kv_dim = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        rows = np.empty((token_ids.shape[0], self._w_qkv.shape[1]), np.float32)
-        for i, token in enumerate(token_ids.tolist()):
+        rows = np.empty((len(ids), self._w_qkv.shape[1]), np.float32)
+        for i, token in enumerate(ids):
             np.dot(self.embedding[token], self._w_qkv, out=rows[i])
-        q = rows[:, :q_dim].reshape(-1, c.num_heads, c.head_dim)
-        k = rows[:, q_dim : q_dim + kv_dim].reshape(-1, c.num_kv_heads, c.head_dim)
+        # q and k sit side by side in a row and take the same rotation: one pass for both.
+        qk = self._rotate(rows[:, : q_dim + kv_dim].reshape(len(ids), -1, c.head_dim), positions)
+        q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
         v = rows[:, q_dim + kv_dim :].reshape(-1, c.num_kv_heads, c.head_dim)
-        return self._rotate(q, positions), self._rotate(k, positions), v.copy()
+        return q, k, v.copy()
 
 
 def check_vocab(token_ids, field: str) -> None:
