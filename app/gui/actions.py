@@ -15,8 +15,10 @@ from PySide6.QtGui import QAction, QColor, QKeySequence, QPainter, QPolygon
 from PySide6.QtWidgets import QComboBox, QLabel, QSlider, QSpinBox, QStyle, QStyleOptionSlider, QToolBar
 
 from app.gui.palette import THEMES
+from app.gui.views.live_text import LiveText
 from core.scenario import examples, load_shipped
 
+STEP_LABEL_CHARS = 50  # "step 120 / 376 · grow r255 by 1 · ✓ kernel = dense"; longer ones end in "…"
 SPEEDS = [("Instant", 0.0), ("0.25×", 0.25), ("0.5×", 0.5), ("1×", 1.0), ("2×", 2.0), ("4×", 4.0)]
 MAX_RECENT = 8
 LAYOUT_VERSION = 7  # bump when docks change: an older saved layout is then ignored
@@ -165,7 +167,9 @@ class WindowActions:
         self.scrubber.setMinimumWidth(120)
         self.scrubber.valueChanged.connect(w.scrubbed)
         timeline.addWidget(self.scrubber)
-        self.step_label = QLabel("step 0 / 0")
+        # Its text changes every step: a fixed-size live label, so the toolbar keeps its layout.
+        self.step_label = LiveText(lines=1, width_chars=STEP_LABEL_CHARS)
+        self.step_label.setText("step 0 / 0")
         timeline.addWidget(self.step_label)
         self.speed_box = QComboBox()
         for label, _ in SPEEDS:

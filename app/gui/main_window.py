@@ -316,6 +316,7 @@ class MainWindow(QMainWindow):
         self._save_to("Save scenario", "scenario.toml", "Scenarios (*.toml)", self.save_scenario)
 
     def save_screenshot(self, path: str) -> bool:
+        self.memory_panel.flush()  # its history redraws a little late while frames stream in
         ok = self.grab().save(path)
         self.statusBar().showMessage(f"saved {path}" if ok else f"could not write {path}", 6000)
         return ok
@@ -626,6 +627,7 @@ class MainWindow(QMainWindow):
         self.settings.setValue("windowState", self.saveState(LAYOUT_VERSION))
         self.director.stop()
         self.walkthrough.timer.stop()
+        self.memory_panel.flush()
         self.controller.shutdown()
         if self._gc_held:
             self._gc_held = False

@@ -410,6 +410,7 @@ def test_the_memory_plot_marks_where_a_contiguous_reservation_would_not_fit(wind
     window.actions.scrubber.setValue(8)
     frame = wait_idle(qtbot, window)
     panel = window.memory_panel
+    qtbot.waitUntil(lambda: panel.plotted is frame, timeout=2000)  # the history redraws ≤ 100 ms late
     assert panel.blocks_plot.ctrl.logYCheck.isChecked()  # a log axis: both lines readable
     pool = frame.config.num_blocks
     over = [m.step for m in frame.history if m.contiguous_blocks > pool]
@@ -550,6 +551,11 @@ def _truncated_texts(window) -> list[str]:
             cut = metrics.horizontalAdvance(text) > rect.width() + 1
         if cut and not (text.rstrip().endswith("…") and label.toolTip()):
             out.append(text[:50])
+    from app.gui.views.live_text import LiveText
+
+    for live in window.findChildren(LiveText):  # per-step labels: cut only with "…" and the text in the tooltip
+        if live.isVisible() and live.is_cut and live.plain_text() not in live.toolTip():
+            out.append(live.plain_text()[:50])
     header = window.sequence_view.header()
     for i in range(header.count()):
         visible = min(header.sectionSize(i), header.viewport().width() - header.sectionViewportPosition(i))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QElapsedTimer, Qt, QTimer
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QComboBox,
@@ -18,7 +18,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.gui.controller import LIVE_TIMERS
 from app.gui.palette import Theme
+from app.gui.views.live_text import LiveText
 from core.studies.waste import CATEGORY_LABELS as WASTE_LABELS
 from core.studies.waste import WasteStudy
 from core.studies.workload import DISTRIBUTIONS
@@ -30,6 +32,12 @@ BLOCK_COLOURS = ["#88CCEE", "#CC6677", "#DDCC77", "#117733", "#332288", "#AA4499
 
 MAX_BLOCK_LABELS = 24
 ERROR_PLOT_HEIGHT = 150  # px: title, bars per head against the bound, head axis
+# The memory history redraws at most this often: five curves and two plots cost a few ms,
+# and a line over the steps gains nothing from 60 redraws a second. A frame that comes
+# after a pause at least this long is drawn at once (stepping by hand, playback).
+HISTORY_REDRAW_MS = 100
+SUMMARY_LINES = 4  # blocks, then the prefix cache and the scheduler's queues when there are any
+QUEUE_NAMES_SHOWN = 8  # per scheduler queue in the summary; the Scheduler dock shows them all
 KERNEL_COLOUR, DENSE_COLOUR, UTIL_COLOUR, FRAG_COLOUR = "#E69F00", "#56B4E9", "#009E73", "#D55E00"
 
 
@@ -274,8 +282,15 @@ class MemoryPanel(QWidget):
         self.util_curve = self.util_plot.plot(name="utilisation (% of allocated slots)", connect="finite")
         self.frag_curve = self.util_plot.plot(name="internal fragmentation (% of slots)", connect="finite")
         self._view: tuple[int, int] | None = None
-        self.summary = QLabel()
-        self.summary.setWordWrap(True)
+        self.plotted: Frame | None = None  # the frame the curves show (drawn ≤ HISTORY_REDRAW_MS late)
+        self._pending: Frame | None = None
+        self._since_draw = QElapsedTimer()
+        self._redraw_timer = QTimer(self)
+        self._redraw_timer.setObjectName("pagesim-memory-redraw")
+        self._redraw_timer.setSingleShot(True)
+        self._redraw_timer.timeout.connect(self._draw_pending)
+        LIVE_TIMERS.add(self._redraw_timer)
+        self.summary = LiveText(lines=1, max_lines=SUMMARY_LINES)  # new numbers every step: no re-layout
         self.summary.setToolTip(
             "Utilisation: slots holding tokens / slots allocated. Internal fragmentation: allocated slots left "
             "empty at the end of each sequence's last block. Contiguous: what reserving max_model_len per "
@@ -318,6 +333,28 @@ class MemoryPanel(QWidget):
         self.frag_curve.setPen(pg.mkPen(FRAG_COLOUR, width=2))
 
     def show_frame(self, frame: Frame) -> None:
+        self._show_summary(frame)
+        self._pending = frame
+        if not self._since_draw.isValid() or self._since_draw.elapsed() >= HISTORY_REDRAW_MS:
+            self._draw_pending()
+        elif not self._redraw_timer.isActive():
+            self._redraw_timer.start(HISTORY_REDRAW_MS - self._since_draw.elapsed())
+
+    def flush(self) -> None:
+        """Draw what is pending now (a screenshot, the window closing, a test)."""
+        self._redraw_timer.stop()
+        if self._pending is not None:
+            self._draw_pending()
+
+    def _draw_pending(self) -> None:
+        frame, self._pending = self._pending, None
+        if frame is None:
+            return
+        self._since_draw.start()
+        self._draw_history(frame)
+        self.plotted = frame
+
+    def _draw_history(self, frame: Frame) -> None:
         history = frame.history
         steps = np.array([m.step for m in history], dtype=float)
         nan = float("nan")
@@ -352,6 +389,8 @@ class MemoryPanel(QWidget):
         self.frag_curve.setData(
             steps, [100 * m.internal_fragmentation / m.slots_allocated if m.slots_allocated else nan for m in history]
         )
+
+    def _show_summary(self, frame: Frame) -> None:
         m = frame.metrics
         if m is None:
             self.summary.setText(f"{frame.config.num_blocks} blocks free · nothing allocated yet")
@@ -370,8 +409,8 @@ class MemoryPanel(QWidget):
         if frame.queues is not None:
             q, c = frame.queues, frame.scheduler_counts
             prefix += (
-                f"<br>scheduler · running {', '.join(q['running']) or '—'} · waiting {', '.join(q['waiting']) or '—'}"
-                f" · swapped {', '.join(q['swapped']) or '—'} · {c['preemptions']} preemptions · "
+                f"<br>scheduler · running {_names(q['running'])} · waiting {_names(q['waiting'])}"
+                f" · swapped {_names(q['swapped'])} · {c['preemptions']} preemptions · "
                 f"{c['finished']} finished · {c['rejected']} rejected"
             )
         if not m.slots_allocated:
@@ -383,6 +422,14 @@ class MemoryPanel(QWidget):
             f"internal fragmentation {m.internal_fragmentation} slots · contiguous would hold "
             f"{m.contiguous_blocks} blocks{saving}{prefix}"
         )
+
+
+def _names(queue) -> str:
+    """A queue's requests for the summary line: the first few, then how many more."""
+    if not queue:
+        return "—"
+    shown = ", ".join(queue[:QUEUE_NAMES_SHOWN])
+    return shown if len(queue) <= QUEUE_NAMES_SHOWN else f"{shown} … (+{len(queue) - QUEUE_NAMES_SHOWN})"
 
 
 WASTE_COLOURS = {

@@ -1,0 +1,50 @@
+"""The memory history redraws at most every HISTORY_REDRAW_MS while frames stream in,
+always ends on the newest frame, and a frame after a pause is drawn at once."""
+
+from app.gui.palette import THEMES
+from app.gui.views.plots import HISTORY_REDRAW_MS, MemoryPanel
+from core.scenario import load_shipped
+from core.timeline import Timeline
+from core.view_model import build_frame
+from kernels.cpu_backend import CpuBackend
+
+
+def _frames(count: int):
+    timeline = Timeline(load_shipped("default"), CpuBackend())
+    frame = build_frame(timeline, None, None, None)
+    out = [frame]
+    for _ in range(count):
+        frame = build_frame(timeline, None, timeline.forward(), frame)
+        out.append(frame)
+    return out
+
+
+def test_a_burst_of_frames_is_drawn_late_but_never_left_behind(qtbot):
+    panel = MemoryPanel(next(iter(THEMES.values())))
+    qtbot.addWidget(panel)
+    drawn = []
+    draw = panel._draw_history
+    panel._draw_history = lambda frame: (drawn.append(frame.position), draw(frame))
+    frames = _frames(6)
+    for frame in frames[:-1]:  # back to back, as at full speed
+        panel.show_frame(frame)
+        assert str(frame.metrics.used_blocks if frame.metrics else frame.config.num_blocks) in panel.summary.text()
+    assert drawn == [0]  # the first at once, the rest wait for the redraw interval
+    qtbot.waitUntil(lambda: panel.plotted is frames[-2], timeout=5 * HISTORY_REDRAW_MS)
+    assert drawn == [0, frames[-2].position]  # one redraw for the whole burst, of the newest frame
+    xs, _ = panel.used_curve.getData()
+    assert len(xs) == len(frames[-2].history)
+    qtbot.wait(HISTORY_REDRAW_MS + 20)
+    panel.show_frame(frames[-1])  # after a pause: drawn at once
+    assert panel.plotted is frames[-1] and not panel._redraw_timer.isActive()
+
+
+def test_flush_draws_what_is_pending(qtbot):
+    panel = MemoryPanel(next(iter(THEMES.values())))
+    qtbot.addWidget(panel)
+    first, second = _frames(1)
+    panel.show_frame(first)
+    panel.show_frame(second)
+    assert panel.plotted is first and panel._redraw_timer.isActive()
+    panel.flush()
+    assert panel.plotted is second and not panel._redraw_timer.isActive()
