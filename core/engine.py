@@ -25,7 +25,7 @@ import numpy as np
 from core import events as ev
 from core.block_manager import BlockManager, BlockManagerSnapshot
 from core.config import CacheConfig
-from core.dense_check import DenseCheck, DenseCheckSnapshot
+from core.dense_check import DenseCheck, DenseCheckSnapshot, stack_rows
 from core.errors import (
     DuplicateSequenceError,
     InvalidOperationError,
@@ -492,7 +492,7 @@ class Simulator:
         block_tables[rows, np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)] = flat
         context_lens = np.array([s.num_tokens for s in seqs], dtype=np.int32)
         c = self.config
-        query = np.stack([self._last_query[i] for i in ids]) if ids else np.empty((0, c.num_heads, c.head_dim))
+        query = stack_rows([self._last_query[i] for i in ids]) if ids else np.empty((0, c.num_heads, c.head_dim))
         return ids, query.astype(self.cache.dtype), block_tables, context_lens
 
     def _attend(self) -> AttentionReport | None:
@@ -528,19 +528,27 @@ class Simulator:
             kernel_seconds=kernel_seconds,
             dense_seconds=dense_seconds,
         )
-        errors, bounds = report.head_errors.tolist(), tolerances.tolist()
-        emit = self.events.emit
-        for row, seq_id in enumerate(ids):
-            n = int(context_lens[row])
-            emit(ev.LookupPerformed(seq_id, tuple(self.sequences[seq_id].block_table), n))
-            head_errors, head_bounds = tuple(errors[row]), tuple(bounds[row])
-            emit(
-                ev.AttentionComputed(
-                    seq_id, n, max(head_errors), head_errors, max(head_bounds), backend.name, head_bounds
-                )
-            )
-        emit(ev.KernelLaunched(backend.name, backend.device, len(ids), kernel_seconds, dense_seconds))
+        if self.events.enabled:
+            self._emit_attention_events(report)
+        self.events.emit(ev.KernelLaunched(backend.name, backend.device, len(ids), kernel_seconds, dense_seconds))
         return report
+
+    def _emit_attention_events(self, report: AttentionReport) -> None:
+        """A lookup and a check per sequence: what the animation and the event log show."""
+        errors, bounds = report.head_errors, report.tolerances
+        rows = zip(
+            report.seq_ids,
+            report.context_lens.tolist(),
+            errors.tolist(),
+            errors.max(axis=1, initial=0.0).tolist(),
+            bounds.tolist(),
+            bounds.max(axis=1, initial=0.0).tolist(),
+            strict=True,
+        )
+        emit, live, backend = self.events.emit, self.sequences, report.backend
+        for seq_id, n, head_errors, worst, head_bounds, widest in rows:
+            emit(ev.LookupPerformed(seq_id, tuple(live[seq_id].block_table), n))
+            emit(ev.AttentionComputed(seq_id, n, worst, tuple(head_errors), widest, backend, tuple(head_bounds)))
 
     # -- snapshots --------------------------------------------------------------------------
     def snapshot(self, with_data: bool = True) -> SimulatorSnapshot:
