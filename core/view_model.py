@@ -168,11 +168,23 @@ def build_frame(
             ref_counts[block] = sim.pool.ref_count(block)
             block_fill[block] = sim.block_fill(block)
         history = (*previous.history, result.metrics)
+        # A sequence the step did not touch keeps its picture (most of 256, every step).
+        before = {s.seq_id: s for s in previous.sequences}
+        sequences = tuple(
+            kept
+            if (kept := before.get(seq_id)) is not None
+            and seq_id not in touched_sequences
+            and kept.num_tokens == seq.num_tokens
+            and len(kept.block_table) == len(seq.block_table)
+            else SequenceState(seq_id, seq.num_tokens, tuple(seq.block_table))
+            for seq_id, seq in sim.sequences.items()
+        )
     else:
         holders = sim.holders_map()
         ref_counts = np.array(sim.pool.ref_counts(), dtype=np.int32)
         block_fill = np.array(sim.block_fills(), dtype=np.int32)
         history = tuple(r.metrics for k in range(1, timeline.position + 1) if (r := timeline.result(k)) is not None)
+        sequences = tuple(SequenceState(s.seq_id, s.num_tokens, tuple(s.block_table)) for s in sim.sequences.values())
     current = timeline.current
     return Frame(
         position=timeline.position,
@@ -185,7 +197,7 @@ def build_frame(
         block_fill=block_fill,
         holders=holders,
         free_queue=tuple(sim.pool.free_blocks()),
-        sequences=tuple(SequenceState(s.seq_id, s.num_tokens, tuple(s.block_table)) for s in sim.sequences.values()),
+        sequences=sequences,
         history=history,
         result=result,
         attention=sim.last_attention,

@@ -83,7 +83,7 @@ def test_incremental_frames_equal_full_ones(cpu_backend):
 
     from core.view_model import build_frame
 
-    for name in ("default", "parallel_sampling", "preemption_swap", "shared_system_prompt"):
+    for name in ("default", "parallel_sampling", "preemption_swap", "preemption_recompute", "shared_system_prompt"):
         timeline = Timeline(load_shipped(name), cpu_backend)
         frame = build_frame(timeline, None)
         while not timeline.at_end:
@@ -94,6 +94,7 @@ def test_incremental_frames_equal_full_ones(cpu_backend):
             np.testing.assert_array_equal(frame.ref_counts, full.ref_counts)
             np.testing.assert_array_equal(frame.block_fill, full.block_fill)
             assert frame.history == full.history
+            assert frame.sequences == full.sequences, (name, timeline.position)
 
 
 def test_an_action_mid_scenario_sets_the_future_aside_and_undo_brings_it_back(cpu_backend):
