@@ -17,7 +17,9 @@ from core.errors import PagesimError
 from core.scenario import DEFAULT_SCENARIO, load_scenario
 
 # The GUI shares the cores with the kernel's and torch's thread pools: threads that
-# spin while idle (OpenMP's default) would take the time the GUI needs to repaint.
+# spin while idle (OpenMP's default) would take the time the GUI needs to repaint. The
+# `pagesim` entry point sets it before torch loads (app/__init__.py); this covers an app
+# started another way, for the thread pools started after it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 IMAGE_FORMATS = ("png", "jpg", "jpeg", "bmp")
 

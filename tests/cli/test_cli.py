@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -153,3 +154,24 @@ def test_benchmarks_module_runs_on_its_own(tmp_path):
         capture_output=True,
     )
     assert json.loads(path.read_text())["quick"] is True
+
+
+@pytest.mark.parametrize(
+    "argv, passive",
+    [
+        (["pagesim"], True),
+        (["pagesim", "gui", "default"], True),
+        (["pagesim", "bench", "--gui"], True),
+        (["pagesim", "bench"], False),
+        (["pagesim", "run", "default"], False),
+    ],
+)
+def test_only_the_window_asks_openmp_threads_to_sleep_and_before_torch_loads(argv, passive):
+    """libgomp reads OMP_WAIT_POLICY once, when torch loads it: set after, it does nothing."""
+    probe = (
+        f"import sys; sys.argv = {argv!r}; import app, os; "
+        "assert 'torch' not in sys.modules; print(os.environ.get('OMP_WAIT_POLICY'))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == ("PASSIVE" if passive else "None")
