@@ -161,11 +161,13 @@ class TokenModel:
         (seed, name) rounds are hashed once, only the position's round runs per step."""
         stream_of = self._stream_of
         states = list(map(stream_of.get, seq_ids))
-        if None in states:
+        try:
+            z = np.array(states, dtype=np.uint64)
+        except TypeError:  # a None: a sequence's first token (scanning for it costs more)
             for i, s in enumerate(seq_ids):
                 if states[i] is None:
                     states[i] = stream_of[s] = _mix(self.config.seed, zlib.crc32(s.encode()))
-        z = np.array(states, dtype=np.uint64)
+            z = np.array(states, dtype=np.uint64)
         return _mix_array_from(z, np.asarray(positions, dtype=np.uint64)).tolist()
 
     # -- projections -------------------------------------------------------------
