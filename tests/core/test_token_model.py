@@ -70,6 +70,7 @@ def test_a_decode_steps_tokens_are_the_ones_each_sequence_holds_at_that_position
     model = TokenModel(CacheConfig(num_blocks=16, block_size=4, num_heads=2, num_kv_heads=1, head_dim=8, seed=7))
     names = ["a", "b", "r12/b3", "long name with spaces", "a"]
     for positions in ([0, 1, 2, 3, 4], [10**6, 5, 2**40, 17, 0]):
-        assert model.next_token_ids(names, positions) == [model.token_id(n, p) for n, p in zip(names, positions, strict=True)]
+        expected = [model.token_id(n, p) for n, p in zip(names, positions, strict=True)]
+        assert model.next_token_ids(names, positions) == expected
     assert model.next_token_ids(["fresh", "a"], [3, 3]) == [model.token_id("fresh", 3), model.token_id("a", 3)]
     assert model.next_token_ids([], []) == []
