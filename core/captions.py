@@ -37,7 +37,7 @@ def step_caption(result: StepResult) -> str:
     # and a pass per question cost 2.5 ms a step); the narrated ones keep their order.
     of: dict[type, list] = {}
     narrated = []
-    for e in result.events:
+    for e in result.op_events:  # the attention's lookups and checks narrate nothing here
         of.setdefault(type(e), []).append(e)
         if isinstance(e, _NARRATED):
             narrated.append(e)

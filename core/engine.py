@@ -62,6 +62,33 @@ class AttentionReport:
     tolerances: np.ndarray  # (num_seqs, num_heads): what rounding explains (core.dense_check.error_bounds)
     kernel_seconds: float
     dense_seconds: float
+    block_size: int
+
+    def table_of(self, row: int) -> tuple[int, ...]:
+        """The physical blocks the kernel read for sequence ``row``, in logical order."""
+        used = -(-int(self.context_lens[row]) // self.block_size)
+        return tuple(self.block_tables[row, :used].tolist())
+
+    def events(self) -> tuple[ev.Event, ...]:
+        """A lookup and a check per sequence, then the launch: what the animation and the
+        event log show of the step's attention."""
+        errors, bounds = self.head_errors, self.tolerances
+        rows = zip(
+            self.seq_ids,
+            self.context_lens.tolist(),
+            errors.tolist(),
+            errors.max(axis=1, initial=0.0).tolist(),
+            bounds.tolist(),
+            bounds.max(axis=1, initial=0.0).tolist(),
+            strict=True,
+        )
+        out: list[ev.Event] = []
+        for row, (seq_id, n, head_errors, worst, head_bounds, widest) in enumerate(rows):
+            out.append(ev.LookupPerformed(seq_id, self.table_of(row), n))
+            check = ev.AttentionComputed(seq_id, n, worst, tuple(head_errors), widest, self.backend, tuple(head_bounds))
+            out.append(check)
+        seconds = self.kernel_seconds, self.dense_seconds
+        return (*out, ev.KernelLaunched(self.backend, self.device, len(self.seq_ids), *seconds))
 
     @functools.cached_property
     def head_errors(self) -> np.ndarray:
@@ -89,10 +116,27 @@ class AttentionReport:
 class StepResult:
     step: int  # 1-based: the state after this many operations
     op: Operation
-    events: tuple[ev.Event, ...]
+    op_events: tuple[ev.Event, ...]  # what the operation did to blocks, tokens and requests
     metrics: Metrics
     attention: AttentionReport | None
     detail_dropped: bool = False  # an old step: its attention and detail events recompute on a seek
+    recorded: bool = True  # False: a run that keeps no events (apply's record=False)
+
+    @functools.cached_property
+    def events(self) -> tuple[ev.Event, ...]:
+        """Every event of the step: the operation's, then the attention's (a lookup and a
+        check per sequence, the launch), built from the report when first asked for — the
+        window reads one sequence's lookup (:meth:`lookup_of`), the event log all of them."""
+        if self.attention is None or not self.recorded:
+            return self.op_events
+        return self.op_events + self.attention.events()
+
+    def lookup_of(self, seq_id: str | None) -> tuple[int, ...] | None:
+        """The blocks the kernel read for ``seq_id`` this step, in logical order (None: not attended)."""
+        report = self.attention
+        if report is None or not self.recorded or seq_id not in report.seq_ids:
+            return None
+        return report.table_of(report.index_of(seq_id))
 
 
 @dataclass(frozen=True)
@@ -275,7 +319,7 @@ class Simulator:
             raise
         self.step += 1
         self.last_attention = self._attend() if attend and self.kv_data else None
-        return StepResult(self.step, op, self.events.take(), self.metrics(), self.last_attention)
+        return StepResult(self.step, op, self.events.take(), self.metrics(), self.last_attention, recorded=record)
 
     def execute(self, op: Operation) -> None:
         """Validate and apply one operation (its events go to the log); no attention, no step."""
@@ -527,28 +571,9 @@ class Simulator:
             tolerances=tolerances,
             kernel_seconds=kernel_seconds,
             dense_seconds=dense_seconds,
+            block_size=self.config.block_size,
         )
-        if self.events.enabled:
-            self._emit_attention_events(report)
-        self.events.emit(ev.KernelLaunched(backend.name, backend.device, len(ids), kernel_seconds, dense_seconds))
-        return report
-
-    def _emit_attention_events(self, report: AttentionReport) -> None:
-        """A lookup and a check per sequence: what the animation and the event log show."""
-        errors, bounds = report.head_errors, report.tolerances
-        rows = zip(
-            report.seq_ids,
-            report.context_lens.tolist(),
-            errors.tolist(),
-            errors.max(axis=1, initial=0.0).tolist(),
-            bounds.tolist(),
-            bounds.max(axis=1, initial=0.0).tolist(),
-            strict=True,
-        )
-        emit, live, backend = self.events.emit, self.sequences, report.backend
-        for seq_id, n, head_errors, worst, head_bounds, widest in rows:
-            emit(ev.LookupPerformed(seq_id, tuple(live[seq_id].block_table), n))
-            emit(ev.AttentionComputed(seq_id, n, worst, tuple(head_errors), widest, backend, tuple(head_bounds)))
+        return report  # its events are built when a StepResult's are first asked for
 
     # -- snapshots --------------------------------------------------------------------------
     def snapshot(self, with_data: bool = True) -> SimulatorSnapshot:

@@ -261,8 +261,8 @@ class Timeline:
         # the steps played.
         old = self._results.get(result.step - KEEP_ATTENTION)
         if old is not None and not old.detail_dropped:
-            kept = tuple(e for e in old.events if not e.detail)
-            self._results[old.step] = replace(old, attention=None, events=kept, detail_dropped=True)
+            kept = tuple(e for e in old.op_events if not e.detail)
+            self._results[old.step] = replace(old, attention=None, op_events=kept, detail_dropped=True)
         if result.step % self.snapshot_every == 0:
             # Only the newest snapshot keeps the K/V arrays and the attention report; older
             # ones rebuild them from the tokens when restored.

@@ -136,7 +136,7 @@ def touched_by(result: StepResult, sim: Simulator) -> tuple[frozenset, frozenset
     """Blocks and sequences whose picture one step changed (from its events)."""
     blocks: set[int] = set()
     seqs: set[str] = set()
-    for event in result.events:
+    for event in result.op_events:  # (attention events change no block's picture)
         if event.changes_pool:
             blocks.update(event.touched_blocks)
             seqs.update(event.touched_seqs)
@@ -224,7 +224,7 @@ def build_frame(
         cpu_holders=_cpu_holders(sim),
         cpu_moved=frozenset(
             e.cpu_block
-            for e in (current.events if current is not None else ())
+            for e in (current.op_events if current is not None else ())
             if isinstance(e, ev.BlockSwappedOut | ev.BlockSwappedIn)
         ),
         caption=timeline.caption(timeline.position),

@@ -47,7 +47,7 @@ def beats_for(
     moves = Beat(SWAP_MS * scale)
     cpu_holders = dict(frame.cpu_holders)
     lookups: list[tuple[int, int]] = []  # (logical index, physical block) in access order
-    for event in frame.result.events:
+    for event in frame.result.op_events:
         if isinstance(event, ev.BlockAllocated | ev.BlockShared):
             change.glows[event.block] = colour_of(event.seq)
         elif isinstance(event, ev.BlockFreed | ev.BlockReleased):
@@ -69,8 +69,9 @@ def beats_for(
         elif isinstance(event, ev.BlockCopied):
             change.arrows.append((event.src, event.dst, colour_of(event.seq)))
             change.glows[event.dst] = colour_of(event.seq)
-        elif isinstance(event, ev.LookupPerformed) and event.seq == focus_seq:
-            lookups = list(enumerate(event.blocks))
+    read = frame.result.lookup_of(focus_seq)  # the kernel's walk through the selected table
+    if read is not None:
+        lookups = list(enumerate(read))
     beats = [moves] if moves.swaps else []  # the move first, then the pool's new state glows
     if change.glows or change.arrows:
         beats += [change, Beat(PAUSE_MS * scale)]

@@ -586,7 +586,7 @@ class MainWindow(QMainWindow):
         """Preemptions and rejections say what they cost, in the status bar."""
         if frame.result is None:
             return
-        notes = [note for event in frame.result.events if (note := event.status_note())]
+        notes = [note for event in frame.result.op_events if (note := event.status_note())]
         if notes:
             self.statusBar().showMessage(" · ".join(notes), 8000)
 

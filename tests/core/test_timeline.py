@@ -141,3 +141,31 @@ def test_a_new_action_after_undo_drops_the_redo_branch(cpu_backend):
     timeline.undo()
     timeline.undo() if timeline.can_undo else None
     assert timeline.operations == list(load_shipped("default").operations)
+
+
+def test_a_steps_attention_events_are_built_only_when_asked_for_and_as_before(cpu_backend):
+    """The window reads one sequence's lookup per step; the 2 × 256 lookup and check
+    events are built from the report only for the event log (and are the same events)."""
+    from core import events as ev
+    from core.view_model import build_frame
+
+    timeline = Timeline(load_shipped("parallel_sampling"), cpu_backend)
+    frame = build_frame(timeline, None)
+    while not timeline.at_end:
+        result = timeline.forward()
+        frame = build_frame(timeline, None, result, frame)
+        if result.attention is None:
+            continue
+        assert "events" not in result.__dict__  # the frame and the caption did not need them
+        lookups = {e.seq: e.blocks for e in result.events if isinstance(e, ev.LookupPerformed)}
+        checks = [e for e in result.events if isinstance(e, ev.AttentionComputed)]
+        assert set(lookups) == set(timeline.sim.sequences) == {c.seq for c in checks}
+        for seq_id, seq in timeline.sim.sequences.items():
+            assert lookups[seq_id] == tuple(seq.block_table) == result.lookup_of(seq_id)
+        assert isinstance(result.events[-1], ev.KernelLaunched)
+        assert result.events[: len(result.op_events)] == result.op_events
+    assert result.lookup_of("no such sequence") is None
+    unrecorded = Timeline(load_shipped("parallel_sampling"), cpu_backend).sim.apply(
+        timeline.operations[0], record=False
+    )
+    assert unrecorded.events == () and unrecorded.lookup_of("A") is None
