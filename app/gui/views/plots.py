@@ -178,7 +178,8 @@ class KernelPanel(QWidget):
         previous = self.frame.focus if self.frame is not None else None
         self.frame = frame
         self.set_backend(frame.backend, frame.device)
-        self.head_box.setMaximum(frame.config.num_heads - 1)
+        if self.head_box.maximum() != frame.config.num_heads - 1:  # a spin box re-lays out on every setMaximum
+            self.head_box.setMaximum(frame.config.num_heads - 1)
         if not _same_focus(previous, frame.focus):  # most steps leave the selected sequence alone
             self._redraw()
 
