@@ -647,3 +647,46 @@ def test_a_swap_flies_its_tiles_between_the_gpu_and_cpu_pools(make_window, qtbot
     assert min(src.y(), dst.y()) < now.y() < max(src.y(), dst.y())
     qtbot.waitUntil(lambda: not window.director.running, timeout=10_000)
     assert not flight.isVisible() and not flight.flights
+
+
+def test_a_decode_step_repaints_but_never_re_lays_out_the_window(make_window, qtbot):
+    """A relayout of the main window or a dock costs milliseconds and repaints what moved;
+    a step that only changes numbers must not cause one (a QLabel's setText or a spin
+    box's setMaximum each did, every step)."""
+    from PySide6.QtCore import QEvent, QObject
+    from PySide6.QtWidgets import QApplication, QDockWidget
+
+    from app.gui.bench import big_scenario
+
+    window = make_window()
+    window.resize(1400, 860)
+    window.load(big_scenario(32, 40))
+    wait_idle(qtbot, window)
+    window.controller.seek(32)  # every sequence added; then only decode steps
+    wait_idle(qtbot, window)
+    for _ in range(3):  # a label may grow a line once
+        window.controller.forward()
+        wait_idle(qtbot, window)
+    qtbot.wait(50)
+
+    class Layouts(QObject):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[str] = []
+
+        def eventFilter(self, obj, event) -> bool:
+            if event.type() == QEvent.Type.LayoutRequest and isinstance(obj, window.__class__ | QDockWidget):
+                self.seen.append(obj.objectName() or type(obj).__name__)
+            return False
+
+    layouts = Layouts()
+    QApplication.instance().installEventFilter(layouts)
+    try:
+        for _ in range(10):
+            window.controller.forward()
+            wait_idle(qtbot, window)
+            qtbot.wait(5)
+    finally:
+        QApplication.instance().removeEventFilter(layouts)
+    assert window.frame.position == 32 + 3 + 10
+    assert layouts.seen == []
