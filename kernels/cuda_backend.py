@@ -3,11 +3,11 @@ lives on the device and changes there (writes and copy-on-write copies included)
 
 from __future__ import annotations
 
+import ctypes
 import math
 import threading
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from kernels.backend import Backend, KernelInputError, validate_kernel_inputs
@@ -20,7 +20,7 @@ from kernels.cuda_build import (
     instantiation_for,
     kernel_source,
 )
-from kernels.dtypes import dtype_name
+from kernels.dtypes import bfloat16, dtype_name, is_bfloat16
 from kernels.occupancy import DeviceLimits, KernelResources, LaunchPlan, plan_launch
 
 # vLLM's rule: v1 when the longest context fits one pass (≤ 8192) and either it is a
@@ -37,7 +37,37 @@ def choose_variant(max_context_len: int, num_seqs: int, num_heads: int) -> str:
     return "v2"
 
 
+_DRIVER_LIBRARIES = ("libcuda.so.1", "libcuda.so", "nvcuda.dll")
+
+
+def driver_device_count() -> int | None:
+    """CUDA devices the driver reports, asked of the driver library directly; None where
+    there is no driver library. Importing CuPy to ask costs ~1 s (most of it ml_dtypes), and
+    every CPU-only start of the app asked, before its first frame."""
+    driver = _open_driver()
+    if driver is None:
+        return None
+    count = ctypes.c_int(0)
+    if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0  # e.g. CUDA_ERROR_NO_DEVICE: a driver, and nothing it can run on
+    return count.value
+
+
+def _open_driver():
+    for name in _DRIVER_LIBRARIES:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
 def unavailable_reason() -> str | None:
+    devices = driver_device_count()
+    if devices is None:
+        return "no CUDA driver on this machine (libcuda not found)"
+    if devices == 0:
+        return "the CUDA driver sees no device"
     try:
         import cupy
     except ImportError:
@@ -120,7 +150,7 @@ class CudaBackend(Backend):
 
     # -- dtypes: CuPy has no bfloat16, so bf16 caches live as uint16 bit patterns --------
     def array_dtype(self, dtype: np.dtype) -> np.dtype:
-        return np.dtype(np.uint16) if np.dtype(dtype) == np.dtype(ml_dtypes.bfloat16) else np.dtype(dtype)
+        return np.dtype(np.uint16) if is_bfloat16(dtype) else np.dtype(dtype)
 
     def kv_dtype_name(self, dtype) -> str:
         return "bfloat16" if np.dtype(dtype) == np.uint16 else dtype_name(dtype)
@@ -137,7 +167,7 @@ class CudaBackend(Backend):
             with self._device:
                 return self.xp.ascontiguousarray(array)
         host = np.ascontiguousarray(array)
-        if host.dtype == np.dtype(ml_dtypes.bfloat16):
+        if is_bfloat16(host.dtype):
             host = host.view(np.uint16)
         with self._device:
             return self.xp.asarray(host)
@@ -146,7 +176,7 @@ class CudaBackend(Backend):
         if isinstance(array, np.ndarray):
             return array
         host = self.xp.asnumpy(array)
-        return host.view(ml_dtypes.bfloat16) if host.dtype == np.uint16 else host
+        return host.view(bfloat16()) if host.dtype == np.uint16 else host
 
     def synchronize(self) -> None:
         self.xp.cuda.get_current_stream().synchronize()
