@@ -1,4 +1,4 @@
-"""Rich text that changes on every step, at a fixed number of lines.
+"""Rich text that changes on every step, without re-laying out the window.
 
 A QLabel's ``setText`` calls ``updateGeometry``, and a layout that re-activates passes it
 up (``QLayout::activate`` ends in the parent's ``updateGeometry``), so one changed number
