@@ -386,6 +386,20 @@ def test_every_step_has_a_caption_and_the_step_log_follows_the_timeline(window, 
     frame = wait_idle(qtbot, window)
     assert log.count() == frame.length == 4 and "arrived with" in log.item(3).text()
 
+    def every_line_is_its_step(frame):
+        return [log.item(i).text() for i in range(log.count())] == [
+            f"{i + 1} · {text}" for i, text in enumerate(frame.captions)
+        ]
+
+    assert every_line_is_its_step(frame)
+    window.actions.undo_action.trigger()  # the script's future comes back: the log grows again
+    frame = wait_idle(qtbot, window)
+    assert log.count() == frame.length > 4 and every_line_is_its_step(frame)
+    for _ in range(3):  # played steps replace their "not played yet" lines, one at a time
+        window.controller.forward()
+        frame = wait_idle(qtbot, window)
+        assert every_line_is_its_step(frame)
+
 
 def test_a_full_pool_shows_its_refusal_in_the_pool_until_the_next_action(window, qtbot):
     window.actions.scrubber.setValue(2)

@@ -27,7 +27,10 @@ class ElidedLabel(QLabel):
             self._fit()
 
     def set_full_text(self, text: str) -> None:
-        self.full_text = " ".join(text.split())
+        text = " ".join(text.split())
+        if text == self.full_text:  # set on every frame: fitting again costs font measuring
+            return
+        self.full_text = text
         self.setToolTip(self.full_text)
         self._fit()
 

@@ -28,13 +28,18 @@ class StepLog(QListWidget):
         if lines is not self._lines:
             while self.count() > len(lines):
                 self.takeItem(self.count() - 1)
-            for index, text in enumerate(lines):
-                label = f"{index + 1} · {text}"
-                if index >= self.count():
+            old, count = self._lines, self.count()
+            # A step changes one line (its caption replaces "not played yet"): find it in one pass
+            # (zip stops at the shorter: lines past it are added or were removed above).
+            changed = [i for i, (was, now) in enumerate(zip(old, lines, strict=False)) if was != now]
+            for index in [*changed, *range(min(len(old), len(lines)), len(lines))]:
+                label = f"{index + 1} · {lines[index]}"
+                if index >= count:
                     item = QListWidgetItem(label)
                     item.setToolTip(label)
                     self.addItem(item)
-                elif index >= len(self._lines) or self._lines[index] != text:
+                    count += 1
+                else:
                     self.item(index).setText(label)
                     self.item(index).setToolTip(label)
             self._lines = lines
