@@ -161,9 +161,8 @@ class BlockManager:
             blocks = self.pool.allocate_specific(placement, evicted)
         else:
             blocks = self.pool.allocate(count, evicted)
-        if evicted and self.events.enabled:
-            for block in evicted:
-                self.events.emit(ev.BlockEvicted(block))
+        for block in evicted:
+            self.events.add(ev.BlockEvicted, block)
         for block in blocks:
             self._fill[block] = 0  # an evicted block's old tokens no longer count
         return blocks
@@ -173,8 +172,7 @@ class BlockManager:
         seq.block_table.append(block)
         index = len(seq.block_table) - 1
         self._hold(block, seq.seq_id, index)
-        if self.events.enabled:
-            self.events.emit(ev.BlockAllocated(block, seq.seq_id, index))
+        self.events.add(ev.BlockAllocated, block, seq.seq_id, index)
 
     def _new_block(self, seq: Sequence) -> int:
         (block,) = self._take(1)
@@ -191,12 +189,10 @@ class BlockManager:
             self._count_slots(-self._fill[block])
             if not self.pool.is_cached(block):  # a cached block keeps its tokens for reuse
                 self._fill[block] = 0
-            if self.events.enabled:
-                self.events.emit(ev.BlockFreed(block, seq_id))
+            self.events.add(ev.BlockFreed, block, seq_id)
         else:
             self._ref_changed(ref_count, up=False)
-            if self.events.enabled:
-                self.events.emit(ev.BlockReleased(block, seq_id, ref_count))
+            self.events.add(ev.BlockReleased, block, seq_id, ref_count)
 
     # -- prefix cache -----------------------------------------------------------------------
     def _chunks(self, token_ids: list[int], start: int, stop: int):
@@ -227,8 +223,8 @@ class BlockManager:
             h = block_hash(hashes[-1] if hashes else None, raw)
             hashes.append(h)
             block = seq.block_table[index]
-            if self.pool.register(block, h, chunk, index * bs) and self.events.enabled:
-                self.events.emit(ev.BlockCached(block, seq.seq_id, h))
+            if self.pool.register(block, h, chunk, index * bs):
+                self.events.add(ev.BlockCached, block, seq.seq_id, h)
 
     # -- allocate: a new sequence's blocks ---------------------------------------------------
     def allocation_need(self, num_tokens: int, hits: list[tuple[int, int]]) -> int:
@@ -351,9 +347,8 @@ class BlockManager:
         self._add_fill(dst, self._fill[src])
         seq.block_table[index] = dst
         self._hold(dst, seq.seq_id, index)
-        if self.events.enabled:
-            self.events.emit(ev.BlockAllocated(dst, seq.seq_id, index))
-            self.events.emit(ev.BlockCopied(src, dst, seq.seq_id, index))
+        self.events.add(ev.BlockAllocated, dst, seq.seq_id, index)
+        self.events.add(ev.BlockCopied, src, dst, seq.seq_id, index)
         self._release(src, seq.seq_id)
         return src, dst
 

@@ -377,7 +377,7 @@ class KernelLaunched(Event):
 
 class EventLog:
     """The events of the operation in progress. ``enabled = False`` keeps nothing (large
-    headless runs); hot paths test it before building an event."""
+    headless runs); hot paths use :meth:`add`, which does not even build the event then."""
 
     __slots__ = ("_events", "enabled")
 
@@ -388,6 +388,11 @@ class EventLog:
     def emit(self, event: Event) -> None:
         if self.enabled:
             self._events.append(event)
+
+    def add(self, kind: type[Event], *fields) -> None:
+        """Emit ``kind(*fields)``, built only when the log keeps events."""
+        if self.enabled:
+            self._events.append(kind(*fields))
 
     def take(self) -> tuple[Event, ...]:
         """Everything emitted since the last take, oldest first; the log is left empty."""
