@@ -267,13 +267,26 @@ class WalkThrough:
         """One sentence for a stage (written when shown: a long context has thousands)."""
         trace = self.trace
         if stage < len(trace.steps):
-            return _describe_step(trace.steps[stage], self.kernel, split=bool(trace.partitions))
+            text = _describe_step(trace.steps[stage], self.kernel, split=bool(trace.partitions))
+            return text + _thread_block_note(trace)
         if stage - len(trace.steps) < len(trace.merges):
             return _describe_merge(trace.merges[stage - len(trace.steps)])
         return (
             f"output: replay vs kernel max |Δ| {self.trace_error:.1e}, kernel vs dense {self.dense_error:.1e} "
             f"(rounding bound {self.bound:.1e})"
         )
+
+
+def _thread_block_note(trace) -> str:
+    """Where a CUDA head's thread block sits when it attends several heads of a KV group."""
+    geometry = trace.geometry
+    if geometry is None or geometry.heads_per_block == 1:
+        return ""
+    first = trace.head - trace.head % geometry.heads_per_block
+    return (
+        f" · thread block {geometry.thread_block_of(trace.head)} attends heads {first}–"
+        f"{first + geometry.heads_per_block - 1} (KV head {trace.kv_head}): one K/V load serves all of them"
+    )
 
 
 def _describe_step(step, kernel: str, split: bool = False) -> str:

@@ -17,6 +17,7 @@ from kernels.cuda_build import (
     PARTITION_SIZE,
     Instantiation,
     check_head_dim,
+    heads_per_block,
     instantiation_for,
     kernel_source,
 )
@@ -134,14 +135,22 @@ class CudaBackend(Backend):
 
     def launch_plan(self, key_cache, num_seqs: int, num_heads: int, max_context: int) -> LaunchPlan:
         """v1 or v2 from the occupancy model, with the compiled kernels' registers and shared memory."""
-        inst, module = self._module_for(key_cache)
+        heads = heads_per_block(num_heads, key_cache.shape[2])
+        inst, module = self._module_for(key_cache, heads)
 
         def resources(name: str) -> KernelResources:
             function = module.get_function(inst.names[name])
             return KernelResources(NUM_THREADS, function.num_regs, function.shared_size_bytes)
 
         return plan_launch(
-            num_seqs, num_heads, max_context, resources("v1"), resources("v2"), self.device_limits(), PARTITION_SIZE
+            num_seqs,
+            num_heads,
+            max_context,
+            resources("v1"),
+            resources("v2"),
+            self.device_limits(),
+            PARTITION_SIZE,
+            heads_per_block=heads,
         )
 
     @property
@@ -186,9 +195,9 @@ class CudaBackend(Backend):
             free, _ = self.xp.cuda.runtime.memGetInfo()
         return int(free)
 
-    def _module_for(self, cache) -> tuple[Instantiation, Any]:
+    def _module_for(self, cache, heads: int = 1) -> tuple[Instantiation, Any]:
         _, block_size, _, head_dim = cache.shape
-        inst = instantiation_for(self.kv_dtype_name(cache.dtype), head_dim, block_size)
+        inst = instantiation_for(self.kv_dtype_name(cache.dtype), head_dim, block_size, heads)
         return inst, self.compile_module(inst)
 
     def compile_module(self, inst: Instantiation):
@@ -294,7 +303,8 @@ class CudaBackend(Backend):
         xp = self.xp
         num_seqs, num_heads, head_dim = query.shape
         _, block_size, num_kv_heads, _ = key_cache.shape
-        inst, module = self._module_for(key_cache)
+        heads = heads_per_block(num_heads, num_kv_heads)  # query heads a thread block attends
+        inst, module = self._module_for(key_cache, heads)
         if variant is None and self.variant in ("v1", "v2"):
             variant = self.variant
         elif variant is None and self.variant == "vllm":
@@ -310,7 +320,7 @@ class CudaBackend(Backend):
             max_blocks = np.int32(tables.shape[1])
             if variant == "v1":
                 module.get_function(inst.names["v1"])(
-                    (num_heads, num_seqs),
+                    (num_heads // heads, num_seqs),
                     (NUM_THREADS,),
                     (out, q, key_cache, value_cache, tables, lens, *common, max_blocks),
                 )
@@ -320,7 +330,7 @@ class CudaBackend(Backend):
             maxes = xp.empty((num_seqs, num_heads, partitions), dtype=xp.float32)
             sums = xp.empty_like(maxes)
             module.get_function(inst.names["v2"])(
-                (num_heads, num_seqs, partitions),
+                (num_heads // heads, num_seqs, partitions),
                 (NUM_THREADS,),
                 (
                     partial,

@@ -21,6 +21,10 @@ SOURCE_NAME = "paged_attention.cu"
 KINDS = STORAGE_KINDS
 STORAGE_CTYPE = {0: "float", 1: "unsigned short", 2: "unsigned short"}
 FAST_BLOCK_SIZES = (8, 16, 32, 64, 128, 256)  # compile-time block sizes; others run generic
+# Query heads of one KV group a thread block attends together. Not 8: each head keeps its own
+# query, accumulator and softmax state in registers, and 8 take ~240 a thread (ptxas, sm_90):
+# one block a SM, a sixth of the warps that keep HBM busy. 4 take ~125: four blocks a SM.
+HEADS_PER_BLOCK = (1, 2, 4)
 
 
 def _source_constant(name: str) -> int:
@@ -49,6 +53,15 @@ def template_block_size(block_size: int) -> int:
     return block_size if block_size in FAST_BLOCK_SIZES else 0
 
 
+def heads_per_block(num_heads: int, num_kv_heads: int) -> int:
+    """How many query heads of one KV group share a thread block (so share its K/V loads):
+    the largest of HEADS_PER_BLOCK that divides the group. A group of 8 takes 4 (two blocks
+    read each K/V row, the second mostly from L2), a group of 6 takes 2, plain multi-head
+    attention 1."""
+    group = num_heads // num_kv_heads if num_kv_heads else 1
+    return max(h for h in HEADS_PER_BLOCK if group % h == 0)
+
+
 def check_head_dim(head_dim: int) -> None:
     if head_dim % 8 or not 8 <= head_dim <= 256:
         raise ValueError(f"the CUDA kernels take head_dim a multiple of 8 in 8..256; got {head_dim}")
@@ -59,14 +72,15 @@ class Instantiation:
     kind: int
     head_dim: int
     block_size: int  # template value: 0 = read at run time
+    heads: int = 1  # query heads a thread block attends (one of HEADS_PER_BLOCK)
 
     @property
     def names(self) -> dict[str, str]:
-        k, d, b = self.kind, self.head_dim, self.block_size
+        k, d, b, h = self.kind, self.head_dim, self.block_size, self.heads
         ctype = STORAGE_CTYPE[k]
         return {
-            "v1": f"pagesim::paged_attention_v1<{k}, {d}, {b}>",
-            "v2": f"pagesim::paged_attention_v2<{k}, {d}, {b}>",
+            "v1": f"pagesim::paged_attention_v1<{k}, {d}, {b}, {h}>",
+            "v2": f"pagesim::paged_attention_v2<{k}, {d}, {b}, {h}>",
             "reduce": f"pagesim::paged_attention_v2_reduce<{d}>",
             "write": f"pagesim::reshape_and_cache<{ctype}>",
             "copy": f"pagesim::copy_blocks<{ctype}>",
@@ -74,31 +88,38 @@ class Instantiation:
 
     @property
     def module_key(self) -> tuple[int, int]:
-        """One compiled module per (dtype, head_dim) holds every block-size variant."""
+        """One compiled module per (dtype, head_dim) holds every block-size and heads variant."""
         return self.kind, self.head_dim
 
     def module_names(self) -> list[str]:
         names = {
             name
             for block_size in (0, *FAST_BLOCK_SIZES)
-            for name in Instantiation(self.kind, self.head_dim, block_size).names.values()
+            for heads in HEADS_PER_BLOCK
+            for name in Instantiation(self.kind, self.head_dim, block_size, heads).names.values()
         }
         return sorted(names)
 
 
-def instantiation_for(dtype: str, head_dim: int, block_size: int) -> Instantiation:
+def instantiation_for(dtype: str, head_dim: int, block_size: int, heads: int = 1) -> Instantiation:
     check_head_dim(head_dim)
-    return Instantiation(KINDS[dtype], head_dim, template_block_size(block_size))
+    if heads not in HEADS_PER_BLOCK:
+        raise ValueError(f"a thread block attends {', '.join(map(str, HEADS_PER_BLOCK))} heads; got {heads}")
+    return Instantiation(KINDS[dtype], head_dim, template_block_size(block_size), heads)
 
 
 def representative_instantiations() -> list[Instantiation]:
-    """What the compile checks build: every dtype, small to large heads, fast and generic block sizes."""
+    """What the compile checks build: every dtype, small to large heads, fast and generic block
+    sizes, one head a block; and every heads-per-block choice for the common head dims (4 heads
+    of fp32 at head dim 256 hold the most registers)."""
     out = []
     for kind in KINDS.values():
         for head_dim in (8, 64, 128, 256):
             for block_size in (16, 0):
                 out.append(Instantiation(kind, head_dim, block_size))
     out += [Instantiation(1, 24, 0), Instantiation(0, 96, 32), Instantiation(2, 80, 8), Instantiation(1, 128, 256)]
+    for heads in HEADS_PER_BLOCK[1:]:
+        out += [Instantiation(kind, d, 16, heads) for kind, d in ((1, 128), (2, 128), (1, 64), (0, 256))]
     return out
 
 
@@ -272,7 +293,7 @@ def nvcc_usage(instantiations: list[Instantiation], arch: str) -> tuple[list[Res
 
 
 def demangled(entry: str) -> str:
-    """A readable kernel name from a mangled one, e.g. ``paged_attention_v1<1, 128, 16>``."""
+    """A readable kernel name from a mangled one, e.g. ``paged_attention_v1<1, 128, 16, 4>``."""
     m = re.match(r"_ZN7pagesim\d+(\w+?)I(.*?)EEv", entry)
     if not m:
         return entry

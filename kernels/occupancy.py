@@ -127,12 +127,14 @@ def plan_launch(
     v2: KernelResources,
     limits: DeviceLimits,
     partition_size: int,
+    heads_per_block: int = 1,
 ) -> LaunchPlan:
-    """v1 or v2 for a decode launch (grid: heads × sequences, × partitions for v2)."""
+    """v1 or v2 for a decode launch (grid: head groups × sequences, × partitions for v2; a
+    thread block attends ``heads_per_block`` query heads of one KV group)."""
     partitions = max(1, math.ceil(max_context_len / partition_size))
 
     def plan(variant: str, kernel: KernelResources, parts: int, reason: str) -> LaunchPlan:
-        grid = num_heads * num_seqs * parts
+        grid = num_heads // heads_per_block * num_seqs * parts
         resident = occupancy(kernel, limits).blocks_per_sm
         return LaunchPlan(variant, grid, parts, resident, grid / (resident * limits.sm_count), reason)
 

@@ -1,8 +1,9 @@
 // pagesim: paged-attention decode kernels, the KV-cache write and the block copy.
 //
 // Reimplemented from the ideas of vLLM's csrc/attention and the seed article's outline:
-// one thread block per (query head, sequence) [v1] or per (head, sequence, partition)
-// [v2, split-K], the block table read inside the loop, keys and values read in place
+// one thread block per (sequence, up to 4 query heads of one KV group) [v1] or per (those
+// heads, sequence, partition) [v2, split-K], so a GQA group reads each K/V row once; the
+// block table read inside the loop, keys and values read in place
 // from key_cache/value_cache of shape (num_blocks, block_size, num_kv_heads, head_dim),
 // an online softmax in fp32, and slots past the context never read.
 //
@@ -100,10 +101,13 @@ __device__ __forceinline__ void merge_state(float& m, float& l, float* acc, floa
   m = m_new;
 }
 
-// Attend one query head over tokens [token_begin, token_end) of one sequence.
-// Writes the normalised output (HEAD_DIM floats) and, if asked, the partition's max and sum.
-template <int KIND, int HEAD_DIM, int BLOCK_SIZE>
+// Attend HEADS query heads of one KV group over tokens [token_begin, token_end) of one
+// sequence: each K and V slice is loaded once and used for every head of the block.
+// Head h's normalised output (HEAD_DIM floats) goes to out + h * out_stride and, if asked,
+// its max and sum to out_max / out_sum + h * stat_stride.
+template <int KIND, int HEAD_DIM, int BLOCK_SIZE, int HEADS>
 __device__ void attend_range(float* __restrict__ out, float* __restrict__ out_max, float* __restrict__ out_sum,
+                             long long out_stride, long long stat_stride,
                              const typename Storage<KIND>::type* __restrict__ q_ptr,
                              const typename Storage<KIND>::type* __restrict__ key_cache,
                              const typename Storage<KIND>::type* __restrict__ value_cache,
@@ -115,25 +119,34 @@ __device__ void attend_range(float* __restrict__ out, float* __restrict__ out_ma
   const int warp = tid / WARP, lane = tid % WARP;
   const int group = lane / G::GROUP, lane_in_group = lane % G::GROUP;
 
-  // This lane's slice of the head: chunks lane_in_group, lane_in_group + GROUP, ...
-  float q[G::ELEMS];
+  // This lane's slice of each head: chunks lane_in_group, lane_in_group + GROUP, ...
+  // (the heads' queries are HEAD_DIM apart).
+  float q[HEADS][G::ELEMS];
 #pragma unroll
-  for (int c = 0; c < G::CHUNKS_PER_LANE; ++c) {
-    const int chunk = lane_in_group + c * G::GROUP;
-    if (chunk < G::CHUNKS) {
-      load_vec<KIND>(q_ptr + chunk * G::VEC, q + c * G::VEC);
+  for (int h = 0; h < HEADS; ++h) {
 #pragma unroll
-      for (int i = 0; i < G::VEC; ++i) q[c * G::VEC + i] *= scale;
-    } else {
+    for (int c = 0; c < G::CHUNKS_PER_LANE; ++c) {
+      const int chunk = lane_in_group + c * G::GROUP;
+      if (chunk < G::CHUNKS) {
+        load_vec<KIND>(q_ptr + h * HEAD_DIM + chunk * G::VEC, q[h] + c * G::VEC);
 #pragma unroll
-      for (int i = 0; i < G::VEC; ++i) q[c * G::VEC + i] = 0.f;
+        for (int i = 0; i < G::VEC; ++i) q[h][c * G::VEC + i] *= scale;
+      } else {
+#pragma unroll
+        for (int i = 0; i < G::VEC; ++i) q[h][c * G::VEC + i] = 0.f;
+      }
     }
   }
 
-  float acc[G::ELEMS];
+  float acc[HEADS][G::ELEMS];
+  float m[HEADS], l[HEADS];
 #pragma unroll
-  for (int i = 0; i < G::ELEMS; ++i) acc[i] = 0.f;
-  float m = negative_infinity(), l = 0.f;
+  for (int h = 0; h < HEADS; ++h) {
+    m[h] = negative_infinity();
+    l[h] = 0.f;
+#pragma unroll
+    for (int i = 0; i < G::ELEMS; ++i) acc[h][i] = 0.f;
+  }
   const long long token_stride = static_cast<long long>(num_kv_heads) * HEAD_DIM;
 
   // Every lane of a warp runs the same iterations so the shuffles stay converged. An
@@ -175,116 +188,145 @@ __device__ void attend_range(float* __restrict__ out, float* __restrict__ out_ma
         }
       }
     }
-    float s[BATCH];
-    float batch_max = negative_infinity();
+    float s[HEADS][BATCH];
+    float batch_max[HEADS];
+#pragma unroll
+    for (int h = 0; h < HEADS; ++h) batch_max[h] = negative_infinity();
 #pragma unroll
     for (int j = 0; j < BATCH; ++j) {
-      s[j] = 0.f;
+#pragma unroll
+      for (int h = 0; h < HEADS; ++h) s[h][j] = 0.f;
 #pragma unroll
       for (int c = 0; c < G::CHUNKS_PER_LANE; ++c) {
         float kf[G::VEC];
-        widen_vec<KIND>(k[j][c], kf);
+        widen_vec<KIND>(k[j][c], kf);  // widened once, used by every head
 #pragma unroll
-        for (int i = 0; i < G::VEC; ++i) s[j] += q[c * G::VEC + i] * kf[i];
+        for (int h = 0; h < HEADS; ++h) {
+#pragma unroll
+          for (int i = 0; i < G::VEC; ++i) s[h][j] += q[h][c * G::VEC + i] * kf[i];
+        }
       }
 #pragma unroll
-      for (int mask = G::GROUP / 2; mask > 0; mask /= 2) s[j] += __shfl_xor_sync(FULL_MASK, s[j], mask);
-      if (valid[j]) batch_max = fmaxf(batch_max, s[j]);  // after the shuffles: masked slots never count
+      for (int h = 0; h < HEADS; ++h) {
+#pragma unroll
+        for (int mask = G::GROUP / 2; mask > 0; mask /= 2) s[h][j] += __shfl_xor_sync(FULL_MASK, s[h][j], mask);
+        if (valid[j]) batch_max[h] = fmaxf(batch_max[h], s[h][j]);  // after the shuffles: masked slots never count
+      }
     }
     if (!valid[0]) continue;  // the batch's tokens are in order: none of them is in range
 
-    const float m_new = fmaxf(m, batch_max);
-    const float correction = __expf(m - m_new);  // 0 while m is still -inf
-    l *= correction;
+    float m_new[HEADS];
 #pragma unroll
-    for (int i = 0; i < G::ELEMS; ++i) acc[i] *= correction;
+    for (int h = 0; h < HEADS; ++h) {
+      m_new[h] = fmaxf(m[h], batch_max[h]);
+      const float correction = __expf(m[h] - m_new[h]);  // 0 while m is still -inf
+      l[h] *= correction;
+#pragma unroll
+      for (int i = 0; i < G::ELEMS; ++i) acc[h][i] *= correction;
+    }
 #pragma unroll
     for (int j = 0; j < BATCH; ++j) {
       if (!valid[j]) break;
-      const float p = __expf(s[j] - m_new);
-      l += p;
+      float p[HEADS];
+#pragma unroll
+      for (int h = 0; h < HEADS; ++h) {
+        p[h] = __expf(s[h][j] - m_new[h]);
+        l[h] += p[h];
+      }
 #pragma unroll
       for (int c = 0; c < G::CHUNKS_PER_LANE; ++c) {
         float vf[G::VEC];
         widen_vec<KIND>(v[j][c], vf);
 #pragma unroll
-        for (int i = 0; i < G::VEC; ++i) acc[c * G::VEC + i] += p * vf[i];
+        for (int h = 0; h < HEADS; ++h) {
+#pragma unroll
+          for (int i = 0; i < G::VEC; ++i) acc[h][c * G::VEC + i] += p[h] * vf[i];
+        }
       }
     }
-    m = m_new;
+#pragma unroll
+    for (int h = 0; h < HEADS; ++h) m[h] = m_new[h];
   }
 
   // Merge the groups of each warp (lanes lane_in_group, +GROUP, ... hold the same dims).
 #pragma unroll
   for (int mask = G::GROUP; mask < WARP; mask *= 2) {
-    const float m_o = __shfl_xor_sync(FULL_MASK, m, mask);
-    const float l_o = __shfl_xor_sync(FULL_MASK, l, mask);
-    float acc_o[G::ELEMS];
 #pragma unroll
-    for (int i = 0; i < G::ELEMS; ++i) acc_o[i] = __shfl_xor_sync(FULL_MASK, acc[i], mask);
-    merge_state<G::ELEMS>(m, l, acc, m_o, l_o, acc_o);
+    for (int h = 0; h < HEADS; ++h) {
+      const float m_o = __shfl_xor_sync(FULL_MASK, m[h], mask);
+      const float l_o = __shfl_xor_sync(FULL_MASK, l[h], mask);
+      float acc_o[G::ELEMS];
+#pragma unroll
+      for (int i = 0; i < G::ELEMS; ++i) acc_o[i] = __shfl_xor_sync(FULL_MASK, acc[h][i], mask);
+      merge_state<G::ELEMS>(m[h], l[h], acc[h], m_o, l_o, acc_o);
+    }
   }
 
   // Then the warps, through shared memory.
-  __shared__ float s_max[NUM_WARPS], s_sum[NUM_WARPS];
-  __shared__ float s_acc[NUM_WARPS][HEAD_DIM];
+  __shared__ float s_max[HEADS][NUM_WARPS], s_sum[HEADS][NUM_WARPS];
+  __shared__ float s_acc[HEADS][NUM_WARPS][HEAD_DIM];
   if (group == 0) {
 #pragma unroll
-    for (int c = 0; c < G::CHUNKS_PER_LANE; ++c) {
-      const int chunk = lane_in_group + c * G::GROUP;
-      if (chunk < G::CHUNKS) {
+    for (int h = 0; h < HEADS; ++h) {
 #pragma unroll
-        for (int i = 0; i < G::VEC; ++i) s_acc[warp][chunk * G::VEC + i] = acc[c * G::VEC + i];
+      for (int c = 0; c < G::CHUNKS_PER_LANE; ++c) {
+        const int chunk = lane_in_group + c * G::GROUP;
+        if (chunk < G::CHUNKS) {
+#pragma unroll
+          for (int i = 0; i < G::VEC; ++i) s_acc[h][warp][chunk * G::VEC + i] = acc[h][c * G::VEC + i];
+        }
       }
-    }
-    if (lane == 0) {
-      s_max[warp] = m;
-      s_sum[warp] = l;
+      if (lane == 0) {
+        s_max[h][warp] = m[h];
+        s_sum[h][warp] = l[h];
+      }
     }
   }
   __syncthreads();
-  float global_max = negative_infinity();
+  // Thread d of the block writes element d % HEAD_DIM of head d / HEAD_DIM, and so on.
+  for (int d = tid; d < HEADS * HEAD_DIM; d += NUM_THREADS) {
+    const int h = d / HEAD_DIM, dim = d % HEAD_DIM;
+    float global_max = negative_infinity();
 #pragma unroll
-  for (int w = 0; w < NUM_WARPS; ++w) global_max = fmaxf(global_max, s_max[w]);
-  float weights[NUM_WARPS];
-  float total = 0.f;
+    for (int w = 0; w < NUM_WARPS; ++w) global_max = fmaxf(global_max, s_max[h][w]);
+    float total = 0.f, a = 0.f;
 #pragma unroll
-  for (int w = 0; w < NUM_WARPS; ++w) {
-    weights[w] = s_max[w] == negative_infinity() ? 0.f : __expf(s_max[w] - global_max);
-    total += s_sum[w] * weights[w];
-  }
-  const float inv_total = total > 0.f ? 1.f / total : 0.f;
-  for (int d = tid; d < HEAD_DIM; d += NUM_THREADS) {
-    float a = 0.f;
-#pragma unroll
-    for (int w = 0; w < NUM_WARPS; ++w) a += s_acc[w][d] * weights[w];
-    out[d] = a * inv_total;
-  }
-  if (tid == 0 && out_max != nullptr) {
-    *out_max = global_max;
-    *out_sum = total;
+    for (int w = 0; w < NUM_WARPS; ++w) {
+      const float weight = s_max[h][w] == negative_infinity() ? 0.f : __expf(s_max[h][w] - global_max);
+      total += s_sum[h][w] * weight;
+      a += s_acc[h][w][dim] * weight;
+    }
+    const float inv_total = total > 0.f ? 1.f / total : 0.f;
+    out[h * out_stride + dim] = a * inv_total;
+    if (dim == 0 && out_max != nullptr) {
+      out_max[h * stat_stride] = global_max;
+      out_sum[h * stat_stride] = total;
+    }
   }
 }
 
-// v1: grid (num_heads, num_seqs), one thread block attends the whole context.
-template <int KIND, int HEAD_DIM, int BLOCK_SIZE>
+// v1: grid (num_heads / HEADS, num_seqs); one thread block attends the whole context for
+// HEADS consecutive query heads, which share one KV head (HEADS divides the GQA group).
+template <int KIND, int HEAD_DIM, int BLOCK_SIZE, int HEADS>
 __global__ void __launch_bounds__(NUM_THREADS)
     paged_attention_v1(float* __restrict__ out, const typename Storage<KIND>::type* __restrict__ query,
                        const typename Storage<KIND>::type* __restrict__ key_cache,
                        const typename Storage<KIND>::type* __restrict__ value_cache,
                        const int* __restrict__ block_tables, const int* __restrict__ context_lens, float scale,
                        int num_heads, int num_kv_heads, int block_size, int max_blocks_per_seq) {
-  const int head = blockIdx.x, seq = blockIdx.y;
-  const long long row = static_cast<long long>(seq) * num_heads + head;
-  const int kv_head = head / (num_heads / num_kv_heads);
-  attend_range<KIND, HEAD_DIM, BLOCK_SIZE>(out + row * HEAD_DIM, nullptr, nullptr, query + row * HEAD_DIM, key_cache,
-                                           value_cache, block_tables + static_cast<long long>(seq) * max_blocks_per_seq,
-                                           0, context_lens[seq], block_size, num_kv_heads, kv_head, scale);
+  const int first_head = blockIdx.x * HEADS, seq = blockIdx.y;
+  const long long row = static_cast<long long>(seq) * num_heads + first_head;
+  const int kv_head = first_head / (num_heads / num_kv_heads);
+  attend_range<KIND, HEAD_DIM, BLOCK_SIZE, HEADS>(
+      out + row * HEAD_DIM, nullptr, nullptr, HEAD_DIM, 0, query + row * HEAD_DIM, key_cache, value_cache,
+      block_tables + static_cast<long long>(seq) * max_blocks_per_seq, 0, context_lens[seq], block_size,
+      num_kv_heads, kv_head, scale);
 }
 
-// v2 (split-K / flash-decoding): grid (num_heads, num_seqs, max_partitions); each thread
-// block attends one PARTITION_SIZE slice and leaves its max, sum and normalised output.
-template <int KIND, int HEAD_DIM, int BLOCK_SIZE>
+// v2 (split-K / flash-decoding): grid (num_heads / HEADS, num_seqs, max_partitions); each
+// thread block attends one PARTITION_SIZE slice for its heads and leaves, per head, the
+// slice's max, sum and normalised output.
+template <int KIND, int HEAD_DIM, int BLOCK_SIZE, int HEADS>
 __global__ void __launch_bounds__(NUM_THREADS)
     paged_attention_v2(float* __restrict__ partial_out, float* __restrict__ max_logits, float* __restrict__ exp_sums,
                        const typename Storage<KIND>::type* __restrict__ query,
@@ -292,18 +334,19 @@ __global__ void __launch_bounds__(NUM_THREADS)
                        const typename Storage<KIND>::type* __restrict__ value_cache,
                        const int* __restrict__ block_tables, const int* __restrict__ context_lens, float scale,
                        int num_heads, int num_kv_heads, int block_size, int max_blocks_per_seq, int max_partitions) {
-  const int head = blockIdx.x, seq = blockIdx.y, partition = blockIdx.z;
+  const int first_head = blockIdx.x * HEADS, seq = blockIdx.y, partition = blockIdx.z;
   const int context_len = context_lens[seq];
   const int begin = partition * PARTITION_SIZE;
   if (begin >= context_len) return;  // the whole thread block leaves together
   const int end = min_int(begin + PARTITION_SIZE, context_len);
-  const long long row = static_cast<long long>(seq) * num_heads + head;
+  const long long row = static_cast<long long>(seq) * num_heads + first_head;
   const long long slot = row * max_partitions + partition;
-  const int kv_head = head / (num_heads / num_kv_heads);
-  attend_range<KIND, HEAD_DIM, BLOCK_SIZE>(partial_out + slot * HEAD_DIM, max_logits + slot, exp_sums + slot,
-                                           query + row * HEAD_DIM, key_cache, value_cache,
-                                           block_tables + static_cast<long long>(seq) * max_blocks_per_seq, begin,
-                                           end, block_size, num_kv_heads, kv_head, scale);
+  const int kv_head = first_head / (num_heads / num_kv_heads);
+  attend_range<KIND, HEAD_DIM, BLOCK_SIZE, HEADS>(
+      partial_out + slot * HEAD_DIM, max_logits + slot, exp_sums + slot,
+      static_cast<long long>(max_partitions) * HEAD_DIM, max_partitions, query + row * HEAD_DIM, key_cache,
+      value_cache, block_tables + static_cast<long long>(seq) * max_blocks_per_seq, begin, end, block_size,
+      num_kv_heads, kv_head, scale);
 }
 
 // v2 reduce: grid (num_heads, num_seqs); rescales each partition by exp(max_i - global_max).

@@ -6,7 +6,9 @@ The replay follows each kernel's own order of work, so its stages are the kernel
   (≥ 32 tokens): the block-table lookups, the tile's scores, its max, the rescale of the
   running sum and accumulator by exp(m_old − m_new), then the tile's exp-weighted values; a
   few long sequences are split into partitions, reduced at the end as v2's are;
-- the CUDA kernel (``kernels/paged_attention.cu``) gives each of its 4 warps thread groups
+- the CUDA kernel (``kernels/paged_attention.cu``) attends up to 4 query heads of one KV
+  group in a thread block (each K/V load serves all of them; a head's walk is the same
+  whichever block it shares), and gives each of its 4 warps thread groups
   of ``GROUP`` lanes; per iteration group g of warp w takes a batch of TOKENS_PER_ITER
   tokens first + g + j·TOKENS_PER_WARP for first = begin + w·span (span = TOKENS_PER_WARP ·
   TOKENS_PER_ITER), stepping by 4·span, and keeps its own online softmax, rescaled once per
@@ -24,7 +26,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kernels.cuda_build import NUM_THREADS, PARTITION_SIZE, TOKENS_PER_ITER
+from kernels.cuda_build import NUM_THREADS, PARTITION_SIZE, TOKENS_PER_ITER, heads_per_block
 
 WARP = 32
 NUM_WARPS = NUM_THREADS // WARP
@@ -36,18 +38,25 @@ def _next_pow2(x: int) -> int:
 
 @dataclass(frozen=True)
 class CudaGeometry:
-    """The thread-group layout ``paged_attention.cu`` uses for a dtype and head dim."""
+    """The thread-group layout ``paged_attention.cu`` uses for a dtype and head dim, and how
+    many query heads of a KV group one thread block attends (each lane's K and V loads serve
+    all of them; the tokens a lane reads are the same for every head)."""
 
     vec: int  # elements per 16-byte load
     group: int  # lanes per thread group (one token's head slice)
     tokens_per_warp: int  # tokens a warp's groups read side by side
     batch: int = TOKENS_PER_ITER  # tokens each group loads per iteration, one rescale for them
+    heads_per_block: int = 1  # query heads sharing a thread block (and its K/V loads)
 
     @classmethod
-    def of(cls, dtype, head_dim: int) -> CudaGeometry:
+    def of(cls, dtype, head_dim: int, num_heads: int = 1, num_kv_heads: int = 1) -> CudaGeometry:
         vec = 16 // np.dtype(dtype).itemsize  # bf16 may come as its uint16 patterns
         group = min(WARP, _next_pow2(head_dim // vec))
-        return cls(vec, group, WARP // group)
+        return cls(vec, group, WARP // group, heads_per_block=heads_per_block(num_heads, num_kv_heads))
+
+    def thread_block_of(self, head: int) -> int:
+        """The grid x index of the thread block attending query ``head``."""
+        return head // self.heads_per_block
 
     @property
     def warp_span(self) -> int:
@@ -284,7 +293,7 @@ def trace_cuda(
     kv_head, n, bs, blocks, values, scores = _inputs(
         query, key_cache, value_cache, block_tables, context_lens, row, head, scale
     )
-    geometry = CudaGeometry.of(key_cache.dtype, key_cache.shape[3])
+    geometry = CudaGeometry.of(key_cache.dtype, key_cache.shape[3], query.shape[1], key_cache.shape[2])
     size = n if variant == "v1" else partition_size
     trace = KernelTrace(f"cuda-{variant}", row, head, kv_head, n, size, scores=scores, geometry=geometry)
     for logical in range(-(-n // bs)):

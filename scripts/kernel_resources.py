@@ -28,7 +28,7 @@ from kernels.occupancy import (
 
 DEVICE_OF_ARCH = {"sm_80": A100, "sm_90": H200}
 ITEMSIZE = {0: 4, 1: 2, 2: 2}  # storage kind -> bytes an element
-_ATTENTION = re.compile(r"paged_attention_(v1|v2)<(\d+), (\d+), (\d+)>")
+_ATTENTION = re.compile(r"paged_attention_(v1|v2)<(\d+), (\d+), (\d+), (\d+)>")
 
 REASONING = """## Occupancy, waves and bytes in flight
 
@@ -50,41 +50,57 @@ enough bytes in flight on the H200 only at full occupancy (24 KB against 23.6 KB
 one has three times what is needed with fewer resident warps. What cost most was the launch
 shape — the headline case (64 × 4096 × 32 heads, fp16) as vLLM's rule picks it is a v1
 launch of 2048 blocks, 1.29 waves on 132 SMs with the old kernel's registers (its second
-wave a quarter full); the occupancy model launches v2 instead, {headline}. Each lane reads a
+wave a quarter full); the occupancy model launches {headline} instead. Each lane reads a
 block-table entry once per block it visits (its tokens run through each block in order).
-Not done yet (issue #14, point 3): one thread block for all query heads of a KV group (GQA
-reads each K/V row once per query head today, from L2 after the first).
+
+**GQA.** A thread block attends HEADS = 1, 2 or 4 query heads of one KV group (the 4th
+template argument; the largest that divides the group): each lane's K and V loads, and their
+widening, serve every head of the block, which keeps a query, an accumulator and a softmax
+state per head in registers. So the bytes in flight a warp are the same, and each of them
+feeds HEADS heads: a group of 4 (32 query heads over 8 KV heads) reads each K/V row once
+where it read it 4 times (3 of them from L2, when the group's blocks ran together), and
+launches a quarter of the blocks: {gqa}. Not 8 heads a block: ptxas gives those ~240
+registers (one block, 4 warps a SM, two thirds of the bytes the H200 needs in flight); a
+group of 8 takes two blocks of 4, the second reading mostly from L2.
 """
 
 
 def occupancy_section(usage_by_arch: dict) -> list[str]:
     by_name = {arch: {demangled(u.entry): u for u in usage} for arch, usage in usage_by_arch.items()}
     sm90 = by_name["sm_90"]
-    v1 = KernelResources(NUM_THREADS, sm90["paged_attention_v1<1, 128, 16>"].registers, 2080)
-    v2 = KernelResources(NUM_THREADS, sm90["paged_attention_v2<1, 128, 16>"].registers, 2080)
-    plan = plan_launch(64, 32, 4096, v1, v2, H200, PARTITION_SIZE)
-    headline = f"{plan.grid_blocks} blocks in {plan.waves:.1f} waves ({plan.efficiency:.0%} busy)"
-    lines = [*REASONING.format(headline=headline).splitlines(), ""]
+
+    def resources(name: str) -> KernelResources:
+        return KernelResources(NUM_THREADS, sm90[name].registers, sm90[name].shared_bytes)
+
+    def launch(heads: int) -> str:
+        v1 = resources(f"paged_attention_v1<1, 128, 16, {heads}>")
+        v2 = resources(f"paged_attention_v2<1, 128, 16, {heads}>")
+        plan = plan_launch(64, 32, 4096, v1, v2, H200, PARTITION_SIZE, heads_per_block=heads)
+        return f"{plan.variant} ({plan.grid_blocks} blocks in {plan.waves:.1f} waves, {plan.efficiency:.0%} busy)"
+
+    gqa = f"the headline case with 8 KV heads is {launch(4)} on the H200"
+    lines = [*REASONING.format(headline=launch(1), gqa=gqa).splitlines(), ""]
     for arch, names in by_name.items():
         device = DEVICE_OF_ARCH[arch]
         lines += [
             f"### {arch} on the {device.name}",
             "",
-            "| kernel | blocks / SM (limit) | warps / SM | bytes a warp | in flight / SM | est. fraction of peak |",
-            "|---|---:|---:|---:|---:|---:|",
+            "| kernel | blocks / SM (limit) | warps / SM | bytes a warp | in flight / SM | est. fraction of peak "
+            "| heads a load serves |",
+            "|---|---:|---:|---:|---:|---:|---:|",
         ]
         for name, u in sorted(names.items()):
             match = _ATTENTION.fullmatch(name)
             if match is None:
                 continue
-            kind, head_dim = int(match.group(2)), int(match.group(3))
+            kind, head_dim, heads = int(match.group(2)), int(match.group(3)), int(match.group(5))
             resident = occupancy(KernelResources(NUM_THREADS, u.registers, u.shared_bytes), device)
             warps = resident.warps_per_sm(KernelResources(NUM_THREADS, u.registers, u.shared_bytes), device)
             per_warp = bytes_in_flight_per_warp(head_dim, ITEMSIZE[kind])
             fraction = dram_fraction(warps * per_warp, device)
             lines.append(
                 f"| `{name}` | {resident.blocks_per_sm} ({resident.limited_by}) | {warps} | {per_warp} | "
-                f"{warps * per_warp / 1024:.1f} KB | {fraction:.0%} |"
+                f"{warps * per_warp / 1024:.1f} KB | {fraction:.0%} | {heads} |"
             )
         lines.append("")
     return lines

@@ -30,17 +30,19 @@ class Mutation:
     count: int = 1  # how many occurrences the replacement must change
 
 
+_SCORE_SHUFFLE = (
+    "        for (int mask = G::GROUP / 2; mask > 0; mask /= 2) s[h][j] += __shfl_xor_sync(FULL_MASK, s[h][j], mask);"
+)
 MUTATIONS = [
     Mutation(
         "`continue` before the score shuffle (masked lanes skip it)",
-        "      for (int mask = G::GROUP / 2; mask > 0; mask /= 2) s[j] += __shfl_xor_sync(FULL_MASK, s[j], mask);",
-        "      if (!valid[j]) continue;\n"
-        "      for (int mask = G::GROUP / 2; mask > 0; mask /= 2) s[j] += __shfl_xor_sync(FULL_MASK, s[j], mask);",
+        _SCORE_SHUFFLE,
+        "        if (!valid[j]) continue;\n" + _SCORE_SHUFFLE,
     ),
     Mutation(
         "`__syncthreads` inside a branch (only warp 0 waits)",
-        "  __syncthreads();\n  float global_max",
-        "  if (warp == 0) __syncthreads();\n  float global_max",
+        "  __syncthreads();\n  // Thread d",
+        "  if (warp == 0) __syncthreads();\n  // Thread d",
     ),
     Mutation(
         "missing −inf guard when merging two empty states",
@@ -49,8 +51,8 @@ MUTATIONS = [
     ),
     Mutation(
         "wrong GQA head mapping (head % num_kv_heads)",
-        "const int kv_head = head / (num_heads / num_kv_heads);",
-        "const int kv_head = head % num_kv_heads;",
+        "const int kv_head = first_head / (num_heads / num_kv_heads);",
+        "const int kv_head = first_head % num_kv_heads;",
         count=2,
     ),
     Mutation(
@@ -65,18 +67,33 @@ MUTATIONS = [
     ),
     Mutation(
         "misaligned 16-byte vector load of the query (one element off)",
-        "load_vec<KIND>(q_ptr + chunk * G::VEC, q + c * G::VEC);",
-        "load_vec<KIND>(q_ptr + chunk * G::VEC + 1, q + c * G::VEC);",
+        "load_vec<KIND>(q_ptr + h * HEAD_DIM + chunk * G::VEC, q[h] + c * G::VEC);",
+        "load_vec<KIND>(q_ptr + h * HEAD_DIM + chunk * G::VEC + 1, q[h] + c * G::VEC);",
     ),
     Mutation(
         "softmax rescale dropped (old accumulator not multiplied by exp(m_old − m_new))",
-        "for (int i = 0; i < G::ELEMS; ++i) acc[i] *= correction;",
-        "for (int i = 0; i < G::ELEMS; ++i) acc[i] *= 1.f;",
+        "for (int i = 0; i < G::ELEMS; ++i) acc[h][i] *= correction;",
+        "for (int i = 0; i < G::ELEMS; ++i) acc[h][i] *= 1.f;",
     ),
     Mutation(
         "a batch's second token loaded but never accumulated",
         "      if (!valid[j]) break;",
         "      if (!valid[j] || j > 0) break;",
+    ),
+    Mutation(
+        "every head of a GQA thread block reads the first head's query",
+        "load_vec<KIND>(q_ptr + h * HEAD_DIM + chunk * G::VEC, q[h] + c * G::VEC);",
+        "load_vec<KIND>(q_ptr + chunk * G::VEC, q[h] + c * G::VEC);",
+    ),
+    Mutation(
+        "every head of a GQA thread block writes the first head's output row",
+        "out[h * out_stride + dim] = a * inv_total;",
+        "out[dim] = a * inv_total;",
+    ),
+    Mutation(
+        "v2's per-head max and sum written a partition apart instead of a row apart",
+        "      out_max[h * stat_stride] = global_max;\n      out_sum[h * stat_stride] = total;",
+        "      out_max[h] = global_max;\n      out_sum[h] = total;",
     ),
 ]
 

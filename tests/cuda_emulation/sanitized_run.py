@@ -18,13 +18,16 @@ import numpy as np
 from tests.cuda_emulation.cases import make_case, mismatches
 from tests.cuda_emulation.emulator import EmulatedCudaBackend, EmulatedModule, EmulationError
 
-# (dtype, head_dim, block_size, context lengths): fast and generic block sizes, the
-# partition edges, and a head dim whose slices do not fill a power-of-two thread group.
+# (dtype, head_dim, block_size, context lengths, (num_heads, num_kv_heads)): fast and
+# generic block sizes, the partition edges, a head dim whose slices do not fill a
+# power-of-two thread group, and thread blocks of 1, 2 and 8 query heads.
 SUBSET = [
-    ("float32", 64, 16, [1, 16, 17, 513]),
-    ("float16", 64, 3, [1, 3, 4, 512]),
-    ("bfloat16", 24, 16, [1, 7, 600]),
-    ("float16", 24, 7, [1, 7, 8, 511]),
+    ("float32", 64, 16, [1, 16, 17, 513], (4, 2)),
+    ("float16", 64, 3, [1, 3, 4, 512], (4, 2)),
+    ("bfloat16", 24, 16, [1, 7, 600], (4, 2)),
+    ("float16", 24, 7, [1, 7, 8, 511], (4, 2)),
+    ("float16", 64, 16, [1, 17, 600], (8, 1)),
+    ("bfloat16", 64, 5, [5, 513], (2, 2)),
 ]
 KINDS = (0, 1, 2)
 HEAD_DIMS = (24, 64)
@@ -35,15 +38,15 @@ def main(library: str) -> int:
     backend = EmulatedCudaBackend(EmulatedModule(Path(library)))
     problems = []
     count = 0
-    for dtype, head_dim, block_size, lens in SUBSET:
+    for dtype, head_dim, block_size, lens, (num_heads, num_kv_heads) in SUBSET:
         for variant in ("v1", "v2"):
             rng = np.random.default_rng([head_dim, block_size])
             case = make_case(
-                rng, context_lens=lens, block_size=block_size, num_heads=4, num_kv_heads=2, head_dim=head_dim,
-                dtype=dtype, spare=0,
+                rng, context_lens=lens, block_size=block_size, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                head_dim=head_dim, dtype=dtype, spare=0,
             )  # fmt: skip
             dev = [backend.to_device(a) for a in (case.query, case.key_cache, case.value_cache)]
-            label = f"{variant} {dtype} d={head_dim} bs={block_size}"
+            label = f"{variant} {dtype} d={head_dim} bs={block_size} heads={num_heads}/{num_kv_heads}"
             try:
                 got = backend.paged_attention_device(*dev, case.block_tables, case.context_lens, case.scale, variant)
                 found = mismatches(got, case, label)
@@ -51,7 +54,7 @@ def main(library: str) -> int:
                 found = [f"{label}: emulation error: {exc}"]
             problems += found
             count += 1
-            print(f"{variant} {dtype} d={head_dim} bs={block_size}: {'ok' if not found else found[0]}", flush=True)
+            print(f"{label}: {'ok' if not found else found[0]}", flush=True)
         kc, vc = backend.to_device(case.key_cache), backend.to_device(case.value_cache)
         slots = np.array([0, -1, kc.shape[0] * block_size - 1], np.int64)
         keys = np.zeros((3, *kc.shape[2:]), case.key_cache.dtype)

@@ -137,7 +137,7 @@ def test_sanitizer_build_finds_no_out_of_bounds_or_misaligned_access():
 @pytest.mark.parametrize(
     "mutation, caught_by",
     [(m, "emulation: ") for m in mutations.MUTATIONS if "__syncthreads" in m.name]
-    + [(m, "numerics: ") for m in mutations.MUTATIONS if "GQA" in m.name],
+    + [(m, "numerics: ") for m in mutations.MUTATIONS if "GQA head mapping" in m.name],
     ids=["barrier-in-a-branch", "gqa-mapping"],
 )
 def test_planted_kernel_bugs_are_caught(mutation, caught_by):

@@ -40,8 +40,8 @@ def test_every_kernel_assembles_for_a_real_gpu(nvrtc_build, arch, capsys):
     for u in usage:
         assert u.registers <= 128, f"{cuda_build.demangled(u.entry)} uses {u.registers} registers"
         assert u.shared_bytes <= 48 * 1024
-    # The fast paths the benchmark targets must not spill.
-    for inst in (Instantiation(1, 128, 16), Instantiation(2, 128, 16), Instantiation(1, 64, 16)):
+    # The fast paths the benchmark targets must not spill, with one head a block or a GQA group's 2 or 4.
+    for inst in [Instantiation(kind, d, 16, heads) for kind, d in ((1, 128), (2, 128), (1, 64)) for heads in (1, 2, 4)]:
         for role in ("v1", "v2"):
             u = entries[lowered[inst.names[role]]]
             assert u.spill_stores == u.spill_loads == 0, f"{inst.names[role]} spills on {arch}"
@@ -85,10 +85,11 @@ def test_v1_v2_selection_follows_vllms_rule(max_context, seqs, heads, expected):
 
 @pytest.mark.parametrize("dtype, head_dim", [("float16", 128), ("bfloat16", 64), ("float32", 256)])
 def test_the_backends_own_module_compiles(dtype, head_dim):
-    """Exactly what CudaBackend asks NVRTC for: one module, every block-size variant."""
+    """Exactly what CudaBackend asks NVRTC for: one module, every block-size and heads-per-block variant."""
     inst = instantiation_for(dtype, head_dim, 16)
     names = inst.module_names()
-    assert len(names) == 2 * (1 + len(cuda_build.FAST_BLOCK_SIZES)) + 3  # v1+v2 per size, reduce, write, copy
+    variants = (1 + len(cuda_build.FAST_BLOCK_SIZES)) * len(cuda_build.HEADS_PER_BLOCK)
+    assert len(names) == 2 * variants + 3  # v1 and v2 per variant, reduce, write, copy
     ptx, lowered = nvrtc_ptx(names)
     assert set(lowered) == set(names) and all(lowered[n] in ptx for n in names)
 

@@ -98,3 +98,33 @@ def test_geometry_follows_the_cuda_source(dtype, head_dim, group, tokens_per_war
     assert g.batch == TOKENS_PER_ITER > 1
     assert g.lane_of(0) == (0, 0, 0) and g.lane_of(tokens_per_warp) == (0, 0, 0)  # the batch's second
     assert g.lane_of(span) == (1, 0, 0) and g.lane_of(4 * span) == (0, 0, 1)
+
+
+@pytest.mark.parametrize(
+    "num_heads, num_kv_heads, heads", [(8, 8, 1), (8, 4, 2), (8, 2, 4), (8, 1, 4), (32, 1, 4), (12, 2, 2), (9, 3, 1)]
+)
+def test_a_thread_block_takes_the_largest_power_of_two_of_its_group_up_to_four(num_heads, num_kv_heads, heads):
+    from kernels.cuda_build import heads_per_block
+
+    assert heads_per_block(num_heads, num_kv_heads) == heads
+    g = CudaGeometry.of(np.float16, 64, num_heads, num_kv_heads)
+    assert g.heads_per_block == heads and g.thread_block_of(num_heads - 1) == (num_heads - 1) // heads
+
+
+def test_a_gqa_walk_names_the_thread_block_its_heads_share():
+    from core.view_model import WalkThrough
+    from kernels.dtypes import storage_dtype
+
+    rng = np.random.default_rng(4)
+    dt = storage_dtype("float16")
+    query = rng.standard_normal((1, 8, 64)).astype(dt)
+    cache = rng.standard_normal((4, 16, 2, 64)).astype(dt)
+    inputs = (query, cache, cache, np.array([[2, 0, 3]], np.int32), np.array([40], np.int32))
+    trace = trace_cuda(*inputs, 0, 6, 0.125, "v1")
+    assert trace.geometry.heads_per_block == 4 and trace.kv_head == 1
+    walk = WalkThrough("A", 6, "cuda-v1", 512, trace, trace.output, trace.output, 1e-6, 0.0, (0,))
+    assert "thread block 1 attends heads 4–7 (KV head 1)" in walk.stage_text(0)
+    mha = trace_cuda(query, cache[:, :, :1].repeat(8, axis=2), cache[:, :, :1].repeat(8, axis=2), *inputs[3:], 0, 6,
+                     0.125, "v1")  # fmt: skip
+    assert "thread block" not in WalkThrough("A", 6, "cuda-v1", 512, mha, mha.output, mha.output, 1e-6, 0.0,
+                                             (0,)).stage_text(0)  # fmt: skip

@@ -73,3 +73,16 @@ def test_bytes_in_flight_follow_the_thread_group_layout_and_littles_law():
     # The H200 needs 4.8 TB/s × 650 ns / 132 SMs ≈ 23.6 KB in flight a SM to stream at the peak.
     assert dram_fraction(40 * 512, H200) == pytest.approx(40 * 512 / (4.8e12 * 650e-9 / 132))
     assert dram_fraction(48 * 512, H200) == 1.0 and dram_fraction(40 * 512, A100) == 1.0
+
+
+def test_a_gqa_group_shares_thread_blocks_and_the_plan_counts_the_smaller_grid():
+    # 32 query heads over 8 KV heads: 4 heads a thread block, 125 / 122 registers (ptxas,
+    # sm_90, fp16 head dim 128): 4 blocks a SM. v1 would be 8 × 64 = 512 blocks, under one
+    # wave of 528; v2's 8 partitions give 4096 blocks, 7.8 waves.
+    v1, v2 = KernelResources(NUM_THREADS, 125, 8320), KernelResources(NUM_THREADS, 122, 8320)
+    assert occupancy(v1, H200).blocks_per_sm == 4 and occupancy(v1, H200).limited_by == "registers"
+    plan = plan_launch(64, 32, 4096, v1, v2, H200, PARTITION_SIZE, heads_per_block=4)
+    assert plan.variant == "v2" and plan.grid_blocks == 4096
+    assert plan.waves == pytest.approx(4096 / (4 * 132)) and "v1 would be 1.0 waves" in plan.reason
+    # One head a block would launch four times the blocks for the same K/V bytes.
+    assert plan_launch(64, 32, 4096, V1_SM90, V2_SM90, H200, PARTITION_SIZE).grid_blocks == 4 * plan.grid_blocks
