@@ -18,6 +18,7 @@ import numpy as np
 
 from kernels.backend import default_scale
 from kernels.cuda_backend import CudaBackend, choose_variant
+from kernels.cuda_build import heads_per_block
 from kernels.dtypes import storage_dtype
 
 TARGET_BANDWIDTH_FRACTION = 0.85
@@ -147,6 +148,7 @@ def bench_context(backend: CudaBackend, context: int, batch: int) -> dict:
         "context": context,
         "num_heads": 32,
         "num_kv_heads": 8,
+        "heads_per_block": heads_per_block(32, 8),  # query heads sharing each thread block's K/V loads
         "head_dim": 128,
         "v1_ms": v1,
         "v2_ms": v2,

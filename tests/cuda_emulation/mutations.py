@@ -159,7 +159,7 @@ def verdict(rc: int, output: str) -> str:
 
 def check(mutation: Mutation, sanitize_too: bool = True) -> dict:
     source = mutate(cuda_build.kernel_source(), mutation)
-    names = emulator.backend_module_names(kinds=sanitized_run.KINDS, head_dims=sanitized_run.HEAD_DIMS)
+    names = sanitized_run.module_names()
     row = {"mutation": mutation.name}
     for label, sanitize in (("optimised", False), ("sanitized", True))[: 2 if sanitize_too else 1]:
         try:

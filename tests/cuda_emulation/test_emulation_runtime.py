@@ -128,7 +128,7 @@ def test_zero_sized_grids_and_oversized_blocks_are_refused(probes):
 def test_sanitizer_build_finds_no_out_of_bounds_or_misaligned_access():
     if mutations.asan_runtime() is None:
         pytest.skip("needs a C++20 compiler with AddressSanitizer's runtime (libasan)")
-    names = emulator.backend_module_names(kinds=sanitized_run.KINDS, head_dims=sanitized_run.HEAD_DIMS)
+    names = sanitized_run.module_names()
     rc, output = mutations.run_subset(emulator.build(names=names, sanitize=True), sanitize=True)
     assert rc == 0, output[-8000:]
     assert f"{2 * len(SUBSET)} passed, 0 failed" in output
