@@ -175,7 +175,11 @@ class BlockManager:
         self.events.add(ev.BlockAllocated, block, seq.seq_id, index)
 
     def _new_block(self, seq: Sequence) -> int:
-        (block,) = self._take(1)
+        """:meth:`_take` of one block, then :meth:`_append_block` (once a block of tokens)."""
+        block, evicted = self.pool.allocate_one()
+        if evicted:
+            self.events.add(ev.BlockEvicted, block)
+        self._fill[block] = 0
         self._append_block(seq, block)
         return block
 
@@ -217,14 +221,14 @@ class BlockManager:
 
     def _cache_full_blocks(self, seq: Sequence) -> None:
         bs, ids, hashes = self.config.block_size, seq.token_ids, seq.block_hashes
+        register, events = self.pool.register, self.events
         for index in range(len(hashes), len(ids) // bs):
             raw = ids[index * bs : (index + 1) * bs]
-            chunk = tuple(raw)
             h = block_hash(hashes[-1] if hashes else None, raw)
             hashes.append(h)
             block = seq.block_table[index]
-            if self.pool.register(block, h, chunk, index * bs):
-                self.events.add(ev.BlockCached, block, seq.seq_id, h)
+            if register(block, h, tuple(raw), index * bs):
+                events.add(ev.BlockCached, block, seq.seq_id, h)
 
     # -- allocate: a new sequence's blocks ---------------------------------------------------
     def allocation_need(self, num_tokens: int, hits: list[tuple[int, int]]) -> int:
@@ -250,7 +254,7 @@ class BlockManager:
             seq.block_table.append(block)
             seq.block_hashes.append(h)
             self._hold(block, seq.seq_id, index)
-            self.events.emit(ev.BlockReused(block, seq.seq_id, index, ref_count, was_free))
+            self.events.add(ev.BlockReused, block, seq.seq_id, index, ref_count, was_free)
         self._count_tokens(None, 0)
         needed = self.config.blocks_for(num_tokens) - len(hits)
         for block in self._take(needed, placement):  # all at once: evictions are announced first
@@ -312,12 +316,17 @@ class BlockManager:
             self._cache_full_blocks(seq)
         return Appended(slots, copies)
 
-    def append_decode(self, seqs: list[Sequence], tokens: list[int], lengths: list[int]) -> Appended:
+    def append_decode(
+        self, seqs: list[Sequence], tokens: list[int], lengths: list[int], with_slots: bool = True
+    ) -> Appended:
         """The batched form of :meth:`append_slots`: one new token for each sequence (a
         decode step; ``lengths``: their lengths before it), with the same copy-on-write,
         block and hashing rules, in one pass. The caller has checked
-        :meth:`decode_blocks_needed` against the free pool."""
+        :meth:`decode_blocks_needed` against the free pool. ``with_slots=False``: the
+        caller writes no K/V, so the slots are not listed."""
         bs, refs, fill = self.config.block_size, self.pool._ref_counts, self._fill
+        if not (with_slots or self.events.enabled):
+            return self._append_decode_quiet(seqs, tokens, lengths)
         emit = self.events.emit if self.events.enabled else None
         caching = self.config.prefix_caching
         slots: list[int] = []
@@ -340,6 +349,26 @@ class BlockManager:
         self._count_decoded(lengths)
         return Appended(slots, copies)
 
+    def _append_decode_quiet(self, seqs: list[Sequence], tokens: list[int], lengths: list[int]) -> Appended:
+        """:meth:`append_decode` with no events and no slots (the scheduler's hot path)."""
+        bs, refs, fill = self.config.block_size, self.pool._ref_counts, self._fill
+        last_offset = bs - 1 if self.config.prefix_caching else -1  # the offset that fills a block
+        copies: list[tuple[int, int]] = []
+        for seq, token, n in zip(seqs, tokens, lengths, strict=True):
+            offset = n % bs
+            table = seq.block_table
+            if offset == 0:
+                self._new_block(seq)
+            elif refs[table[-1]] > 1:
+                copies.append(self._copy_on_write(seq))
+            seq.token_ids.append(token)
+            fill[table[-1]] += 1
+            if offset == last_offset:
+                self._cache_full_blocks(seq)
+        self._count_slots(len(seqs))
+        self._count_decoded(lengths)
+        return Appended([], copies)
+
     def _copy_on_write(self, seq: Sequence) -> tuple[int, int]:
         index = len(seq.block_table) - 1
         src = seq.block_table[index]
@@ -360,7 +389,7 @@ class BlockManager:
             ref_count = self.pool.share(block)
             self._hold(block, child.seq_id, index)
             self._ref_changed(ref_count, up=True)
-            self.events.emit(ev.BlockShared(block, child.seq_id, index, ref_count))
+            self.events.add(ev.BlockShared, block, child.seq_id, index, ref_count)
 
     def free(self, seq: Sequence) -> None:
         for block in reversed(seq.block_table):
@@ -386,7 +415,7 @@ class BlockManager:
         cpu_blocks = cpu_pool.allocate(len(gpu_blocks))
         to_cpu = dict(zip(gpu_blocks, cpu_blocks, strict=True))
         for gpu, cpu in to_cpu.items():
-            self.events.emit(ev.BlockSwappedOut(gpu, cpu))
+            self.events.add(ev.BlockSwappedOut, gpu, cpu)
         first_use = set()
         for seq in seqs:
             for block in seq.block_table:  # one CPU reference per table entry, like the GPU's
@@ -407,7 +436,7 @@ class BlockManager:
         gpu_blocks = self._take(len(cpu_blocks))
         to_gpu = dict(zip(cpu_blocks, gpu_blocks, strict=True))
         for cpu, gpu in to_gpu.items():
-            self.events.emit(ev.BlockSwappedIn(cpu, gpu))
+            self.events.add(ev.BlockSwappedIn, cpu, gpu)
         bs = self.config.block_size
         placed = set()
         for seq in seqs:
@@ -426,7 +455,7 @@ class BlockManager:
                 chunks = self._chunks(seq.token_ids, 0, len(seq.block_hashes))
                 for (index, chunk), h in zip(chunks, seq.block_hashes, strict=True):
                     if self.pool.register(seq.block_table[index], h, chunk, index * bs):
-                        self.events.emit(ev.BlockCached(seq.block_table[index], seq.seq_id, h))
+                        self.events.add(ev.BlockCached, seq.block_table[index], seq.seq_id, h)
         return list(to_gpu.items())
 
     # -- snapshots ---------------------------------------------------------------------------------

@@ -175,6 +175,13 @@ class BlockPool:
             out.append(block)
         return out
 
+    def allocate_one(self) -> tuple[int, bool]:
+        """:meth:`allocate` of one block: (the block, whether it was evicted from the cache)."""
+        if not self._num_free:
+            raise PoolExhaustedError(1, 0, "allocation")
+        block = self._take(self._head)
+        return block, self._evict(block)
+
     def allocate_specific(self, block_ids: Iterable[int], evicted: list[int] | None = None) -> list[int]:
         ids = self.check_placement(block_ids)
         for b in ids:

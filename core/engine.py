@@ -393,7 +393,7 @@ class Simulator:
         self.sequences[seq_id] = seq
         if self.kv_data:
             self.dense.add(seq_id)
-        self.events.emit(ev.SequenceAdded(seq_id, len(token_ids)))
+        self.events.add(ev.SequenceAdded, seq_id, len(token_ids))
         blocks.allocate(seq, len(token_ids), hits, placement)
         if caching:
             blocks.note_prefix_lookup(len(token_ids), len(hits))
@@ -421,7 +421,7 @@ class Simulator:
             raise PoolExhaustedError(need, self.blocks.num_free, f"a decode step of {len(seqs)} sequences")
         starts = [len(s.token_ids) for s in seqs]
         tokens = self.model.next_token_ids(seq_ids, starts)
-        done = self.blocks.append_decode(seqs, tokens, starts)
+        done = self.blocks.append_decode(seqs, tokens, starts, with_slots=self.kv_data)
         if self.kv_data and seqs:
             self._write_kv(seqs, starts, [[t] for t in tokens], done.slots, done.copies)
 
@@ -483,7 +483,7 @@ class Simulator:
         if self.kv_data:
             self.dense.fork(parent_id, child_id)
             self._last_query[child_id] = self._last_query[parent_id]
-        self.events.emit(ev.SequenceForked(parent_id, child_id))
+        self.events.add(ev.SequenceForked, parent_id, child_id)
         self.blocks.fork(parent, child)
 
     def _free(self, op: Free) -> None:
@@ -493,7 +493,7 @@ class Simulator:
         if self.kv_data:
             self.dense.free(op.seq)
         self._last_query.pop(op.seq, None)
-        self.events.emit(ev.SequenceFreed(op.seq))
+        self.events.add(ev.SequenceFreed, op.seq)
 
     # -- swapping -------------------------------------------------------------------------
     def swap_out(self, seq_ids: list[str]) -> int:

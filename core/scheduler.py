@@ -149,7 +149,7 @@ class Scheduler:
         if refusal is not None:
             state = RequestState(op.request, len(self.requests), (), op.output_len, op.n, op.beam_width)
             self.requests[op.request] = state
-            self.events.emit(ev.RequestSubmitted(op.request, op.length, op.output_len, state.num_seqs))
+            self.events.add(ev.RequestSubmitted, op.request, op.length, op.output_len, state.num_seqs)
             self._reject(state, refusal)
             return
         model = self.model
@@ -165,7 +165,7 @@ class Scheduler:
         state = RequestState(op.request, len(self.requests), tuple(prompt), op.output_len, op.n, op.beam_width)
         self.requests[op.request] = state
         self.waiting.append(op.request)
-        self.events.emit(ev.RequestSubmitted(op.request, len(prompt), op.output_len, state.num_seqs))
+        self.events.add(ev.RequestSubmitted, op.request, len(prompt), op.output_len, state.num_seqs)
 
     def reserving(self, seq_id: str) -> str | None:
         """The waiting request that will run a sequence named ``seq_id`` when admitted, if any."""
@@ -241,7 +241,7 @@ class Scheduler:
                 engine.fork_owned(state.seqs[0], seq_id, state.request)
         state.status = RequestStatus.RUNNING
         self.running.append(state.request)
-        self.events.emit(ev.RequestAdmitted(state.request, tuple(state.seqs), resumed))
+        self.events.add(ev.RequestAdmitted, state.request, tuple(state.seqs), resumed)
 
     # -- preemption ------------------------------------------------------------------
     def _swap_time(self, blocks: int) -> float:
@@ -264,7 +264,7 @@ class Scheduler:
             state.status = RequestStatus.SWAPPED
             self.swapped.append(request)
             self.swapped = deque(sorted(self.swapped, key=lambda r: self.requests[r].order))
-            self.events.emit(ev.RequestPreempted(request, "swap", tuple(state.seqs), blocks, 0, seconds))
+            self.events.add(ev.RequestPreempted, request, "swap", tuple(state.seqs), blocks, 0, seconds)
             return
         # Recompute: every token goes, and comes back through a new prefill.
         tokens = {seq.seq_id: tuple(seq.token_ids) for seq in group}
@@ -276,7 +276,7 @@ class Scheduler:
         self.waiting.appendleft(request)  # at the front: no starvation of the preempted
         lost = sum(len(t) for t in tokens.values())
         self.recomputed_tokens += lost
-        self.events.emit(ev.RequestPreempted(request, "recompute", tuple(state.seqs), blocks, lost, 0.0))
+        self.events.add(ev.RequestPreempted, request, "recompute", tuple(state.seqs), blocks, lost, 0.0)
 
     # -- one iteration -----------------------------------------------------------------
     def _decode_sequences(self, requests: list[str]) -> list[Sequence]:
@@ -284,7 +284,7 @@ class Scheduler:
         return self.engine.sequences_of([seq_id for request in requests for seq_id in states[request].seqs])
 
     def step(self) -> None:
-        engine, blocks, emit = self.engine, self.blocks, self.events.emit
+        engine, blocks, events = self.engine, self.blocks, self.events
         # 1. Swapped groups come back first, oldest first, while the watermark allows.
         while self.swapped:
             state = self.requests[self.swapped[0]]
@@ -303,7 +303,7 @@ class Scheduler:
             state.status = RequestStatus.RUNNING
             self.running.append(state.request)
             self.running.sort(key=lambda r: self.requests[r].order)
-            emit(ev.RequestSwappedIn(state.request, need, seconds))
+            events.add(ev.RequestSwappedIn, state.request, need, seconds)
         # 2. Admit waiting requests in order; a LATER at the head blocks the queue (FCFS).
         decoding = list(self.running)
         # (admission cannot change these: a new request never takes a live sequence's name)
@@ -354,12 +354,12 @@ class Scheduler:
                 state.seqs = []
                 self.running.remove(request)
                 self.finished += 1
-                emit(ev.RequestFinished(request, state.generated))
+                events.add(ev.RequestFinished, request, state.generated)
 
     def _reject(self, state: RequestState, reason: str) -> None:
         state.status = RequestStatus.REJECTED
         self.rejected += 1
-        self.events.emit(ev.RequestRejected(state.request, reason))
+        self.events.add(ev.RequestRejected, state.request, reason)
 
     def _abort(self, request: str, reason: str) -> None:
         state = self.requests[request]

@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -252,3 +254,16 @@ def test_a_run_that_keeps_no_events_reaches_the_same_state(cpu_backend, mode, re
     assert unrecorded.metrics() == recorded.metrics()
     assert unrecorded.scheduler.counts() == recorded.scheduler.counts()
     assert state_fingerprint(unrecorded)[1:] == state_fingerprint(recorded)[1:]
+    # With no K/V either (the scheduler benchmark), decode steps list no slots: the same
+    # blocks, tables, prefix cache and counts.
+    bare = Simulator(dataclasses.replace(recorded.config), kv_data=False)
+    for i, (prompt, output, n) in enumerate(requests):
+        bare.apply(Submit(f"r{i}", output, prompt_len=prompt, n=n, shared_prefix=4), attend=False, record=False)
+    for _ in range(60):
+        bare.apply(Schedule(1), attend=False, record=False)
+    assert bare.block_fills() == recorded.block_fills() and bare.metrics() == recorded.metrics()
+    assert bare.scheduler.counts() == recorded.scheduler.counts()
+    assert bare.pool.snapshot() == recorded.pool.snapshot()
+    assert {
+        k: (tuple(q.token_ids), tuple(q.block_table), tuple(q.block_hashes)) for k, q in bare.sequences.items()
+    } == {k: (tuple(q.token_ids), tuple(q.block_table), tuple(q.block_hashes)) for k, q in recorded.sequences.items()}
