@@ -1,6 +1,7 @@
 """The kernel walk-through dock: traced on the worker only while it is shown, stepped stage
 by stage, v2's partitions on the long-context scenario."""
 
+import pytest
 from PySide6.QtCore import QRect
 
 from tests.app.conftest import wait_idle
@@ -199,3 +200,32 @@ def test_a_long_block_table_wraps_in_the_selected_row_and_counts_the_rest(make_w
     assert len({r.y() for _, r in rects}) == MAX_LINES  # on that many lines
     chat = view.entry_rects("chat")  # not selected: one line
     assert len({r.y() for _, r in chat}) == 1 and len(chat) == len(window.frame.sequence("chat").block_table)
+
+
+@pytest.mark.parametrize("size", [(1024, 700), (1920, 1080)])
+def test_the_walkthrough_plots_stay_inside_their_widgets_and_their_axis_labels_fit(make_window, qtbot, size):
+    """A long title made a plot wider than its dock (the right axis's "0.2" showed as "0"),
+    and a rotated label longer than a short plot ran over the plot above it."""
+    window = make_window("default")
+    window.resize(*size)
+    window.actions.scrubber.setValue(8)
+    wait_idle(qtbot, window)
+    panel = open_walkthrough(window, qtbot)
+    panel.kernel_box.setCurrentIndex(1)  # CUDA v1: the lane axis says "lane (warp, group)"
+    qtbot.waitUntil(lambda: panel.walk is not None and panel.walk.kernel == "cuda-v1", timeout=20_000)
+    wait_idle(qtbot, window)
+    qtbot.wait(50)
+    for widget in (panel.score_plot, panel.lane_plot):
+        plot = widget.getPlotItem()
+        assert plot.geometry().width() <= widget.width() + 0.5  # nothing past the widget's edge
+        for side in ("left", "right") if widget is panel.score_plot else ("left",):
+            axis = plot.getAxis(side)
+            assert axis.geometry().right() <= widget.width() + 0.5
+            full = axis.toolTip()
+            assert full in ("q·k·scale", "lane (warp, group)", "ℓ (running sum)")  # whole, in the tooltip
+            if axis.label.isVisible():
+                assert axis.label.boundingRect().width() <= plot.getViewBox().height() + 0.5, axis.labelText
+                assert full.startswith(axis.labelText)
+    if size == (1920, 1080):  # room for every label, whole
+        assert panel.lane_plot.getPlotItem().getAxis("left").labelText == "lane (warp, group)"
+        assert panel.score_plot.getPlotItem().getAxis("right").labelText == "ℓ (running sum)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QElapsedTimer, Qt, QTimer
-from PySide6.QtGui import QColor
+from PySide6.QtGui import QColor, QFontMetricsF
 from PySide6.QtWidgets import (
     QComboBox,
     QFrame,
@@ -46,9 +46,59 @@ def _key(colour: str, text: str) -> str:
     return f"<span style='color:{colour}'>{text}</span>"
 
 
+def set_side_label(plot: pg.PlotItem, side: str, text: str, color: str) -> None:
+    """A vertical axis's label, cut to what fits beside the plot: the whole text, else the
+    part before its parenthesis, else none. A rotated label longer than a short plot ran
+    over the plot above it (the walk-through at 1024 × 700); the axis's tooltip keeps it whole."""
+    axis = plot.getAxis(side)
+    axis.setToolTip(text)
+    labels = plot.__dict__.setdefault("_side_labels", {})
+    first = not labels
+    labels[side] = (text, color)
+    if first:  # once a plot: refit on every resize
+        plot.getViewBox().sigResized.connect(lambda *_: _fit_side_labels(plot))
+    _fit_side_labels(plot)
+
+
+def _fit_side_labels(plot: pg.PlotItem) -> None:
+    room = plot.getViewBox().height()
+    for side, (text, color) in plot._side_labels.items():
+        axis = plot.getAxis(side)
+        metrics = QFontMetricsF(axis.label.font())
+        fitting = next((c for c in (text, text.split(" (")[0]) if metrics.horizontalAdvance(c) <= room), "")
+        if (fitting, bool(fitting)) == (axis.labelText, axis.label.isVisible()):
+            continue
+        if fitting:
+            plot.setLabel(side, fitting, color=color)
+        else:
+            axis.labelText = ""
+            axis.showLabel(False)
+
+
+def _let_title_overhang(label: pg.LabelItem) -> None:
+    """A plot's title must not set the plot's minimum width: pyqtgraph makes its text width
+    the title cell's minimum, so title + axes came to more than a narrow dock and the plot
+    ran past its widget, cutting the right axis's numbers ("0.2" showed as "0"). The text
+    may reach over the axes' columns instead (it is centred above the plot)."""
+    if getattr(label, "_overhangs", False):
+        return
+    measure = label.updateMin
+
+    def update_min() -> None:
+        measure()
+        height = label._sizeHint[Qt.SizeHint.MinimumSize][1]
+        label._sizeHint[Qt.SizeHint.MinimumSize] = (0, height)
+        label.setMinimumWidth(0)
+        label.updateGeometry()
+
+    label.updateMin = update_min
+    label._overhangs = True
+
+
 def _style_plot(plot: pg.PlotItem, theme: Theme, title: str, left: str, bottom: str, grid: bool = True) -> None:
+    _let_title_overhang(plot.titleLabel)
     plot.setTitle(title, color=theme.text, size="9pt")
-    plot.setLabel("left", left, color=theme.muted)
+    set_side_label(plot, "left", left, theme.muted)
     plot.setLabel("bottom", bottom, color=theme.muted)
     plot.showGrid(x=grid, y=grid, alpha=0.15)
     for axis in ("left", "bottom"):

@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
 
 from app.gui.controller import LIVE_TIMERS
 from app.gui.palette import Theme
-from app.gui.views.plots import BLOCK_COLOURS, DENSE_COLOUR, KERNEL_COLOUR, _key, _style_plot
+from app.gui.views.plots import BLOCK_COLOURS, DENSE_COLOUR, KERNEL_COLOUR, _key, _style_plot, set_side_label
 from core.view_model import KERNEL_CHOICES, WalkThrough
 
 PARTITION_CHOICES = (8, 16, 32, 64, 128, 256, 512)
@@ -188,7 +188,7 @@ class WalkThroughPanel(QWidget):
             "token",
         )
         right = self.score_plot.getPlotItem().getAxis("right")
-        right.setLabel("ℓ (running sum)", color=KERNEL_COLOUR)
+        set_side_label(self.score_plot.getPlotItem(), "right", "ℓ (running sum)", KERNEL_COLOUR)
         right.setTextPen(theme.muted)
         right.setPen(theme.muted)
         _style_plot(self.lane_plot.getPlotItem(), theme, "Who reads each token", "lane", "token")
@@ -219,7 +219,7 @@ class WalkThroughPanel(QWidget):
         lanes, brushes = self._lanes(walk)
         self.lanes.setData(tokens, lanes, brush=brushes)
         lane_axis = "lane (warp, group)" if trace.geometry is not None else "tile (CPU fold)"
-        self.lane_plot.getPlotItem().setLabel("left", lane_axis, color=self.theme.muted)
+        set_side_label(self.lane_plot.getPlotItem(), "left", lane_axis, self.theme.muted)
         for part in trace.partitions:
             band = pg.LinearRegionItem((part.begin - 0.5, part.end - 0.5), movable=False)
             band.setBrush(pg.mkBrush(BLOCK_COLOURS[part.index % len(BLOCK_COLOURS)] + "30"))
