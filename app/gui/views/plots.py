@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QElapsedTimer, Qt, QTimer
-from PySide6.QtGui import QColor, QFontMetricsF
+from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QComboBox,
     QFrame,
+    QGraphicsTextItem,
     QHBoxLayout,
     QLabel,
     QPushButton,
@@ -60,12 +61,25 @@ def set_side_label(plot: pg.PlotItem, side: str, text: str, color: str) -> None:
     _fit_side_labels(plot)
 
 
+_LABEL_PROBE: list = []  # one QGraphicsTextItem, to measure a label as the axis would draw it
+
+
+def _label_length(axis: pg.AxisItem, text: str, color: str) -> float:
+    """How long ``text`` would be as ``axis``'s label (its rich text, font and margins)."""
+    if not _LABEL_PROBE:
+        _LABEL_PROBE.append(QGraphicsTextItem())
+    probe = _LABEL_PROBE[0]
+    probe.setFont(axis.label.font())
+    probe.setHtml(f"<span style='color: {color}'>{text} </span>")  # as AxisItem.labelString writes it
+    return probe.boundingRect().width()
+
+
 def _fit_side_labels(plot: pg.PlotItem) -> None:
     room = plot.getViewBox().height()
     for side, (text, color) in plot._side_labels.items():
         axis = plot.getAxis(side)
-        metrics = QFontMetricsF(axis.label.font())
-        fitting = next((c for c in (text, text.split(" (")[0]) if metrics.horizontalAdvance(c) <= room), "")
+        candidates = (text, text.split(" (")[0])
+        fitting = next((c for c in candidates if _label_length(axis, c, color) <= room), "")
         if (fitting, bool(fitting)) == (axis.labelText, axis.label.isVisible()):
             continue
         if fitting:

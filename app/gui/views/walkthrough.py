@@ -9,9 +9,11 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QComboBox,
+    QFrame,
     QHBoxLayout,
     QLabel,
     QPushButton,
+    QScrollArea,
     QSizePolicy,
     QSlider,
     QSpinBox,
@@ -26,6 +28,8 @@ from app.gui.views.plots import BLOCK_COLOURS, DENSE_COLOUR, KERNEL_COLOUR, _key
 from core.view_model import KERNEL_CHOICES, WalkThrough
 
 PARTITION_CHOICES = (8, 16, 32, 64, 128, 256, 512)
+# px: title, axis and a plot area a few dots tall can still be read in (below this, they scroll)
+SCORE_PLOT_MIN_HEIGHT, LANE_PLOT_MIN_HEIGHT = 170, 130
 MAX_RESCALE_LABELS = 8  # the newest rescales get their factor written; older ones keep a marker
 REAL_PARTITION = 512
 PLAY_MS = 40
@@ -146,17 +150,29 @@ class WalkThroughPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.addLayout(top)
         layout.addLayout(controls)
-        layout.addWidget(self.stage_label)
-        layout.addWidget(self.lookups)
-        self.score_plot.setMinimumHeight(100)
+        self.score_plot.setMinimumHeight(SCORE_PLOT_MIN_HEIGHT)
         self.score_plot.setToolTip(
             "Dots: each token's score q·k·scale (lit once read). Red: the running max m. ▲: a new maximum arrived, "
             "so everything summed so far was rescaled by exp(m_old − m_new) (the factor is written by the newest). "
             "Right axis: the running sum ℓ of exp(score − m)."
         )
-        self.lane_plot.setMinimumHeight(70)
-        layout.addWidget(self.score_plot, 3)
-        layout.addWidget(self.lane_plot, 2)
+        self.lane_plot.setMinimumHeight(LANE_PLOT_MIN_HEIGHT)
+        # The stage's text and the two plots need room to be read: in a short dock they scroll
+        # (as the Check tab's plots do) rather than squash the plots to a sliver each, or make
+        # the dock too tall for a 700-px window; the controls stay put.
+        plots = QWidget()
+        plots_layout = QVBoxLayout(plots)
+        plots_layout.setContentsMargins(0, 0, 0, 0)
+        plots_layout.addWidget(self.stage_label)
+        plots_layout.addWidget(self.lookups)
+        plots_layout.addWidget(self.score_plot, 3)
+        plots_layout.addWidget(self.lane_plot, 2)
+        self.plots_scroll = QScrollArea()
+        self.plots_scroll.setWidgetResizable(True)
+        self.plots_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.plots_scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.plots_scroll.setWidget(plots)
+        layout.addWidget(self.plots_scroll, 1)
         self.set_theme(theme)
 
     # -- requests -------------------------------------------------------------------
