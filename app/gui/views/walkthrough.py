@@ -29,7 +29,7 @@ from core.view_model import KERNEL_CHOICES, WalkThrough
 
 PARTITION_CHOICES = (8, 16, 32, 64, 128, 256, 512)
 # px: title, axis and a plot area a few dots tall can still be read in (below this, they scroll)
-SCORE_PLOT_MIN_HEIGHT, LANE_PLOT_MIN_HEIGHT = 170, 130
+SCORE_PLOT_MIN_HEIGHT, LANE_PLOT_MIN_HEIGHT = 130, 100
 MAX_RESCALE_LABELS = 8  # the newest rescales get their factor written; older ones keep a marker
 REAL_PARTITION = 512
 PLAY_MS = 40
@@ -150,6 +150,8 @@ class WalkThroughPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.addLayout(top)
         layout.addLayout(controls)
+        layout.addWidget(self.stage_label)
+        layout.addWidget(self.lookups)
         self.score_plot.setMinimumHeight(SCORE_PLOT_MIN_HEIGHT)
         self.score_plot.setToolTip(
             "Dots: each token's score q·k·scale (lit once read). Red: the running max m. ▲: a new maximum arrived, "
@@ -157,14 +159,13 @@ class WalkThroughPanel(QWidget):
             "Right axis: the running sum ℓ of exp(score − m)."
         )
         self.lane_plot.setMinimumHeight(LANE_PLOT_MIN_HEIGHT)
-        # The stage's text and the two plots need room to be read: in a short dock they scroll
-        # (as the Check tab's plots do) rather than squash the plots to a sliver each, or make
-        # the dock too tall for a 700-px window; the controls stay put.
+        # The two plots need room to be read: in a short dock they scroll (as the Check tab's
+        # do) rather than squash to a sliver each or make the dock too tall for a 700-px
+        # window; the controls and the stage's text stay put. (The word-wrapped text stays
+        # outside: inside, the scroll area would size the plots by their preferred heights.)
         plots = QWidget()
         plots_layout = QVBoxLayout(plots)
         plots_layout.setContentsMargins(0, 0, 0, 0)
-        plots_layout.addWidget(self.stage_label)
-        plots_layout.addWidget(self.lookups)
         plots_layout.addWidget(self.score_plot, 3)
         plots_layout.addWidget(self.lane_plot, 2)
         self.plots_scroll = QScrollArea()
