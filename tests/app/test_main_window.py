@@ -708,3 +708,21 @@ def test_a_decode_step_repaints_but_never_re_lays_out_the_window(make_window, qt
         QApplication.instance().removeEventFilter(layouts)
     assert window.frame.position == 32 + 3 + 10
     assert layouts.seen == []
+
+
+@pytest.mark.parametrize("size", [(1024, 700), (1920, 1080)])
+def test_the_attention_plots_block_ids_are_inside_the_plot(make_window, qtbot, size):
+    """The ids sat on the tallest bar, above the auto-ranged view, and were cut in half."""
+    window = make_window("parallel_sampling")
+    window.resize(*size)
+    window.actions.scrubber.setValue(10)
+    wait_idle(qtbot, window)
+    qtbot.wait(50)
+    panel = window.kernel_panel
+    view = panel.weights_plot.getViewBox()
+    shown = [label for label in panel._block_labels if label.isVisible()]
+    assert len(shown) >= 2
+    area = view.sceneBoundingRect()
+    for label in shown:
+        box = label.sceneBoundingRect()
+        assert area.top() - 0.5 <= box.top() and box.bottom() <= area.bottom() + 0.5, label.toPlainText()

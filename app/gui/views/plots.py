@@ -180,6 +180,8 @@ class KernelPanel(QWidget):
         for label in self._block_labels:
             label.setVisible(False)
             self.weights_plot.addItem(label)
+        self._labelled_top: float | None = None
+        self.weights_plot.getViewBox().sigResized.connect(lambda *_: self._fit_weight_range())
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(self.backend_label)
@@ -295,12 +297,17 @@ class KernelPanel(QWidget):
         brushes = [shades[r % 2] for r in run.tolist()]
         positions = np.arange(focus.context_len)
         self.weight_bars.setOpts(x=positions, height=focus.weights[head], brushes=brushes, pen=None)
+        top = float(focus.weights[head].max())
         if len(starts) <= MAX_BLOCK_LABELS:
-            top = float(focus.weights[head].max())
             for label, start in zip(self._block_labels, starts, strict=False):
                 label.setText(f"#{int(blocks[start])}", color=self.theme.muted)
                 label.setPos(float(start), top)
                 label.setVisible(True)
+            self._labelled_top = top
+            self._fit_weight_range()
+        else:
+            self._labelled_top = None
+            self.weights_plot.enableAutoRange(axis="y")
         heads = np.arange(len(focus.head_errors))
         floor = 1e-12  # exact zeros cannot sit on a log axis
         self.error_bars.setOpts(
@@ -314,6 +321,15 @@ class KernelPanel(QWidget):
         )
         self.tolerance_line.setValue(np.log10(float(focus.head_tolerances.min())))
         self.error_plot.setYRange(np.log10(floor), 0, padding=0.02)  # fixed decades: steps compare
+
+    def _fit_weight_range(self) -> None:
+        """Room above the tallest bar for a line of block ids (auto-range ignores text: the
+        ids sat on the view's top edge, cut in half). Redone when the plot is resized."""
+        if self._labelled_top is None:
+            return
+        line = self._block_labels[0].boundingRect().height()
+        share = min(0.6, (line + 2) / max(1.0, self.weights_plot.getViewBox().height()))
+        self.weights_plot.setYRange(0, self._labelled_top / (1 - share), padding=0)
 
 
 def _same_focus(a, b) -> bool:
