@@ -602,13 +602,19 @@ def test_nothing_is_cut_without_an_ellipsis_at_1024_by_700(make_window, qtbot, n
     assert title.text() == title.full_text or (title.text().endswith("…") and title.toolTip() == title.full_text)
 
 
-@pytest.mark.parametrize("size", [(1024, 700), (1280, 800)])
-def test_the_match_per_head_and_every_axis_label_fit_in_a_small_window(make_window, qtbot, size):
-    window = make_window("default")
+def window_at(make_window, qtbot, scenario: str, size: tuple[int, int], step: int):
+    """A window of ``size`` showing ``scenario`` at ``step``, its layout settled."""
+    window = make_window(scenario)
     window.resize(*size)
-    window.actions.scrubber.setValue(6)
+    window.actions.scrubber.setValue(step)
     wait_idle(qtbot, window)
     qtbot.wait(50)
+    return window
+
+
+@pytest.mark.parametrize("size", [(1024, 700), (1280, 800)])
+def test_the_match_per_head_and_every_axis_label_fit_in_a_small_window(make_window, qtbot, size):
+    window = window_at(make_window, qtbot, "default", size, 6)
     panel = window.kernel_panel
     # The error plot is not below the fold: all of it is inside the window.
     top_left = panel.error_view.mapTo(window, QPoint(0, 0))
@@ -713,12 +719,7 @@ def test_a_decode_step_repaints_but_never_re_lays_out_the_window(make_window, qt
 @pytest.mark.parametrize("size", [(1024, 700), (1920, 1080)])
 def test_the_attention_plots_block_ids_are_inside_the_plot(make_window, qtbot, size):
     """The ids sat on the tallest bar, above the auto-ranged view, and were cut in half."""
-    window = make_window("parallel_sampling")
-    window.resize(*size)
-    window.actions.scrubber.setValue(10)
-    wait_idle(qtbot, window)
-    qtbot.wait(50)
-    panel = window.kernel_panel
+    panel = window_at(make_window, qtbot, "parallel_sampling", size, 10).kernel_panel
     view = panel.weights_plot.getViewBox()
     shown = [label for label in panel._block_labels if label.isVisible()]
     assert len(shown) >= 2
