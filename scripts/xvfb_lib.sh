@@ -3,10 +3,10 @@
 # fresh HOME (first-run settings), its window found and put at the origin, screen grabs.
 # Needs xvfb, xdotool, x11-apps, imagemagick.
 
-# start_xvfb DISPLAY_NUMBER: a 1280 × 800 screen; sets DISPLAY and XPID.
+# start_xvfb DISPLAY_NUMBER [WxH]: a 1280 × 800 screen (or WxH); sets DISPLAY and XPID.
 start_xvfb() {
   export DISPLAY=":$1"
-  Xvfb "$DISPLAY" -screen 0 1280x800x24 >/dev/null 2>&1 &
+  Xvfb "$DISPLAY" -screen 0 "${2:-1280x800}x24" >/dev/null 2>&1 &
   XPID=$!
   sleep 1
   export HOME=$(mktemp -d) XDG_CONFIG_HOME=$(mktemp -d)
