@@ -324,9 +324,9 @@ class BlockManager:
         block and hashing rules, in one pass. The caller has checked
         :meth:`decode_blocks_needed` against the free pool. ``with_slots=False``: the
         caller writes no K/V, so the slots are not listed."""
-        bs, refs, fill = self.config.block_size, self.pool._ref_counts, self._fill
         if not (with_slots or self.events.enabled):
             return self._append_decode_quiet(seqs, tokens, lengths)
+        bs, refs, fill = self.config.block_size, self.pool._ref_counts, self._fill
         emit = self.events.emit if self.events.enabled else None
         caching = self.config.prefix_caching
         slots: list[int] = []

@@ -282,10 +282,11 @@ def _thread_block_note(trace) -> str:
     geometry = trace.geometry
     if geometry is None or geometry.heads_per_block == 1:
         return ""
-    first = trace.head - trace.head % geometry.heads_per_block
+    block = geometry.thread_block_of(trace.head)
+    first = block * geometry.heads_per_block
     return (
-        f" · thread block {geometry.thread_block_of(trace.head)} attends heads {first}–"
-        f"{first + geometry.heads_per_block - 1} (KV head {trace.kv_head}): one K/V load serves all of them"
+        f" · thread block {block} attends heads {first}–{first + geometry.heads_per_block - 1} "
+        f"(KV head {trace.kv_head}): one K/V load serves all of them"
     )
 
 
