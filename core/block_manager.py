@@ -220,15 +220,15 @@ class BlockManager:
         return hits
 
     def _cache_full_blocks(self, seq: Sequence) -> None:
-        bs, ids, hashes = self.config.block_size, seq.token_ids, seq.block_hashes
-        register, events = self.pool.register, self.events
+        bs, ids, hashes, table = self.config.block_size, seq.token_ids, seq.block_hashes, seq.block_table
+        register, events = self.pool.register_held, self.events
         for index in range(len(hashes), len(ids) // bs):
-            raw = ids[index * bs : (index + 1) * bs]
+            first = index * bs
+            raw = ids[first : first + bs]
             h = block_hash(hashes[-1] if hashes else None, raw)
             hashes.append(h)
-            block = seq.block_table[index]
-            if register(block, h, tuple(raw), index * bs):
-                events.add(ev.BlockCached, block, seq.seq_id, h)
+            if register(table[index], h, tuple(raw), first) and events.enabled:
+                events.emit(ev.BlockCached(table[index], seq.seq_id, h))
 
     # -- allocate: a new sequence's blocks ---------------------------------------------------
     def allocation_need(self, num_tokens: int, hits: list[tuple[int, int]]) -> int:
@@ -286,11 +286,12 @@ class BlockManager:
         free = self.pool.num_free
         return len(seqs) <= free or self.decode_blocks_needed(seqs) <= free
 
-    def append_slots(self, seq: Sequence, token_ids: list[int], skip: int = 0) -> Appended:
+    def append_slots(self, seq: Sequence, token_ids: list[int], skip: int = 0, with_slots: bool = True) -> Appended:
         """Append ``token_ids`` to ``seq``: copy-on-write of a shared last block, new blocks
         at block boundaries, the tokens' slots (all but the first ``skip``, which reused
         prefix blocks already hold), and the prefix cache's hashes of blocks that filled up.
-        The caller has checked :meth:`can_append` (or :meth:`allocate`'s need)."""
+        The caller has checked :meth:`can_append` (or :meth:`allocate`'s need).
+        ``with_slots=False``: the caller writes no K/V and events are off: no slot list."""
         bs = self.config.block_size
         start = seq.num_tokens
         copies: list[tuple[int, int]] = []
@@ -299,7 +300,10 @@ class BlockManager:
         while len(seq.block_table) < self.config.blocks_for(start + len(token_ids)):
             self._new_block(seq)
         table = seq.block_table
-        slots = [table[p // bs] * bs + p % bs for p in range(start + skip, start + len(token_ids))]
+        if with_slots or self.events.enabled:
+            slots = [table[p // bs] * bs + p % bs for p in range(start + skip, start + len(token_ids))]
+        else:
+            slots = []
         seq.token_ids.extend(token_ids)
         self._count_tokens(start, start + len(token_ids))
         if self.events.enabled:
@@ -311,7 +315,7 @@ class BlockManager:
             for index in range(first // bs, self.config.blocks_for(start + len(token_ids))):
                 written = min((index + 1) * bs, start + len(token_ids)) - max(index * bs, first)
                 fill[table[index]] += written
-            self._count_slots(len(slots))
+            self._count_slots(max(0, len(token_ids) - skip))
         if self.config.prefix_caching:
             self._cache_full_blocks(seq)
         return Appended(slots, copies)
@@ -351,14 +355,18 @@ class BlockManager:
 
     def _append_decode_quiet(self, seqs: list[Sequence], tokens: list[int], lengths: list[int]) -> Appended:
         """:meth:`append_decode` with no events and no slots (the scheduler's hot path)."""
-        bs, refs, fill = self.config.block_size, self.pool._ref_counts, self._fill
+        bs, refs, fill, holders = self.config.block_size, self.pool._ref_counts, self._fill, self._holders
+        allocate_one = self.pool.allocate_one
         last_offset = bs - 1 if self.config.prefix_caching else -1  # the offset that fills a block
         copies: list[tuple[int, int]] = []
         for seq, token, n in zip(seqs, tokens, lengths, strict=True):
             offset = n % bs
             table = seq.block_table
-            if offset == 0:
-                self._new_block(seq)
+            if offset == 0:  # _new_block without its events: a block off the free queue has no holders
+                block = allocate_one()[0]
+                fill[block] = 0
+                holders[block] = {seq.seq_id: len(table)}
+                table.append(block)
             elif refs[table[-1]] > 1:
                 copies.append(self._copy_on_write(seq))
             seq.token_ids.append(token)

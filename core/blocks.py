@@ -115,6 +115,10 @@ class BlockPool:
         Another block may hold the same prefix: both stay cached."""
         if self.ref_count(block_id) == 0:
             raise ValueError(f"block {block_id} is free and cannot be cached")
+        return self.register_held(block_id, block_hash, token_ids, first_position)
+
+    def register_held(self, block_id: int, block_hash: int, token_ids: tuple[int, ...], first_position: int) -> bool:
+        """:meth:`register` of a block the caller holds (a sequence's full block): unchecked."""
         if block_id in self._hash_of:
             return False
         self._block_of.setdefault(block_hash, {})[block_id] = None
@@ -199,13 +203,15 @@ class BlockPool:
 
     def release(self, block_id: int) -> int:
         """One block table let go of ``block_id``; at zero it joins the free queue's tail."""
-        if self.ref_count(block_id) == 0:
+        refs = self._ref_counts
+        if not 0 <= block_id < self.num_blocks or refs[block_id] == 0:
+            self._check_id(block_id)
             raise ValueError(f"block {block_id} is already free")
-        self._ref_counts[block_id] -= 1
-        if self._ref_counts[block_id] == 0:
+        left = refs[block_id] = refs[block_id] - 1
+        if left == 0:
             self._append_free(block_id)
             self._cached_free += block_id in self._hash_of
-        return self._ref_counts[block_id]
+        return left
 
     # -- snapshots -------------------------------------------------------------
     def snapshot(self) -> PoolSnapshot:

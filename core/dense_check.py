@@ -26,6 +26,32 @@ def stack_rows(rows: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(rows).reshape(len(rows), *rows[0].shape)
 
 
+class RowStack:
+    """:func:`stack_rows` for rows that mostly stay the same between calls (a step changes
+    one sequence of 256): rows are told apart by identity, and only the new ones are copied
+    into a copy of the last stack. So a row must never change in place (replace it), and
+    the stacks handed out are read-only: the next call starts from them."""
+
+    def __init__(self) -> None:
+        self._rows: list[np.ndarray] = []
+        self._stack: np.ndarray | None = None
+
+    def __call__(self, rows: list[np.ndarray]) -> np.ndarray:
+        last, kept = self._stack, self._rows
+        changed = None
+        if last is not None and len(rows) == len(kept) and rows and rows[0].shape == last.shape[1:]:
+            changed = [i for i, (row, old) in enumerate(zip(rows, kept, strict=True)) if row is not old]
+        if changed is None or 2 * len(changed) > len(rows) or any(rows[i].dtype != last.dtype for i in changed):
+            stack = stack_rows(rows)
+        else:
+            stack = last.copy()
+            for i in changed:
+                stack[i] = rows[i]
+        stack.flags.writeable = False
+        self._rows, self._stack = list(rows), stack
+        return stack
+
+
 def error_bounds(
     query: np.ndarray, scale: float, context_lens: np.ndarray, k_norm_max: np.ndarray, v_abs_max: np.ndarray
 ) -> np.ndarray:
@@ -80,6 +106,7 @@ class DenseCheck:
         # Per sequence and KV head: the largest ‖k‖ and |v| so far, for the error bound.
         self._k_norm: dict[str, np.ndarray] = {}
         self._v_abs: dict[str, np.ndarray] = {}
+        self._stacks = {"k_norm": RowStack(), "v_abs": RowStack(), "outputs": RowStack()}
 
     def add(self, seq_id: str) -> None:
         self.reference.add(seq_id)
@@ -91,15 +118,16 @@ class DenseCheck:
         self.touch(seq_id)
         if len(keys):
             k32, v32 = keys.astype(np.float32, copy=False), values.astype(np.float32, copy=False)
-            np.maximum(self._k_norm[seq_id], np.linalg.norm(k32, axis=2).max(axis=0), out=self._k_norm[seq_id])
-            np.maximum(self._v_abs[seq_id], np.abs(v32).max(axis=(0, 2)), out=self._v_abs[seq_id])
+            # New arrays, not updates in place: the bounds' RowStacks tell rows apart by identity.
+            self._k_norm[seq_id] = np.maximum(self._k_norm[seq_id], np.linalg.norm(k32, axis=2).max(axis=0))
+            self._v_abs[seq_id] = np.maximum(self._v_abs[seq_id], np.abs(v32).max(axis=(0, 2)))
 
     def bounds(self, ids: tuple[str, ...], query: np.ndarray, scale: float, context_lens: np.ndarray) -> np.ndarray:
         """:func:`error_bounds` for these sequences, from the magnitudes seen so far."""
         if not ids:
             return np.zeros((0, query.shape[1]))
-        k_norm = stack_rows([self._k_norm[i] for i in ids])
-        v_abs = stack_rows([self._v_abs[i] for i in ids])
+        k_norm = self._stacks["k_norm"]([self._k_norm[i] for i in ids])
+        v_abs = self._stacks["v_abs"]([self._v_abs[i] for i in ids])
         return error_bounds(query, scale, context_lens, k_norm, v_abs)
 
     def touch(self, seq_id: str) -> None:
@@ -155,7 +183,7 @@ class DenseCheck:
                 out = dense_attention_rows(query[batch].astype(np.float32), keys, values, lengths, scale).numpy()
                 for row, i in enumerate(batch):
                     cached[ids[i]] = (writes.get(ids[i], 0), out[row].copy())  # no view keeps the batch alive
-        return stack_rows([cached[seq_id][1] for seq_id in ids])
+        return self._stacks["outputs"]([cached[seq_id][1] for seq_id in ids])
 
     def snapshot(self, with_data: bool = True) -> DenseCheckSnapshot:
         return DenseCheckSnapshot(

@@ -25,7 +25,7 @@ import numpy as np
 from core import events as ev
 from core.block_manager import BlockManager, BlockManagerSnapshot
 from core.config import CacheConfig
-from core.dense_check import DenseCheck, DenseCheckSnapshot, stack_rows
+from core.dense_check import DenseCheck, DenseCheckSnapshot, RowStack
 from core.errors import (
     DuplicateSequenceError,
     InvalidOperationError,
@@ -211,6 +211,7 @@ class Simulator:
         self.step = 0
         self.last_attention: AttentionReport | None = None
         self._last_query: dict[str, np.ndarray] = {}  # q of each sequence's newest token (float32)
+        self._query_stack = RowStack()  # the decode batch's queries, restacked where they changed
         self.scheduler = Scheduler(config, self.model, self.blocks, self, self.events)
 
     # -- queries ------------------------------------------------------------------------
@@ -340,8 +341,9 @@ class Simulator:
 
     # The scheduler's side of the registry (core.scheduler.SequenceEngine).
     def add_owned(self, seq_id: str, prompt: tuple[int, ...], owner: str) -> None:
+        """A request's sequence: its prompt was checked against the vocabulary on submission."""
         self._check_new_id(seq_id, by_user=False)
-        self._add_sequence(seq_id, list(prompt), None, owner)
+        self._add_sequence(seq_id, list(prompt), None, owner, vocab_checked=True)
 
     def fork_owned(self, parent: str, child: str, owner: str) -> None:
         self._check_new_id(child, by_user=False)
@@ -371,9 +373,15 @@ class Simulator:
         self._add_sequence(op.seq, token_ids, op.blocks, None)
 
     def _add_sequence(
-        self, seq_id: str, token_ids: list[int], placement: tuple[int, ...] | None, owner: str | None
+        self,
+        seq_id: str,
+        token_ids: list[int],
+        placement: tuple[int, ...] | None,
+        owner: str | None,
+        vocab_checked: bool = False,
     ) -> None:
-        check_vocab(token_ids, "prompt")
+        if not vocab_checked:
+            check_vocab(token_ids, "prompt")
         c, blocks = self.config, self.blocks
         caching = c.prefix_caching and placement is None
         hits = blocks.cached_prefix(token_ids) if caching else []
@@ -430,7 +438,7 @@ class Simulator:
         starts = [s.num_tokens for s in seqs]
         slots, copies = [], []
         for seq, ids in zip(seqs, token_ids, strict=True):
-            done = self.blocks.append_slots(seq, ids, skip)
+            done = self.blocks.append_slots(seq, ids, skip, with_slots=self.kv_data)
             slots += done.slots
             copies += done.copies
         if self.kv_data:
@@ -536,7 +544,7 @@ class Simulator:
         block_tables[rows, np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)] = flat
         context_lens = np.array([s.num_tokens for s in seqs], dtype=np.int32)
         c = self.config
-        query = stack_rows([self._last_query[i] for i in ids]) if ids else np.empty((0, c.num_heads, c.head_dim))
+        query = self._query_stack([self._last_query[i] for i in ids]) if ids else np.empty((0, c.num_heads, c.head_dim))
         return ids, query.astype(self.cache.dtype), block_tables, context_lens
 
     def _attend(self) -> AttentionReport | None:

@@ -123,6 +123,7 @@ class Scheduler:
         self.swap_seconds = 0.0
         self.finished = 0
         self.rejected = 0
+        self._shared_tokens: dict[int, tuple[int, ...]] = {}  # length -> the shared prefix's tokens
 
     # -- operations ---------------------------------------------------------------
     def execute(self, op) -> None:
@@ -152,20 +153,24 @@ class Scheduler:
             self.events.add(ev.RequestSubmitted, op.request, op.length, op.output_len, state.num_seqs)
             self._reject(state, refusal)
             return
-        model = self.model
         if op.prompt is not None:
-            prompt = op.prompt
-        else:
+            prompt = tuple(op.prompt)
+            check_vocab(prompt, "prompt")
+        else:  # the token model's ids are in the vocabulary by construction
             shared = min(op.shared_prefix, op.prompt_len)
-            prompt = (
-                *model.token_ids(SHARED_PREFIX_ID, 0, shared),
-                *model.token_ids(op.request, shared, op.prompt_len - shared),
-            )
-        check_vocab(prompt, "prompt")
-        state = RequestState(op.request, len(self.requests), tuple(prompt), op.output_len, op.n, op.beam_width)
+            own = self.model.token_ids(op.request, shared, op.prompt_len - shared)
+            prompt = (*self._shared_prefix(shared), *own)
+        state = RequestState(op.request, len(self.requests), prompt, op.output_len, op.n, op.beam_width)
         self.requests[op.request] = state
         self.waiting.append(op.request)
         self.events.add(ev.RequestSubmitted, op.request, len(prompt), op.output_len, state.num_seqs)
+
+    def _shared_prefix(self, length: int) -> tuple[int, ...]:
+        """The first ``length`` tokens every request's shared prefix comes from (generated once)."""
+        tokens = self._shared_tokens.get(length)
+        if tokens is None:
+            tokens = self._shared_tokens[length] = tuple(self.model.token_ids(SHARED_PREFIX_ID, 0, length))
+        return tokens
 
     def reserving(self, seq_id: str) -> str | None:
         """The waiting request that will run a sequence named ``seq_id`` when admitted, if any."""
@@ -342,8 +347,9 @@ class Scheduler:
             decode_seqs = self._decode_sequences(decoding)
         if decoding:
             engine.decode([q.seq_id for q in decode_seqs], checked=True, seqs=decode_seqs)
+        states = self.requests
         for request in decoding:
-            state = self.requests[request]
+            state = states[request]
             state.generated += 1
             if state.beam_width > 1:
                 self._prune_beams(state)

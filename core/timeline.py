@@ -222,11 +222,11 @@ class Timeline:
     def captions(self) -> tuple[str, ...]:
         """One line per step of the timeline: its caption once played, else its operation."""
         if self._caption_log is None or len(self._caption_log) != self.length:
-            self._caption_log = tuple(
-                self._captions.get(k) or f"{self.operations[k - 1].describe()} (not played yet)"
-                for k in range(1, self.length + 1)
-            )
+            self._caption_log = tuple(self._caption_line(k) for k in range(1, self.length + 1))
         return self._caption_log
+
+    def _caption_line(self, step: int) -> str:
+        return self._captions.get(step) or f"{self.operations[step - 1].describe()} (not played yet)"
 
     def run_to_end(self) -> list[StepResult]:
         out = []
@@ -254,7 +254,10 @@ class Timeline:
             return
         if self._captions.get(result.step) != caption:
             self._captions[result.step] = caption
-            self._caption_log = None
+            log = self._caption_log
+            if log is not None and len(log) == self.length:  # one line changed: not a rebuild of all
+                k = result.step
+                self._caption_log = (*log[: k - 1], self._caption_line(k), *log[k:])
         self._results[result.step] = result
         # Old steps keep their operation's events and metrics; their attention arrays and
         # detail events are recomputed if a seek lands there, so memory does not grow with

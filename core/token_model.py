@@ -159,16 +159,15 @@ class TokenModel:
     def next_token_ids(self, seq_ids: list[str], positions: list[int]) -> list[int]:
         """One token per sequence (a decode step), computed together: each sequence's
         (seed, name) rounds are hashed once, only the position's round runs per step."""
-        stream_of = self._stream_of
-        states = list(map(stream_of.get, seq_ids))
-        try:
-            z = np.array(states, dtype=np.uint64)
+        stream_of, n = self._stream_of, len(seq_ids)
+        try:  # (fromiter: a third of np.array's time on a list of Python ints)
+            z = np.fromiter(map(stream_of.get, seq_ids), np.uint64, n)
         except TypeError:  # a None: a sequence's first token (scanning for it costs more)
-            for i, s in enumerate(seq_ids):
-                if states[i] is None:
-                    states[i] = stream_of[s] = _mix(self.config.seed, zlib.crc32(s.encode()))
-            z = np.array(states, dtype=np.uint64)
-        return _mix_array_from(z, np.asarray(positions, dtype=np.uint64)).tolist()
+            for s in seq_ids:
+                if s not in stream_of:
+                    stream_of[s] = _mix(self.config.seed, zlib.crc32(s.encode()))
+            z = np.fromiter(map(stream_of.get, seq_ids), np.uint64, n)
+        return _mix_array_from(z, np.fromiter(positions, np.uint64, n)).tolist()
 
     # -- projections -------------------------------------------------------------
     # Bit-exact determinism matters: a token's K/V must not depend on what else was in
