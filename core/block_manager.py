@@ -169,10 +169,19 @@ class BlockManager:
 
     def _append_block(self, seq: Sequence, block: int) -> None:
         """``block``, just taken off the free queue, becomes ``seq``'s next logical block."""
-        seq.block_table.append(block)
-        index = len(seq.block_table) - 1
-        self._hold(block, seq.seq_id, index)
-        self.events.add(ev.BlockAllocated, block, seq.seq_id, index)
+        self._append_blocks(seq, [block])
+
+    def _append_blocks(self, seq: Sequence, blocks: list[int]) -> None:
+        """``blocks``, just taken off the free queue, become ``seq``'s next logical blocks. A
+        free block has no holders, so each gets a new holder map."""
+        table, holders, seq_id = seq.block_table, self._holders, seq.seq_id
+        first = len(table)
+        table.extend(blocks)
+        for index, block in enumerate(blocks, first):
+            holders[block] = {seq_id: index}
+        if self.events.enabled:
+            for index, block in enumerate(blocks, first):
+                self.events.emit(ev.BlockAllocated(block, seq_id, index))
 
     def _new_block(self, seq: Sequence) -> int:
         """:meth:`_take` of one block, then :meth:`_append_block` (once a block of tokens)."""
@@ -257,8 +266,7 @@ class BlockManager:
             self.events.add(ev.BlockReused, block, seq.seq_id, index, ref_count, was_free)
         self._count_tokens(None, 0)
         needed = self.config.blocks_for(num_tokens) - len(hits)
-        for block in self._take(needed, placement):  # all at once: evictions are announced first
-            self._append_block(seq, block)
+        self._append_blocks(seq, self._take(needed, placement))  # all at once: evictions are announced first
 
     def note_prefix_lookup(self, num_tokens: int, hits: int) -> None:
         self.prefix_lookups += (num_tokens - 1) // self.config.block_size
