@@ -96,6 +96,36 @@ def test_few_long_sequences_are_split_into_partitions_and_merged_exactly_enough(
     np.testing.assert_allclose(out, dense_for(*case, scale), atol=tolerance(dtype) / 10, rtol=0)
 
 
+@pytest.mark.parametrize("lens", [[3000, 1100, 5], [200 + 37 * i for i in range(20)]], ids=["partitioned", "one-part"])
+def test_a_head_size_kernel_computes_what_the_generic_kernel_does(cpu_backend, lens):
+    """fp32 head size 64 runs its own compiled kernel (its trip counts fixed at compile time);
+    split into partitions or not, with GQA, it must agree with the generic kernel and dense."""
+    from kernels.cpu_backend import KIND_FLOAT32, _paged_attention_kernel, kernel_for, work_split
+
+    assert kernel_for(64, KIND_FLOAT32) is not _paged_attention_kernel
+    assert kernel_for(32, KIND_FLOAT32) is _paged_attention_kernel
+    rng = np.random.default_rng(len(lens))
+    case = make_case(
+        rng, num_seqs=len(lens), context_lens=lens, block_size=16, num_heads=8, num_kv_heads=2, head_dim=64,
+        dtype="float32",
+    )  # fmt: skip
+    query, key_cache, value_cache, block_tables, context_lens = case
+    _, part_blocks, parts = work_split(len(lens), block_tables.shape[1], 16)
+    outputs = []
+    for kernel in (kernel_for(64, KIND_FLOAT32), _paged_attention_kernel):
+        out = np.empty(query.shape, np.float32)
+        part_m = np.empty((len(lens), parts, 8), np.float32)
+        part_l = np.empty((len(lens), parts, 8), np.float32)
+        part_acc = np.empty((len(lens), parts, 8, 64) if parts > 1 else (1, 1, 1, 1), np.float32)
+        scale = np.float32(default_scale(64))
+        kernel(out, query, key_cache, value_cache, block_tables, context_lens, scale, KIND_FLOAT32, part_blocks,
+               part_m, part_l, part_acc)  # fmt: skip
+        outputs.append(out)
+    np.testing.assert_allclose(outputs[0], outputs[1], atol=1e-6, rtol=0)
+    np.testing.assert_allclose(outputs[0], dense_for(*case, default_scale(64)), atol=tolerance("float32") / 10, rtol=0)
+    assert (parts > 1) == (len(lens) == 3)
+
+
 def test_the_work_split_fills_the_cpu_with_whole_tiles_and_never_depends_on_the_thread_count():
     from kernels.cpu_backend import TARGET_WORK_ITEMS, TILE_TOKENS, work_split
 
