@@ -113,12 +113,17 @@ def attention_weights(sim: Simulator, seq_id: str) -> tuple[np.ndarray, np.ndarr
     return weights.astype(np.float32), token_blocks
 
 
-def focus_detail(sim: Simulator, seq_id: str | None) -> FocusDetail | None:
+def focus_detail(sim: Simulator, seq_id: str | None, unchanged: FocusDetail | None = None) -> FocusDetail | None:
+    """``unchanged``: the previous step's detail of the same sequence, which that step did not
+    touch: its softmax weights still hold (the kernel's output and the checks are new)."""
     report = sim.last_attention
     if seq_id is None or report is None or seq_id not in report.seq_ids or seq_id not in sim.sequences:
         return None
     row = report.index_of(seq_id)
-    weights, token_blocks = attention_weights(sim, seq_id)
+    if unchanged is not None and unchanged.seq_id == seq_id and unchanged.context_len == report.context_lens[row]:
+        weights, token_blocks = unchanged.weights, unchanged.token_blocks
+    else:
+        weights, token_blocks = attention_weights(sim, seq_id)
     return FocusDetail(
         seq_id=seq_id,
         context_len=int(report.context_lens[row]),
@@ -185,6 +190,8 @@ def build_frame(
         block_fill = np.array(sim.block_fills(), dtype=np.int32)
         history = tuple(r.metrics for k in range(1, timeline.position + 1) if (r := timeline.result(k)) is not None)
         sequences = tuple(SequenceState(s.seq_id, s.num_tokens, tuple(s.block_table)) for s in sim.sequences.values())
+    # The focused sequence's weights, if the step left it alone (most steps of a big batch).
+    kept_focus = previous.focus if incremental and focus_seq not in touched_sequences else None
     current = timeline.current
     return Frame(
         position=timeline.position,
@@ -201,7 +208,7 @@ def build_frame(
         history=history,
         result=result,
         attention=sim.last_attention,
-        focus=focus_detail(sim, focus_seq),
+        focus=focus_detail(sim, focus_seq, kept_focus),
         backend=sim.backend.name,
         device=sim.backend.device,
         operations=tuple(timeline.operations),

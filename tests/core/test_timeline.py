@@ -83,18 +83,26 @@ def test_incremental_frames_equal_full_ones(cpu_backend):
 
     from core.view_model import build_frame
 
+    kept_weights = 0
     for name in ("default", "parallel_sampling", "preemption_swap", "preemption_recompute", "shared_system_prompt"):
         timeline = Timeline(load_shipped(name), cpu_backend)
-        frame = build_frame(timeline, None)
+        frame = build_frame(timeline, None)  # (None: the focus is the first sequence)
         while not timeline.at_end:
             result = timeline.forward()
-            frame = build_frame(timeline, None, result, frame)
+            previous, frame = frame, build_frame(timeline, None, result, frame)
             full = build_frame(timeline, None)
             assert frame.holders == full.holders, (name, timeline.position)
             np.testing.assert_array_equal(frame.ref_counts, full.ref_counts)
             np.testing.assert_array_equal(frame.block_fill, full.block_fill)
             assert frame.history == full.history
             assert frame.sequences == full.sequences, (name, timeline.position)
+            assert (frame.focus is None) == (full.focus is None)
+            if frame.focus is not None:  # weights kept from the step before are still right
+                np.testing.assert_array_equal(frame.focus.weights, full.focus.weights)
+                np.testing.assert_array_equal(frame.focus.token_blocks, full.focus.token_blocks)
+                np.testing.assert_array_equal(frame.focus.output, full.focus.output)
+                kept_weights += previous.focus is not None and frame.focus.weights is previous.focus.weights
+    assert kept_weights > 0  # and some were kept
 
 
 def test_an_action_mid_scenario_sets_the_future_aside_and_undo_brings_it_back(cpu_backend):
