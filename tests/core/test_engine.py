@@ -187,3 +187,38 @@ def test_dense_reference_is_recomputed_only_for_sequences_that_changed(sim, monk
     # The check still bites: corrupt b's cached-over data and its kernel output diverges.
     sim.cache.key_cache[sim.sequence("b").block_table[0], 0] += 1.0
     assert not sim.apply(Grow("a")).attention.passed
+
+
+@pytest.mark.parametrize("name", ["default", "parallel_sampling", "preemption_swap", "beam_search", "long_context"])
+def test_decode_block_tables_kept_between_steps_equal_a_fresh_build(cpu_backend, name):
+    """attention_inputs rewrites only the tables that changed since the last step: every step of
+    a scenario (forks, copy-on-write, frees, swaps, beams) must give the fresh build's array,
+    width included (the CPU kernel's work split reads it)."""
+    from core.scenario import load_shipped
+    from core.timeline import Timeline
+
+    timeline = Timeline(load_shipped(name), cpu_backend)
+    while not timeline.at_end:
+        timeline.forward()  # its attention updated the tables kept from the step before
+        sim = timeline.sim
+        if not sim.sequences:
+            continue
+        sim._last_tables = None  # the next call builds from scratch
+        fresh = sim.attention_inputs()[2]
+        tables = timeline.current.attention.block_tables
+        assert tables.shape == fresh.shape and (tables == fresh).all(), timeline.position
+
+
+def test_decode_block_tables_narrow_when_the_longest_table_shrinks(cpu_backend):
+    """The same sequences with a shorter longest table (a step back restores one): the padded
+    width follows, as a fresh build's would."""
+    sim = Simulator(CacheConfig(num_blocks=32, block_size=4, num_heads=2, head_dim=8, seed=1), cpu_backend)
+    for op in (Add("long", 28), Add("a", 3), Add("b", 5), Add("c", 2)):
+        sim.apply(op)
+    before = sim.snapshot()
+    sim.apply(Grow("long", 1))  # an 8th block: one table of four changed, the others kept
+    assert sim.last_attention.block_tables.shape == (4, 8)
+    sim.restore(before)
+    tables = sim.attention_inputs()[2]
+    assert tables.shape == (4, 7)
+    assert tables.tolist() == [s.block_table + [0] * (7 - len(s.block_table)) for s in sim.sequences.values()]
