@@ -101,6 +101,30 @@ def test_step_back_restores_the_earlier_picture(window, qtbot):
     assert window.pool_view.grab().toImage() == before_image
 
 
+def test_block_table_rows_follow_every_step_there_and_back(window, qtbot):
+    """The table view sets only what a step changed (a new token count without asking the view
+    to re-measure the row): every row must still hold the frame's numbers, forward and back."""
+    from app.gui.views.sequence_view import TABLE_COLUMN
+
+    def assert_rows_match(frame):
+        rows = window.sequence_view._rows
+        assert set(rows) == {s.seq_id for s in frame.sequences}
+        for seq in frame.sequences:
+            item = rows[seq.seq_id]
+            assert (item.text(1), item.text(2)) == (str(seq.num_tokens), str(len(seq.block_table)))
+            assert tuple(item.data(TABLE_COLUMN, Qt.ItemDataRole.UserRole)) == seq.block_table
+            refs = item.data(TABLE_COLUMN, Qt.ItemDataRole.UserRole + 2)
+            assert tuple(refs) == tuple(int(frame.ref_counts[b]) for b in seq.block_table)
+            assert f"{seq.num_tokens} tokens" in item.toolTip(0)
+
+    while window.frame.position < window.frame.length:
+        qtbot.keyClick(window, Qt.Key.Key_Right)
+        assert_rows_match(wait_idle(qtbot, window))
+    for step in (8, 3, 12):
+        window.controller.seek(step)
+        assert_rows_match(wait_idle(qtbot, window))
+
+
 def test_scrubber_and_end_seek(window, qtbot):
     window.actions.scrubber.setValue(9)
     assert wait_idle(qtbot, window).position == 9

@@ -113,6 +113,7 @@ class SequenceView(QTreeWidget):
         self.customContextMenuRequested.connect(self._context_menu)
         self.itemSelectionChanged.connect(self._selection_changed)
         self._rows: dict[str, QTreeWidgetItem] = {}
+        self._shown: dict[str, tuple] = {}  # per row: (tokens, table, ref counts) it shows
         self._updating = False
 
     def set_theme(self, theme: Theme) -> None:
@@ -138,6 +139,7 @@ class SequenceView(QTreeWidget):
             for seq_id in list(self._rows):
                 if seq_id not in live:
                     self.takeTopLevelItem(self.indexOfTopLevelItem(self._rows.pop(seq_id)))
+                    self._shown.pop(seq_id, None)
             touched = frame.touched_sequences
             added = False
             for order, seq in enumerate(frame.sequences):
@@ -158,17 +160,36 @@ class SequenceView(QTreeWidget):
         finally:
             self._updating = False
 
-    @staticmethod
-    def _fill_row(item: QTreeWidgetItem, seq, frame: Frame) -> None:
-        item.setText(0, seq.seq_id)
-        item.setText(1, str(seq.num_tokens))
-        item.setText(2, str(len(seq.block_table)))
-        item.setData(TABLE_COLUMN, Qt.ItemDataRole.UserRole, seq.block_table)
-        item.setData(TABLE_COLUMN, Qt.ItemDataRole.UserRole + 1, seq.seq_id)
-        refs = tuple(int(frame.ref_counts[b]) for b in seq.block_table)
-        item.setData(TABLE_COLUMN, Qt.ItemDataRole.UserRole + 2, refs)
-        blocks, size = len(seq.block_table), frame.config.block_size
-        item.setToolTip(0, f"{seq.seq_id}: {seq.num_tokens} tokens in {blocks} blocks of {size}")
+    def _fill_row(self, item: QTreeWidgetItem, seq, frame: Frame) -> None:
+        """Only what changed: each set is a dataChanged the view answers by asking the
+        delegate for sizes (a decode step changes the token count, seldom the table)."""
+        refs = tuple(frame.ref_counts[list(seq.block_table)].tolist())
+        shown = self._shown.get(seq.seq_id)
+        if shown is None:
+            item.setText(0, seq.seq_id)
+            item.setData(TABLE_COLUMN, Qt.ItemDataRole.UserRole + 1, seq.seq_id)
+        if shown is None or shown[0] != seq.num_tokens:
+            # A new count never changes the row's height: repaint the cell instead of letting
+            # the view re-measure the row (a dataChanged cost ~12x the set itself).
+            quiet = shown is not None
+            model = self.model()
+            if quiet:
+                model.blockSignals(True)
+            try:
+                item.setText(1, str(seq.num_tokens))
+                blocks, size = len(seq.block_table), frame.config.block_size
+                item.setToolTip(0, f"{seq.seq_id}: {seq.num_tokens} tokens in {blocks} blocks of {size}")
+            finally:
+                if quiet:
+                    model.blockSignals(False)
+            if quiet:
+                self.viewport().update(self.visualItemRect(item))
+        if shown is None or shown[1] != seq.block_table:
+            item.setText(2, str(len(seq.block_table)))
+            item.setData(TABLE_COLUMN, Qt.ItemDataRole.UserRole, seq.block_table)
+        if shown is None or shown[2] != refs:
+            item.setData(TABLE_COLUMN, Qt.ItemDataRole.UserRole + 2, refs)
+        self._shown[seq.seq_id] = (seq.num_tokens, seq.block_table, refs)
 
     def entry_rects(self, seq_id: str) -> list[tuple[int, QRect]]:
         """(logical block, its box in viewport coordinates) of a sequence's block table, as
