@@ -124,6 +124,9 @@ class Scheduler:
         self.finished = 0
         self.rejected = 0
         self._shared_tokens: dict[int, tuple[int, ...]] = {}  # length -> the shared prefix's tokens
+        # The running groups' sequences and their names, in running order (None: to be rebuilt).
+        # Kept between steps: a step admits or finishes a few groups of a hundred or more.
+        self._batch: tuple[list[Sequence], list[str]] | None = None
 
     # -- operations ---------------------------------------------------------------
     def execute(self, op) -> None:
@@ -246,6 +249,9 @@ class Scheduler:
                 engine.fork_owned(state.seqs[0], seq_id, state.request)
         state.status = RequestStatus.RUNNING
         self.running.append(state.request)
+        if self._batch is not None:
+            self._batch[0].extend(engine.sequences_of(state.seqs))
+            self._batch[1].extend(state.seqs)
         self.events.add(ev.RequestAdmitted, state.request, tuple(state.seqs), resumed)
 
     # -- preemption ------------------------------------------------------------------
@@ -258,6 +264,7 @@ class Scheduler:
     def preempt(self, request: str) -> None:
         state = self.requests[request]
         self.running.remove(request)
+        self._batch = None
         state.preemptions += 1
         self.preemptions += 1
         group = self._group(state)
@@ -288,7 +295,20 @@ class Scheduler:
         states = self.requests
         return self.engine.sequences_of([seq_id for request in requests for seq_id in states[request].seqs])
 
+    def _running_batch(self) -> tuple[list[Sequence], list[str]]:
+        if self._batch is None:
+            seqs = self._decode_sequences(self.running)
+            self._batch = (seqs, [q.seq_id for q in seqs])
+        return self._batch
+
     def step(self) -> None:
+        try:
+            self._step()
+        except BaseException:
+            self._batch = None  # a step that failed part way: rebuild from the queues
+            raise
+
+    def _step(self) -> None:
         engine, blocks, events = self.engine, self.blocks, self.events
         # 1. Swapped groups come back first, oldest first, while the watermark allows.
         while self.swapped:
@@ -308,11 +328,12 @@ class Scheduler:
             state.status = RequestStatus.RUNNING
             self.running.append(state.request)
             self.running.sort(key=lambda r: self.requests[r].order)
+            self._batch = None
             events.add(ev.RequestSwappedIn, state.request, need, seconds)
         # 2. Admit waiting requests in order; a LATER at the head blocks the queue (FCFS).
         decoding = list(self.running)
         # (admission cannot change these: a new request never takes a live sequence's name)
-        decode_seqs = self._decode_sequences(decoding)
+        decode_seqs, decode_ids = (list(batch) for batch in self._running_batch())
         running_seqs = len(decode_seqs)
         while self.waiting and not self.swapped:
             state = self.requests[self.waiting[0]]
@@ -345,9 +366,11 @@ class Scheduler:
             if victim in decoding:
                 decoding.remove(victim)
             decode_seqs = self._decode_sequences(decoding)
+            decode_ids = [q.seq_id for q in decode_seqs]
         if decoding:
-            engine.decode([q.seq_id for q in decode_seqs], checked=True, seqs=decode_seqs)
+            engine.decode(decode_ids, checked=True, seqs=decode_seqs)
         states = self.requests
+        done: set[str] = set()
         for request in decoding:
             state = states[request]
             state.generated += 1
@@ -356,11 +379,15 @@ class Scheduler:
             if state.generated >= state.output_len:
                 for seq_id in state.seqs:
                     engine.free_owned(seq_id)
+                done.update(state.seqs)
                 state.status = RequestStatus.FINISHED
                 state.seqs = []
                 self.running.remove(request)
                 self.finished += 1
                 events.add(ev.RequestFinished, request, state.generated)
+        if done and self._batch is not None:
+            seqs, ids = self._batch
+            self._batch = ([q for q in seqs if q.seq_id not in done], [i for i in ids if i not in done])
 
     def _reject(self, state: RequestState, reason: str) -> None:
         state.status = RequestStatus.REJECTED
@@ -373,6 +400,7 @@ class Scheduler:
             self.engine.free_owned(seq_id)
         state.seqs = []
         self.running.remove(request)
+        self._batch = None
         self._reject(state, f"{reason} ({self.config.num_blocks} blocks)")
 
     def _prune_beams(self, state: RequestState) -> None:
@@ -384,6 +412,7 @@ class Scheduler:
 
         ranked = sorted(state.seqs, key=score)
         worst, best = ranked[0], ranked[-1]
+        self._batch = None
         self.engine.free_owned(worst)
         state.seqs.remove(worst)
         child = f"{state.request}/b{state.beam_serial}"
@@ -420,6 +449,7 @@ class Scheduler:
     def restore(self, snap: SchedulerSnapshot) -> None:
         self.requests = {s.request: s.copy() for s in snap.requests}
         self.waiting, self.running, self.swapped = deque(snap.waiting), list(snap.running), deque(snap.swapped)
+        self._batch = None
         for name, value in zip(_COUNTERS, snap.counters, strict=True):
             setattr(self, name, value)
         self.used = snap.used
