@@ -112,9 +112,12 @@ def main(args: argparse.Namespace) -> int:
     from PySide6.QtCore import QSettings
     from PySide6.QtWidgets import QApplication
 
+    from app.benchmarks import machine_info
     from app.gui.main_window import MainWindow
     from kernels.selection import select_backend
 
+    machine = machine_info(select_backend("cpu"))
+    print(f"gui: measured on {machine['cpu']} · {machine['cores']} cores · {' '.join(machine['cpu_flags'])}")
     app = QApplication.instance() or QApplication(sys.argv[:1])
     num_seqs, steps = (32, 10) if args.quick else (256, 120)
     scratch = tempfile.mkdtemp(prefix="pagesim-bench-")
@@ -160,6 +163,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"gui: first frame {first:.2f} s after launch (target ≤ {TARGET_FIRST_FRAME_S:.0f})")
     report = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine,  # the CPU model and flags: verdicts are per CPU family
         "device": select_backend("cpu").device,
         "steps": rows,
         "first_frame_s": first,
