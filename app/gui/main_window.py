@@ -222,6 +222,7 @@ class MainWindow(QMainWindow):
         self.step_log = StepLog()
         self.step_log.seekRequested.connect(lambda step: self.controller.seek(step))
         self.step_log_dock = self._dock("Step log", self.step_log, Qt.DockWidgetArea.BottomDockWidgetArea, "steplog")
+        self.step_log_dock.visibilityChanged.connect(lambda shown: shown and self.step_log.catch_up())
         self.tabifyDockWidget(self.memory_dock, self.step_log_dock)  # into the same group: no orphaned tab bar
         self.memory_dock.raise_()
         self.resizeDocks([self.sequences_dock, self.kernel_dock], [380, 420], Qt.Orientation.Horizontal)

@@ -396,8 +396,12 @@ def test_an_action_mid_scenario_can_be_undone_redone_and_reloaded(window, qtbot)
 
 
 def test_every_step_has_a_caption_and_the_step_log_follows_the_timeline(window, qtbot):
+    window.memory_dock.raise_()  # the log behind another tab: it waits, and catches up when shown
     window.actions.scrubber.setValue(7)
     frame = wait_idle(qtbot, window)
+    assert window.step_log.visibleRegion().isEmpty()
+    window.step_log_dock.raise_()
+    qtbot.waitUntil(lambda: window.step_log.currentRow() == 6, timeout=1000)
     caption = window.step_caption.toPlainText()
     assert "Step 7" in caption and "copy-on-write gave it block 6" in caption
     assert "A2 writes into a block it shares" in caption  # the scenario's own narration of step 7

@@ -20,10 +20,25 @@ class StepLog(QListWidget):
         self.setToolTip("Every step of the timeline; click one to go there")
         self._lines: tuple[str, ...] = ()
         self._syncing = False
+        self._pending: Frame | None = None  # the newest frame while the log is hidden
         self.itemClicked.connect(lambda item: self.seekRequested.emit(self.row(item) + 1))
 
     def show_frame(self, frame: Frame) -> None:
-        """Rewrite only the lines that changed, then select the current step."""
+        """Rewrite only the lines that changed, then select the current step. Off screen
+        (behind another tab of its dock) the log waits: :meth:`catch_up` shows the newest
+        frame when its tab comes up."""
+        if self.visibleRegion().isEmpty():
+            self._pending = frame
+            return
+        self._pending = None
+        self._show(frame)
+
+    def catch_up(self) -> None:
+        if self._pending is not None:
+            frame, self._pending = self._pending, None
+            self._show(frame)
+
+    def _show(self, frame: Frame) -> None:
         lines = frame.captions
         if lines is not self._lines:
             while self.count() > len(lines):
