@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QRect, QRectF, QSize, Qt, Signal
+from PySide6.QtCore import QPoint, QRect, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QIcon, QPainter, QPixmap
 from PySide6.QtWidgets import QAbstractItemView, QStyle, QStyledItemDelegate, QTreeWidget, QTreeWidgetItem
 
@@ -183,13 +183,22 @@ class SequenceView(QTreeWidget):
                 if quiet:
                     model.blockSignals(False)
             if quiet:
-                self.viewport().update(self.visualItemRect(item))
+                self._repaint_if_shown(item)
         if shown is None or shown[1] != seq.block_table:
             item.setText(2, str(len(seq.block_table)))
             item.setData(TABLE_COLUMN, Qt.ItemDataRole.UserRole, seq.block_table)
         if shown is None or shown[2] != refs:
             item.setData(TABLE_COLUMN, Qt.ItemDataRole.UserRole + 2, refs)
         self._shown[seq.seq_id] = (seq.num_tokens, seq.block_table, refs)
+
+    def _repaint_if_shown(self, item: QTreeWidgetItem) -> None:
+        """Repaint a row if it is on screen. Finding a row's rectangle walks the rows above it
+        (their heights differ), so rows scrolled out of view are not measured at all."""
+        first = self.indexAt(QPoint(0, 0)).row()
+        last = self.indexAt(QPoint(0, self.viewport().height() - 1)).row()
+        row = self.indexOfTopLevelItem(item)
+        if first >= 0 and first <= row and (last < 0 or row <= last):
+            self.viewport().update(self.visualItemRect(item))
 
     def entry_rects(self, seq_id: str) -> list[tuple[int, QRect]]:
         """(logical block, its box in viewport coordinates) of a sequence's block table, as
