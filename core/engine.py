@@ -548,7 +548,7 @@ class Simulator:
         tables: when the sequences are the same, rows whose list still equals its copy from the
         last step are kept and only the others rewritten (into a new array: reports keep theirs)."""
         last = self._last_tables
-        if last is not None and last[0] == ids:
+        if last is not None and ids and last[0] == ids:
             _, copies, previous = last
             changed = [i for i, (seq, copy) in enumerate(zip(seqs, copies, strict=True)) if seq.block_table != copy]
             # The same width as a fresh build: the CPU kernel's work split reads it.
