@@ -103,10 +103,11 @@ class DenseCheck:
         # Per sequence: how many writes it has had, and the dense output at that count.
         self._writes: dict[str, int] = {}
         self._outputs: dict[str, tuple[int, np.ndarray]] = {}
+        self._bounds: dict[str, tuple[int, np.ndarray]] = {}  # the same, for the error bounds
         # Per sequence and KV head: the largest ‖k‖ and |v| so far, for the error bound.
         self._k_norm: dict[str, np.ndarray] = {}
         self._v_abs: dict[str, np.ndarray] = {}
-        self._stacks = {"k_norm": RowStack(), "v_abs": RowStack(), "outputs": RowStack()}
+        self._stacks = {"bounds": RowStack(), "outputs": RowStack()}
 
     def add(self, seq_id: str) -> None:
         self.reference.add(seq_id)
@@ -118,17 +119,30 @@ class DenseCheck:
         self.touch(seq_id)
         if len(keys):
             k32, v32 = keys.astype(np.float32, copy=False), values.astype(np.float32, copy=False)
-            # New arrays, not updates in place: the bounds' RowStacks tell rows apart by identity.
-            self._k_norm[seq_id] = np.maximum(self._k_norm[seq_id], np.linalg.norm(k32, axis=2).max(axis=0))
-            self._v_abs[seq_id] = np.maximum(self._v_abs[seq_id], np.abs(v32).max(axis=(0, 2)))
+            np.maximum(self._k_norm[seq_id], np.linalg.norm(k32, axis=2).max(axis=0), out=self._k_norm[seq_id])
+            np.maximum(self._v_abs[seq_id], np.abs(v32).max(axis=(0, 2)), out=self._v_abs[seq_id])
 
     def bounds(self, ids: tuple[str, ...], query: np.ndarray, scale: float, context_lens: np.ndarray) -> np.ndarray:
-        """:func:`error_bounds` for these sequences, from the magnitudes seen so far."""
+        """:func:`error_bounds` for these sequences, from the magnitudes seen so far. A row
+        depends only on its sequence's tokens (its query, magnitudes and length), so, as
+        with :meth:`outputs`, only the rows of sequences written since the last call are
+        computed (row by row the same arithmetic as all at once)."""
         if not ids:
             return np.zeros((0, query.shape[1]))
-        k_norm = self._stacks["k_norm"]([self._k_norm[i] for i in ids])
-        v_abs = self._stacks["v_abs"]([self._v_abs[i] for i in ids])
-        return error_bounds(query, scale, context_lens, k_norm, v_abs)
+        cached, writes = self._bounds, self._writes
+        stale = self._stale(ids, cached)
+        if stale:
+            k_norm = stack_rows([self._k_norm[ids[i]] for i in stale])
+            v_abs = stack_rows([self._v_abs[ids[i]] for i in stale])
+            rows = error_bounds(query[stale].astype(np.float32), scale, context_lens[stale], k_norm, v_abs)
+            for row, i in zip(rows, stale, strict=True):
+                cached[ids[i]] = (writes.get(ids[i], 0), row)  # rows of a fresh array: nothing else holds it
+        return self._stacks["bounds"]([cached[seq_id][1] for seq_id in ids])
+
+    def _stale(self, ids: tuple[str, ...], cached: dict[str, tuple[int, np.ndarray]]) -> list[int]:
+        """Positions of the sequences written since their cached row was computed."""
+        writes = self._writes
+        return [i for i, seq_id in enumerate(ids) if cached.get(seq_id, (-1,))[0] != writes.get(seq_id, 0)]
 
     def touch(self, seq_id: str) -> None:
         """``seq_id``'s tokens changed: its dense answer must be recomputed."""
@@ -144,6 +158,7 @@ class DenseCheck:
         self.reference.free(seq_id)
         self._writes.pop(seq_id, None)
         self._outputs.pop(seq_id, None)
+        self._bounds.pop(seq_id, None)
         self._k_norm.pop(seq_id, None)
         self._v_abs.pop(seq_id, None)
 
@@ -162,7 +177,7 @@ class DenseCheck:
         ``batch_bytes`` of float32 K/V, each padded to its longest row. (SDPA's rounding
         depends on the batch's shape: a recomputed answer may differ in the last bits.)"""
         ref, writes, cached = self.reference, self._writes, self._outputs
-        stale = [i for i, seq_id in enumerate(ids) if cached.get(seq_id, (-1,))[0] != writes.get(seq_id, 0)]
+        stale = self._stale(ids, cached)
         by_width: dict[int, list[int]] = {}
         for i in stale:
             width = MIN_ROW_TOKENS
@@ -201,5 +216,6 @@ class DenseCheck:
             self.reference.restore(snap.reference)
         self._writes = {seq_id: 0 for seq_id in snap.live}
         self._outputs = {}
+        self._bounds = {}
         self._k_norm = {i: k.copy() for i, k, _ in snap.magnitudes}
         self._v_abs = {i: v.copy() for i, _, v in snap.magnitudes}

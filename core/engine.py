@@ -582,7 +582,7 @@ class Simulator:
         started = time.perf_counter()
         dense = self.dense.outputs(ids, query, scale)
         dense_seconds = time.perf_counter() - started
-        tolerances = self.dense.bounds(ids, query.astype(np.float32), scale, context_lens)
+        tolerances = self.dense.bounds(ids, query, scale, context_lens)
 
         xp_query = backend.to_device(query)
         started = time.perf_counter()
