@@ -77,6 +77,7 @@ class Timeline:
         self._redo: list[Edit] = []
         self._captions: dict[int, str] = {}  # step -> what it did (core.captions), once played
         self._caption_log: tuple[str, ...] | None = None  # captions(), until something changes
+        self._captions_changed: set[int] = set()  # steps whose caption changed since captions()
 
     def _take_snapshot(self):
         return self.sim.snapshot(with_data=self.snapshot_data)
@@ -221,9 +222,18 @@ class Timeline:
 
     def captions(self) -> tuple[str, ...]:
         """One line per step of the timeline: its caption once played, else its operation."""
-        if self._caption_log is None or len(self._caption_log) != self.length:
-            self._caption_log = tuple(self._caption_line(k) for k in range(1, self.length + 1))
-        return self._caption_log
+        log = self._caption_log
+        if log is None or len(log) != self.length:
+            log = tuple(self._caption_line(k) for k in range(1, self.length + 1))
+        elif self._captions_changed:  # a step or a seek's replay changed some lines: those only
+            lines = list(log)
+            for step in self._captions_changed:
+                if step <= self.length:
+                    lines[step - 1] = self._caption_line(step)
+            log = tuple(lines)
+        self._captions_changed.clear()
+        self._caption_log = log
+        return log
 
     def _caption_line(self, step: int) -> str:
         return self._captions.get(step) or f"{self.operations[step - 1].describe()} (not played yet)"
@@ -254,10 +264,7 @@ class Timeline:
             return
         if self._captions.get(result.step) != caption:
             self._captions[result.step] = caption
-            log = self._caption_log
-            if log is not None and len(log) == self.length:  # one line changed: not a rebuild of all
-                k = result.step
-                self._caption_log = (*log[: k - 1], self._caption_line(k), *log[k:])
+            self._captions_changed.add(result.step)  # captions() rewrites these lines only
         self._results[result.step] = result
         # Old steps keep their operation's events and metrics; their attention arrays and
         # detail events are recomputed if a seek lands there, so memory does not grow with

@@ -177,3 +177,28 @@ def test_a_steps_attention_events_are_built_only_when_asked_for_and_as_before(cp
         timeline.operations[0], record=False
     )
     assert unrecorded.events == () and unrecorded.lookup_of("A") is None
+
+
+def test_the_caption_log_kept_between_calls_equals_a_rebuild(cpu_backend):
+    """captions() rewrites only the lines of steps recorded since the last call: after steps,
+    a long seek's replay, a user's action, undo and redo it must equal a rebuild from scratch."""
+    timeline = Timeline(load_shipped("default"), cpu_backend, snapshot_every=4)
+
+    def check():
+        kept = timeline.captions()
+        timeline._caption_log = None
+        assert kept == timeline.captions(), timeline.position
+
+    check()
+    for _ in range(3):
+        timeline.forward()
+        check()
+    timeline.seek(12)  # nine steps recorded without a call in between
+    check()
+    timeline.seek(5)
+    timeline.push(Add("U", 5))
+    check()
+    timeline.undo()
+    check()
+    timeline.redo()
+    check()
