@@ -119,7 +119,9 @@ class DenseCheck:
         self.touch(seq_id)
         if len(keys):
             k32, v32 = keys.astype(np.float32, copy=False), values.astype(np.float32, copy=False)
-            np.maximum(self._k_norm[seq_id], np.linalg.norm(k32, axis=2).max(axis=0), out=self._k_norm[seq_id])
+            # ‖k‖ as np.linalg.norm computes it (the same bits), without its dispatch
+            norms = np.sqrt(np.add.reduce(k32 * k32, axis=2))
+            np.maximum(self._k_norm[seq_id], norms.max(axis=0), out=self._k_norm[seq_id])
             np.maximum(self._v_abs[seq_id], np.abs(v32).max(axis=(0, 2)), out=self._v_abs[seq_id])
 
     def bounds(self, ids: tuple[str, ...], query: np.ndarray, scale: float, context_lens: np.ndarray) -> np.ndarray:

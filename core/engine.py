@@ -453,8 +453,11 @@ class Simulator:
         for src, dst in copies:  # before the writes: the new token goes into the copy
             self.cache.copy_block(src, dst)
         flat = [t for ids in token_ids for t in ids]
-        positions = np.concatenate([np.arange(n, n + len(ids)) for n, ids in zip(starts, token_ids, strict=True)])
-        ends = np.cumsum([len(ids) for ids in token_ids]).tolist()
+        if len(seqs) == 1:  # (one sequence, most appends: NumPy's set-up costs more than the work)
+            positions = np.arange(starts[0], starts[0] + len(flat))
+        else:
+            positions = np.concatenate([np.arange(n, n + len(ids)) for n, ids in zip(starts, token_ids, strict=True)])
+        ends = list(itertools.accumulate(len(ids) for ids in token_ids))
         slot_array = np.array(slots, np.int64)
         seq_index = 0
         for first in range(0, len(flat), QKV_PIECE_TOKENS):
