@@ -363,18 +363,14 @@ class BlockManager:
 
     def _append_decode_quiet(self, seqs: list[Sequence], tokens: list[int], lengths: list[int]) -> Appended:
         """:meth:`append_decode` with no events and no slots (the scheduler's hot path)."""
-        bs, refs, fill, holders = self.config.block_size, self.pool._ref_counts, self._fill, self._holders
-        allocate_one = self.pool.allocate_one
+        bs, refs, fill = self.config.block_size, self.pool._ref_counts, self._fill
         last_offset = bs - 1 if self.config.prefix_caching else -1  # the offset that fills a block
         copies: list[tuple[int, int]] = []
         for seq, token, n in zip(seqs, tokens, lengths, strict=True):
             offset = n % bs
             table = seq.block_table
-            if offset == 0:  # _new_block without its events: a block off the free queue has no holders
-                block = allocate_one()[0]
-                fill[block] = 0
-                holders[block] = {seq.seq_id: len(table)}
-                table.append(block)
+            if offset == 0:
+                self._new_block(seq)
             elif refs[table[-1]] > 1:
                 copies.append(self._copy_on_write(seq))
             seq.token_ids.append(token)

@@ -164,7 +164,7 @@ def main(args: argparse.Namespace) -> int:
     report = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": machine,  # the CPU model and flags: verdicts are per CPU family
-        "device": select_backend("cpu").device,
+        "device": machine["device"],
         "steps": rows,
         "first_frame_s": first,
         "walkthrough_trace_ms": trace_ms,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QPoint, QRect, QRectF, QSize, Qt, Signal
+from PySide6.QtCore import QPoint, QRect, QRectF, QSignalBlocker, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QIcon, QPainter, QPixmap
 from PySide6.QtWidgets import QAbstractItemView, QStyle, QStyledItemDelegate, QTreeWidget, QTreeWidgetItem
 
@@ -168,22 +168,20 @@ class SequenceView(QTreeWidget):
         if shown is None:
             item.setText(0, seq.seq_id)
             item.setData(TABLE_COLUMN, Qt.ItemDataRole.UserRole + 1, seq.seq_id)
-        if shown is None or shown[0] != seq.num_tokens:
+
+        def show_count() -> None:
+            item.setText(1, str(seq.num_tokens))
+            blocks, size = len(seq.block_table), frame.config.block_size
+            item.setToolTip(0, f"{seq.seq_id}: {seq.num_tokens} tokens in {blocks} blocks of {size}")
+
+        if shown is None:
+            show_count()
+        elif shown[0] != seq.num_tokens:
             # A new count never changes the row's height: repaint the cell instead of letting
             # the view re-measure the row (a dataChanged cost ~12x the set itself).
-            quiet = shown is not None
-            model = self.model()
-            if quiet:
-                model.blockSignals(True)
-            try:
-                item.setText(1, str(seq.num_tokens))
-                blocks, size = len(seq.block_table), frame.config.block_size
-                item.setToolTip(0, f"{seq.seq_id}: {seq.num_tokens} tokens in {blocks} blocks of {size}")
-            finally:
-                if quiet:
-                    model.blockSignals(False)
-            if quiet:
-                self._repaint_if_shown(item)
+            with QSignalBlocker(self.model()):
+                show_count()
+            self._repaint_if_shown(item)
         if shown is None or shown[1] != seq.block_table:
             item.setText(2, str(len(seq.block_table)))
             item.setData(TABLE_COLUMN, Qt.ItemDataRole.UserRole, seq.block_table)
