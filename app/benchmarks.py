@@ -18,15 +18,14 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 import torch
-
-from core.config import CacheConfig
-from core.engine import Simulator
-from core.errors import PagesimError
-from core.operations import Add, Fork, Free, Grow
-from core.scenario import Scenario
-from kernels.backend import Backend, default_scale
-from kernels.reference import dense_attention_batched, paged_attention_reference
-from kernels.selection import select_backend
+from pagesim.core.config import CacheConfig
+from pagesim.core.engine import Simulator
+from pagesim.core.errors import PagesimError
+from pagesim.core.operations import Add, Fork, Free, Grow
+from pagesim.core.scenario import Scenario
+from pagesim.kernels.backend import Backend, default_scale
+from pagesim.kernels.reference import dense_attention_batched, paged_attention_reference
+from pagesim.kernels.selection import select_backend
 
 TARGET_OPS_SECONDS = 10.0  # 100k engine operations, one core
 TARGET_SCHEDULER_SECONDS = 10.0  # 10k ShareGPT-like requests through the scheduler, one core
@@ -118,7 +117,7 @@ def machine_info(backend: Backend) -> dict:
 
 
 def bench_kernel_case(case: KernelCase, backend: Backend, repeats: int, gather_repeats: int) -> dict:
-    from kernels.dtypes import storage_dtype
+    from pagesim.kernels.dtypes import storage_dtype
 
     rng = np.random.default_rng(0)
     kv_heads = case.num_kv_heads or case.num_heads
@@ -233,8 +232,8 @@ def bench_engine_ops(count: int) -> dict:
 def bench_scheduler(count: int) -> dict:
     """A seeded ShareGPT-like workload (Poisson arrivals, a 64-token shared system prompt)
     through the scheduler with prefix caching, memory management only (no K/V, no attention)."""
-    from core.operations import Schedule, Submit
-    from core.studies.workload import generate
+    from pagesim.core.operations import Schedule, Submit
+    from pagesim.core.studies.workload import generate
 
     specs = generate("sharegpt", count, rate=40.0, seed=1, shared_prefix=64)
     config = CacheConfig(num_blocks=4096, block_size=16, num_heads=1, head_dim=8, prefix_caching=True, max_num_seqs=256)
@@ -327,9 +326,9 @@ def memory_case(name: str, snapshot_data: bool) -> dict:
     bytes."""
     import gc
 
-    from core.scenario import load_shipped
-    from core.timeline import Timeline
-    from kernels.cpu_backend import CpuBackend
+    from pagesim.core.scenario import load_shipped
+    from pagesim.core.timeline import Timeline
+    from pagesim.kernels.cpu_backend import CpuBackend
 
     backend = CpuBackend()
     scenario = load_shipped("stress") if name == "stress" else _long_plus_short()
@@ -386,7 +385,7 @@ def bench_memory(quick: bool) -> list[dict]:
     for name in ("stress",) if quick else ("stress", "long+short"):
         for snapshot_data in (False,) if quick else (False, True):
             code = (
-                "import json; from app.benchmarks import memory_case; "
+                "import json; from pagesim.app.benchmarks import memory_case; "
                 f"print(json.dumps(memory_case({name!r}, {snapshot_data})))"
             )
             done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -397,7 +396,7 @@ def bench_memory(quick: bool) -> list[dict]:
 def run_benchmarks(args: argparse.Namespace) -> int:
     backend = select_backend(args.backend)
     if backend.name == "cuda":
-        from kernels.cuda_bench import run_cuda_benchmarks
+        from pagesim.kernels.cuda_bench import run_cuda_benchmarks
 
         return run_cuda_benchmarks(args, backend)
     info = machine_info(backend)
@@ -461,8 +460,10 @@ def run_benchmarks(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    from app.options import add_bench_options
+    from pagesim.app.options import add_bench_options
 
-    parser = argparse.ArgumentParser(prog="python -m app.benchmarks", description="pagesim bench without the CLI")
+    parser = argparse.ArgumentParser(
+        prog="python -m pagesim.app.benchmarks", description="pagesim bench without the CLI"
+    )
     add_bench_options(parser)
     sys.exit(run_benchmarks(parser.parse_args()))

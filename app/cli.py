@@ -8,8 +8,8 @@ import math
 import sys
 from pathlib import Path
 
-from app.options import add_backend_option, add_bench_options, writable_problem
-from app.report import (
+from pagesim.app.options import add_backend_option, add_bench_options, writable_problem
+from pagesim.app.report import (
     TABLE_HEADER,
     dump_step,
     format_block_tables,
@@ -18,12 +18,12 @@ from app.report import (
     step_report,
     write_json,
 )
-from core.errors import PagesimError
-from core.scenario import DEFAULT_SCENARIO, load_scenario, shipped_scenarios
-from core.studies.workload import DISTRIBUTIONS
-from core.timeline import Timeline
-from kernels.backend import BackendUnavailableError
-from kernels.selection import available_backends, select_backend
+from pagesim.core.errors import PagesimError
+from pagesim.core.scenario import DEFAULT_SCENARIO, load_scenario, shipped_scenarios
+from pagesim.core.studies.workload import DISTRIBUTIONS
+from pagesim.core.timeline import Timeline
+from pagesim.kernels.backend import BackendUnavailableError
+from pagesim.kernels.selection import available_backends, select_backend
 
 
 def _positive_int(text: str) -> int:
@@ -171,7 +171,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.gui:
         return cmd_gui_bench(args)
-    from app.benchmarks import run_benchmarks
+    from pagesim.app.benchmarks import run_benchmarks
 
     return run_benchmarks(args)
 
@@ -179,8 +179,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_waste(args: argparse.Namespace) -> int:
     import json
 
-    from core.studies.waste import CATEGORIES, CATEGORY_LABELS, compare
-    from core.studies.workload import generate
+    from pagesim.core.studies.waste import CATEGORIES, CATEGORY_LABELS, compare
+    from pagesim.core.studies.workload import generate
 
     if args.slots < args.max_len:
         print(
@@ -244,7 +244,7 @@ def cmd_gui(args: argparse.Namespace) -> int:
     if reason := _qt_missing():
         print(f"error: {reason}", file=sys.stderr)
         return 2
-    from app.gui.main import main as gui_main
+    from pagesim.app.gui.main import main as gui_main
 
     return gui_main(args)
 
@@ -253,7 +253,7 @@ def cmd_gui_bench(args: argparse.Namespace) -> int:
     if reason := _qt_missing():
         print(f"error: {reason}", file=sys.stderr)
         return 2
-    from app.gui.bench import main as gui_bench_main
+    from pagesim.app.gui.bench import main as gui_bench_main
 
     return gui_bench_main(args)
 

@@ -1,4 +1,4 @@
-"""Command-line options shared by ``pagesim`` and ``python -m app.benchmarks``."""
+"""Command-line options shared by ``pagesim`` and ``python -m pagesim.app.benchmarks``."""
 
 from __future__ import annotations
 

@@ -8,10 +8,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
-
-from core.engine import StepResult
-from core.timeline import Timeline
-from kernels.dtypes import dtype_name
+from pagesim.core.engine import StepResult
+from pagesim.core.timeline import Timeline
+from pagesim.kernels.dtypes import dtype_name
 
 
 def format_config(timeline: Timeline) -> str:

@@ -17,12 +17,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
-from core import events as ev
-from core.blocks import BlockPool, PoolSnapshot
-from core.config import CacheConfig
-from core.errors import InvalidOperationError
-from core.events import EventLog
-from core.sequence import Sequence, block_hash
+from pagesim.core import events as ev
+from pagesim.core.blocks import BlockPool, PoolSnapshot
+from pagesim.core.config import CacheConfig
+from pagesim.core.errors import InvalidOperationError
+from pagesim.core.events import EventLog
+from pagesim.core.sequence import Sequence, block_hash
 
 
 @dataclass

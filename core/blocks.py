@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from core.checks import is_int
-from core.errors import InvalidPlacementError, PoolExhaustedError
+from pagesim.core.checks import is_int
+from pagesim.core.errors import InvalidPlacementError, PoolExhaustedError
 
 _NONE = -1
 

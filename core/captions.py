@@ -4,8 +4,8 @@ events while they are whole (an old step later drops its per-token detail)."""
 
 from __future__ import annotations
 
-from core import events as ev
-from core.engine import StepResult
+from pagesim.core import events as ev
+from pagesim.core.engine import StepResult
 
 
 def _blocks(numbers) -> str:

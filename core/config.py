@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from core.checks import is_count
-from kernels.backend import MAX_HEAD_DIM
-from kernels.dtypes import STORAGE_DTYPES, tolerance
+from pagesim.core.checks import is_count
+from pagesim.kernels.backend import MAX_HEAD_DIM
+from pagesim.kernels.dtypes import STORAGE_DTYPES, tolerance
 
 DEFAULT_MAX_MODEL_LEN = 2048
 
@@ -79,7 +79,7 @@ class CacheConfig:
     @property
     def block_bytes(self) -> int:
         """Bytes of K and V one block holds."""
-        from kernels.dtypes import storage_dtype
+        from pagesim.kernels.dtypes import storage_dtype
 
         return 2 * self.block_size * self.num_kv_heads * self.head_dim * storage_dtype(self.dtype).itemsize
 

@@ -13,9 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from core.kv_cache import ChunkedKVReference
-from kernels.reference import dense_attention_rows
+from pagesim.core.kv_cache import ChunkedKVReference
+from pagesim.kernels.reference import dense_attention_rows
 
 U32 = 2.0**-24  # unit roundoff of fp32, the arithmetic of both the kernel and dense
 

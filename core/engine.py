@@ -21,12 +21,11 @@ import time
 from dataclasses import dataclass, replace
 
 import numpy as np
-
-from core import events as ev
-from core.block_manager import BlockManager, BlockManagerSnapshot
-from core.config import CacheConfig
-from core.dense_check import DenseCheck, DenseCheckSnapshot, RowStack
-from core.errors import (
+from pagesim.core import events as ev
+from pagesim.core.block_manager import BlockManager, BlockManagerSnapshot
+from pagesim.core.config import CacheConfig
+from pagesim.core.dense_check import DenseCheck, DenseCheckSnapshot, RowStack
+from pagesim.core.errors import (
     DuplicateSequenceError,
     InvalidOperationError,
     InvalidPlacementError,
@@ -34,16 +33,16 @@ from core.errors import (
     PoolExhaustedError,
     UnknownSequenceError,
 )
-from core.events import EventLog
-from core.kv_cache import CacheCheckpoint, PagedKVCache, SwapSpace
-from core.metrics import Metrics
-from core.operations import Add, Fork, Free, Grow, Operation, Schedule, Submit
-from core.scheduler import Scheduler, SchedulerSnapshot
-from core.sequence import Sequence, SequenceSnapshot
-from core.token_model import TokenModel, check_vocab
-from kernels.backend import Backend, default_scale, host_memory_available
-from kernels.dtypes import storage_dtype
-from kernels.selection import select_backend
+from pagesim.core.events import EventLog
+from pagesim.core.kv_cache import CacheCheckpoint, PagedKVCache, SwapSpace
+from pagesim.core.metrics import Metrics
+from pagesim.core.operations import Add, Fork, Free, Grow, Operation, Schedule, Submit
+from pagesim.core.scheduler import Scheduler, SchedulerSnapshot
+from pagesim.core.sequence import Sequence, SequenceSnapshot
+from pagesim.core.token_model import TokenModel, check_vocab
+from pagesim.kernels.backend import Backend, default_scale, host_memory_available
+from pagesim.kernels.dtypes import storage_dtype
+from pagesim.kernels.selection import select_backend
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from core.config import CacheConfig
-from kernels.backend import Backend
-from kernels.dtypes import storage_dtype
+from pagesim.core.config import CacheConfig
+from pagesim.kernels.backend import Backend
+from pagesim.kernels.dtypes import storage_dtype
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.checks import all_ints, is_count, is_int
-from core.errors import InvalidOperationError
+from pagesim.core.checks import all_ints, is_count, is_int
+from pagesim.core.errors import InvalidOperationError
 
 # Every operation checks its own fields, here and nowhere else: scenario files and the app
 # build operations and report these errors with the field they name.

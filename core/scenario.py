@@ -22,10 +22,10 @@ from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 
-from core.checks import all_ints, is_int
-from core.config import CacheConfig
-from core.errors import InvalidOperationError, PagesimError, ScenarioError
-from core.operations import Add, Fork, Free, Grow, Operation, Schedule, Submit
+from pagesim.core.checks import all_ints, is_int
+from pagesim.core.config import CacheConfig
+from pagesim.core.errors import InvalidOperationError, PagesimError, ScenarioError
+from pagesim.core.operations import Add, Fork, Free, Grow, Operation, Schedule, Submit
 
 HEADER_FIELDS = {f.name for f in fields(CacheConfig)}
 REQUIRED_HEADER = ("num_blocks", "block_size", "num_heads", "head_dim")
@@ -256,7 +256,7 @@ def load_scenario(path: str | Path) -> Scenario:
 
 def shipped_scenarios() -> dict[str, str]:
     """Shipped scenario name -> its file name."""
-    folder = resources.files("assets") / "scenarios"
+    folder = resources.files("pagesim.assets") / "scenarios"
     return {p.name.removesuffix(".toml"): p.name for p in folder.iterdir() if p.name.endswith(".toml")}
 
 
@@ -269,11 +269,11 @@ def examples() -> list[tuple[str, Scenario]]:
 
 def shipped_folder() -> Path | None:
     """Where the shipped scenario files are on disk (None inside a zipped install)."""
-    folder = resources.files("assets") / "scenarios"
+    folder = resources.files("pagesim.assets") / "scenarios"
     return Path(str(folder)) if Path(str(folder)).is_dir() else None
 
 
 def load_shipped(name: str) -> Scenario:
-    resource = resources.files("assets") / "scenarios" / f"{name}.toml"
+    resource = resources.files("pagesim.assets") / "scenarios" / f"{name}.toml"
     with resources.as_file(resource) as path:
         return parse_scenario(path.read_text(encoding="utf-8"), str(path))

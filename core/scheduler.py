@@ -13,14 +13,14 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Protocol
 
-from core import events as ev
-from core.block_manager import BlockManager
-from core.config import CacheConfig
-from core.errors import DuplicateSequenceError, InvalidOperationError
-from core.events import EventLog
-from core.operations import Schedule, Submit
-from core.sequence import Sequence
-from core.token_model import TokenModel, check_vocab
+from pagesim.core import events as ev
+from pagesim.core.block_manager import BlockManager
+from pagesim.core.config import CacheConfig
+from pagesim.core.errors import DuplicateSequenceError, InvalidOperationError
+from pagesim.core.events import EventLog
+from pagesim.core.operations import Schedule, Submit
+from pagesim.core.sequence import Sequence
+from pagesim.core.token_model import TokenModel, check_vocab
 
 
 class RequestStatus(StrEnum):

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from core.captions import step_caption
-from core.engine import Simulator, StepResult, without_data
-from core.errors import (
+from pagesim.core.captions import step_caption
+from pagesim.core.engine import Simulator, StepResult, without_data
+from pagesim.core.errors import (
     DuplicateSequenceError,
     InvalidPlacementError,
     PagesimError,
@@ -16,9 +16,9 @@ from core.errors import (
     ScenarioError,
     UnknownSequenceError,
 )
-from core.operations import Fork, Operation, Submit
-from core.scenario import Scenario
-from kernels.backend import Backend
+from pagesim.core.operations import Fork, Operation, Submit
+from pagesim.core.scenario import Scenario
+from pagesim.kernels.backend import Backend
 
 SNAPSHOT_EVERY = 16
 KEEP_ATTENTION = 4  # steps whose kernel and dense outputs stay cached; older ones recompute on a seek

@@ -13,9 +13,8 @@ import zlib
 from typing import ClassVar
 
 import numpy as np
-
-from core.config import CacheConfig
-from core.errors import InvalidOperationError
+from pagesim.core.config import CacheConfig
+from pagesim.core.errors import InvalidOperationError
 
 VOCAB_SIZE = 32_000
 MODEL_DIM = 64

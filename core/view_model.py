@@ -9,12 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from core import events as ev
-from core.config import CacheConfig
-from core.engine import AttentionReport, Simulator, StepResult
-from core.metrics import Metrics
-from core.timeline import Timeline
+from pagesim.core import events as ev
+from pagesim.core.config import CacheConfig
+from pagesim.core.engine import AttentionReport, Simulator, StepResult
+from pagesim.core.metrics import Metrics
+from pagesim.core.timeline import Timeline
 
 
 @dataclass(frozen=True)
@@ -336,7 +335,7 @@ def _describe_merge(merge) -> str:
 
 def walk_through(sim: Simulator, seq_id: str, head: int, kernel: str, partition_size: int) -> WalkThrough | None:
     """Replay this step's kernel for ``seq_id``'s query head ``head`` (None if it did not attend)."""
-    from kernels.trace import trace_cpu, trace_cuda
+    from pagesim.kernels.trace import trace_cpu, trace_cuda
 
     report = sim.last_attention
     if report is None or seq_id not in report.seq_ids or kernel not in KERNEL_CHOICES:

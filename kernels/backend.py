@@ -7,8 +7,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 import numpy as np
-
-from kernels.dtypes import dtype_name
+from pagesim.kernels.dtypes import dtype_name
 
 MAX_HEAD_DIM = 256
 

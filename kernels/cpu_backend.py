@@ -15,9 +15,8 @@ import numba
 import numpy as np
 from numba import types
 from numba.extending import intrinsic
-
-from kernels.backend import Backend
-from kernels.dtypes import STORAGE_KINDS
+from pagesim.kernels.backend import Backend
+from pagesim.kernels.dtypes import STORAGE_KINDS
 
 KIND_FLOAT32 = STORAGE_KINDS["float32"]
 KIND_FLOAT16 = STORAGE_KINDS["float16"]

@@ -9,9 +9,8 @@ import threading
 from typing import Any
 
 import numpy as np
-
-from kernels.backend import Backend, KernelInputError, validate_kernel_inputs
-from kernels.cuda_build import (
+from pagesim.kernels.backend import Backend, KernelInputError, validate_kernel_inputs
+from pagesim.kernels.cuda_build import (
     NUM_THREADS,
     OPTIONS,
     PARTITION_SIZE,
@@ -21,8 +20,8 @@ from kernels.cuda_build import (
     instantiation_for,
     kernel_source,
 )
-from kernels.dtypes import bfloat16, dtype_name, is_bfloat16
-from kernels.occupancy import DeviceLimits, KernelResources, LaunchPlan, plan_launch
+from pagesim.kernels.dtypes import bfloat16, dtype_name, is_bfloat16
+from pagesim.kernels.occupancy import DeviceLimits, KernelResources, LaunchPlan, plan_launch
 
 # vLLM's rule: v1 when the longest context fits one pass (≤ 8192) and either it is a
 # single partition or there are enough (sequence, head) pairs to fill the GPU.

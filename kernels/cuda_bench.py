@@ -15,11 +15,10 @@ import json
 import statistics
 
 import numpy as np
-
-from kernels.backend import default_scale
-from kernels.cuda_backend import CudaBackend, choose_variant
-from kernels.cuda_build import heads_per_block
-from kernels.dtypes import storage_dtype
+from pagesim.kernels.backend import default_scale
+from pagesim.kernels.cuda_backend import CudaBackend, choose_variant
+from pagesim.kernels.cuda_build import heads_per_block
+from pagesim.kernels.dtypes import storage_dtype
 
 TARGET_BANDWIDTH_FRACTION = 0.85
 TARGET_PAGING_OVERHEAD = 0.10

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from kernels.dtypes import STORAGE_KINDS
+from pagesim.kernels.dtypes import STORAGE_KINDS
 
 SOURCE_NAME = "paged_attention.cu"
 KINDS = STORAGE_KINDS
@@ -29,7 +29,7 @@ HEADS_PER_BLOCK = (1, 2, 4)
 
 def _source_constant(name: str) -> int:
     """A ``constexpr int`` of the .cu, so the launch code and the kernels share one definition."""
-    text = (resources.files("kernels") / SOURCE_NAME).read_text(encoding="utf-8")
+    text = (resources.files("pagesim.kernels") / SOURCE_NAME).read_text(encoding="utf-8")
     found = re.search(rf"constexpr int {name} = (\d+);", text)
     if found is None:
         raise RuntimeError(f"{SOURCE_NAME} defines no constexpr int {name}")
@@ -45,7 +45,7 @@ ARCHES = ("sm_80", "sm_90")
 
 def kernel_source() -> str:
     """The .cu text with a #line directive, so compiler errors name the real file."""
-    text = (resources.files("kernels") / SOURCE_NAME).read_text(encoding="utf-8")
+    text = (resources.files("pagesim.kernels") / SOURCE_NAME).read_text(encoding="utf-8")
     return f'#line 1 "{SOURCE_NAME}"\n{text}'
 
 

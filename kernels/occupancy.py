@@ -54,7 +54,7 @@ def bytes_in_flight_per_warp(head_dim: int, itemsize: int) -> int:
     the head slices of K and of V (16 bytes a lane each) of a batch of TOKENS_PER_ITER tokens,
     all issued before the reduction uses any. So a warp holds 2 × batch × tokens_per_warp ×
     head_dim × itemsize bytes in flight."""
-    from kernels.trace import CudaGeometry
+    from pagesim.kernels.trace import CudaGeometry
 
     geometry = CudaGeometry.of(np.dtype(f"f{itemsize}") if itemsize != 2 else np.float16, head_dim)
     return 2 * geometry.batch * geometry.tokens_per_warp * head_dim * itemsize

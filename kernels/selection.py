@@ -4,9 +4,9 @@ kernel, or the one asked for by name. Kept apart from the interface in
 
 from __future__ import annotations
 
-from kernels import cuda_backend
-from kernels.backend import Backend, BackendUnavailableError
-from kernels.cpu_backend import CpuBackend
+from pagesim.kernels import cuda_backend
+from pagesim.kernels.backend import Backend, BackendUnavailableError
+from pagesim.kernels.cpu_backend import CpuBackend
 
 
 def available_backends() -> dict[str, str]:

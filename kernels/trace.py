@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
-
-from kernels.cuda_build import NUM_THREADS, PARTITION_SIZE, TOKENS_PER_ITER, heads_per_block
+from pagesim.kernels.cuda_build import NUM_THREADS, PARTITION_SIZE, TOKENS_PER_ITER, heads_per_block
 
 WARP = 32
 NUM_WARPS = NUM_THREADS // WARP
@@ -151,7 +150,7 @@ def trace_cpu(query, key_cache, value_cache, block_tables, context_lens, row: in
     """The CPU kernel's walk: its work split (:func:`kernels.cpu_backend.work_split`), tile
     by tile of whole blocks with one rescale per tile, partition by partition, and for a
     split sequence the partitions reduced as v2's are."""
-    from kernels.cpu_backend import work_split
+    from pagesim.kernels.cpu_backend import work_split
 
     kv_head, n, bs, blocks, values, scores = _inputs(
         query, key_cache, value_cache, block_tables, context_lens, row, head, scale

@@ -40,7 +40,7 @@ else
 fi
 
 # 3. The benchmark.
-timeout -s INT -k 20 200 "$py" -m app.cli bench --backend cuda --json "$out/bench-cuda.json" 2>&1 | tee "$out/bench-cuda.txt"
+timeout -s INT -k 20 200 "$py" -m pagesim.app.cli bench --backend cuda --json "$out/bench-cuda.json" 2>&1 | tee "$out/bench-cuda.txt"
 bench_rc=${PIPESTATUS[0]}
 
 "$py" scripts/kernel_resources.py --out "$out/kernel-resources.md" > "$out/build.log" 2>&1 || true

@@ -7,7 +7,7 @@ import datetime as dt
 import re
 from pathlib import Path
 
-from kernels.cuda_build import (
+from pagesim.kernels.cuda_build import (
     ARCHES,
     NUM_THREADS,
     PARTITION_SIZE,
@@ -16,7 +16,7 @@ from kernels.cuda_build import (
     ptxas_usage,
     representative_instantiations,
 )
-from kernels.occupancy import (
+from pagesim.kernels.occupancy import (
     A100,
     H200,
     KernelResources,

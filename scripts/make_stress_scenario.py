@@ -5,12 +5,12 @@ so every shipped step is valid. Usage: python scripts/make_stress_scenario.py"""
 import random
 from pathlib import Path
 
-from core.config import CacheConfig
-from core.engine import Simulator
-from core.errors import PagesimError
-from core.operations import Add, Fork, Free, Grow
-from core.scenario import Scenario
-from kernels.cpu_backend import CpuBackend
+from pagesim.core.config import CacheConfig
+from pagesim.core.engine import Simulator
+from pagesim.core.errors import PagesimError
+from pagesim.core.operations import Add, Fork, Free, Grow
+from pagesim.core.scenario import Scenario
+from pagesim.kernels.cpu_backend import CpuBackend
 
 STEPS = 240
 config = CacheConfig(num_blocks=256, block_size=16, num_heads=8, num_kv_heads=2, head_dim=64, dtype="float16", seed=11)

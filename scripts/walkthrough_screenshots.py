@@ -31,9 +31,9 @@ SIZES = [(1280, 800), (1920, 1080)]
 
 def main() -> None:
     app = QApplication([])
-    from app.gui.main_window import MainWindow
-    from core.scenario import load_shipped
-    from core.view_model import KERNEL_CHOICES
+    from pagesim.app.gui.main_window import MainWindow
+    from pagesim.core.scenario import load_shipped
+    from pagesim.core.view_model import KERNEL_CHOICES
 
     def pump(cond, seconds=60.0):
         end = time.monotonic() + seconds

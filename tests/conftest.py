@@ -4,8 +4,7 @@ import os
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import pytest
-
-from kernels.cpu_backend import CpuBackend
+from pagesim.kernels.cpu_backend import CpuBackend
 
 
 @pytest.fixture(scope="session")

@@ -10,13 +10,12 @@ from __future__ import annotations
 import weakref
 from pathlib import Path
 
+from pagesim.app.gui.palette import THEMES
+from pagesim.app.gui.views.live_text import LiveText
+from pagesim.core.scenario import examples, load_shipped
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QAction, QColor, QKeySequence, QPainter, QPolygon
 from PySide6.QtWidgets import QComboBox, QLabel, QSlider, QSpinBox, QStyle, QStyleOptionSlider, QToolBar
-
-from app.gui.palette import THEMES
-from app.gui.views.live_text import LiveText
-from core.scenario import examples, load_shipped
 
 STEP_LABEL_CHARS = 50  # "step 120 / 376 · grow r255 by 1 · ✓ kernel = dense"; longer ones end in "…"
 SPEEDS = [("Instant", 0.0), ("0.25×", 0.25), ("0.5×", 0.5), ("1×", 1.0), ("2×", 2.0), ("4×", 4.0)]

@@ -5,11 +5,10 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, field
 
+from pagesim.core import events as ev
+from pagesim.core.view_model import Frame
 from PySide6.QtCore import QEasingCurve, QObject, QVariantAnimation
 from PySide6.QtGui import QColor
-
-from core import events as ev
-from core.view_model import Frame
 
 LIVE_ANIMATIONS: weakref.WeakSet[QVariantAnimation] = weakref.WeakSet()
 

@@ -23,9 +23,9 @@ MODEL_SIZES = {"light": (4, 2, 32), "heavy": (8, 2, 64)}
 
 def big_scenario(num_seqs: int, steps: int, size: str = "light"):
     """4096 blocks of 16 slots, ``num_seqs`` live sequences, then decode steps round-robin."""
-    from core.config import CacheConfig
-    from core.operations import Add, Grow
-    from core.scenario import Scenario
+    from pagesim.core.config import CacheConfig
+    from pagesim.core.operations import Add, Grow
+    from pagesim.core.scenario import Scenario
 
     heads, kv_heads, head_dim = MODEL_SIZES[size]
     config = CacheConfig(
@@ -41,7 +41,15 @@ def first_frame_seconds() -> float:
     with tempfile.TemporaryDirectory() as folder:
         started = time.time()
         out = subprocess.run(
-            [sys.executable, "-m", "app.cli", "gui", "default", "--screenshot", os.path.join(folder, "first.png")],
+            [
+                sys.executable,
+                "-m",
+                "pagesim.app.cli",
+                "gui",
+                "default",
+                "--screenshot",
+                os.path.join(folder, "first.png"),
+            ],
             capture_output=True,
             text=True,
             env={**os.environ, "PAGESIM_REPORT_FIRST_FRAME": "1", "QT_QPA_PLATFORM": "offscreen"},
@@ -88,10 +96,10 @@ TARGET_TRACE_MS = 50.0
 
 def walkthrough_trace_ms(repeats: int = 5) -> dict[str, float]:
     """What the worker spends replaying the kernel for the walk-through, per kernel."""
-    from core.scenario import load_shipped
-    from core.timeline import Timeline
-    from core.view_model import KERNEL_CHOICES, walk_through
-    from kernels.cpu_backend import CpuBackend
+    from pagesim.core.scenario import load_shipped
+    from pagesim.core.timeline import Timeline
+    from pagesim.core.view_model import KERNEL_CHOICES, walk_through
+    from pagesim.kernels.cpu_backend import CpuBackend
 
     timeline = Timeline(load_shipped("long_context"), CpuBackend())
     timeline.seek(3)
@@ -109,12 +117,11 @@ def walkthrough_trace_ms(repeats: int = 5) -> dict[str, float]:
 def main(args: argparse.Namespace) -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the app sets it (app/main.py)
+    from pagesim.app.benchmarks import machine_info
+    from pagesim.app.gui.main_window import MainWindow
+    from pagesim.kernels.selection import select_backend
     from PySide6.QtCore import QSettings
     from PySide6.QtWidgets import QApplication
-
-    from app.benchmarks import machine_info
-    from app.gui.main_window import MainWindow
-    from kernels.selection import select_backend
 
     machine = machine_info(select_backend("cpu"))
     print(f"gui: measured on {machine['cpu']} · {machine['cores']} cores · {' '.join(machine['cpu_flags'])}")

@@ -9,17 +9,16 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
+from pagesim.app.report import write_event_log
+from pagesim.core.errors import PagesimError, PoolExhaustedError
+from pagesim.core.operations import Operation
+from pagesim.core.scenario import Scenario
+from pagesim.core.studies.waste import WasteStudy, study
+from pagesim.core.timeline import Timeline
+from pagesim.core.view_model import Frame, build_frame, walk_through
+from pagesim.kernels.backend import BackendUnavailableError
+from pagesim.kernels.selection import select_backend
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
-
-from app.report import write_event_log
-from core.errors import PagesimError, PoolExhaustedError
-from core.operations import Operation
-from core.scenario import Scenario
-from core.studies.waste import WasteStudy, study
-from core.timeline import Timeline
-from core.view_model import Frame, build_frame, walk_through
-from kernels.backend import BackendUnavailableError
-from kernels.selection import select_backend
 
 # Threads and timers the app started; tests assert they are all stopped afterwards.
 LIVE_THREADS: weakref.WeakSet[QThread] = weakref.WeakSet()

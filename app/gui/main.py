@@ -8,13 +8,12 @@ import sys
 import tempfile
 import time
 
+from pagesim.app.gui.main_window import MainWindow
+from pagesim.app.options import writable_problem
+from pagesim.core.errors import PagesimError
+from pagesim.core.scenario import DEFAULT_SCENARIO, load_scenario
 from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtWidgets import QApplication
-
-from app.gui.main_window import MainWindow
-from app.options import writable_problem
-from core.errors import PagesimError
-from core.scenario import DEFAULT_SCENARIO, load_scenario
 
 # The GUI shares the cores with the kernel's and torch's thread pools: threads that
 # spin while idle (OpenMP's default) would take the time the GUI needs to repaint. The

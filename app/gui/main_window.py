@@ -6,6 +6,28 @@ import html
 from importlib import resources
 from pathlib import Path
 
+from pagesim.app.gui import gc_guard
+from pagesim.app.gui.actions import LAYOUT_VERSION, SPEEDS, WindowActions
+from pagesim.app.gui.animation import AnimationDirector, beats_for
+from pagesim.app.gui.controller import SimulationController
+from pagesim.app.gui.guide import GUIDE_HTML
+from pagesim.app.gui.palette import THEMES, SequenceColours, qpalette
+from pagesim.app.gui.selection import Selection
+from pagesim.app.gui.views.connectors import TableToPoolLines
+from pagesim.app.gui.views.elided_label import ElidedLabel
+from pagesim.app.gui.views.plots import KernelPanel, MemoryPanel, WastePanel
+from pagesim.app.gui.views.pool_view import PoolView
+from pagesim.app.gui.views.scheduler_view import SchedulerView
+from pagesim.app.gui.views.sequence_view import SequenceView
+from pagesim.app.gui.views.step_log import StepLog
+from pagesim.app.gui.views.swap_flight import SwapFlight
+from pagesim.app.gui.views.token_map import TokenMap
+from pagesim.app.gui.views.walkthrough import WalkThroughPanel
+from pagesim.app.gui.welcome import WelcomeDialog
+from pagesim.core.errors import PagesimError
+from pagesim.core.operations import Add, Fork, Free, Grow, new_sequence_name
+from pagesim.core.scenario import Scenario, load_scenario, load_shipped, shipped_folder
+from pagesim.core.view_model import Frame
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
@@ -24,29 +46,6 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
-
-from app.gui import gc_guard
-from app.gui.actions import LAYOUT_VERSION, SPEEDS, WindowActions
-from app.gui.animation import AnimationDirector, beats_for
-from app.gui.controller import SimulationController
-from app.gui.guide import GUIDE_HTML
-from app.gui.palette import THEMES, SequenceColours, qpalette
-from app.gui.selection import Selection
-from app.gui.views.connectors import TableToPoolLines
-from app.gui.views.elided_label import ElidedLabel
-from app.gui.views.plots import KernelPanel, MemoryPanel, WastePanel
-from app.gui.views.pool_view import PoolView
-from app.gui.views.scheduler_view import SchedulerView
-from app.gui.views.sequence_view import SequenceView
-from app.gui.views.step_log import StepLog
-from app.gui.views.swap_flight import SwapFlight
-from app.gui.views.token_map import TokenMap
-from app.gui.views.walkthrough import WalkThroughPanel
-from app.gui.welcome import WelcomeDialog
-from core.errors import PagesimError
-from core.operations import Add, Fork, Free, Grow, new_sequence_name
-from core.scenario import Scenario, load_scenario, load_shipped, shipped_folder
-from core.view_model import Frame
 
 BASE_STEP_MS = 1100  # between steps while playing at 1×
 INSTANT_STEP_MS = 60
@@ -418,7 +417,7 @@ class MainWindow(QMainWindow):
         self.theme = THEMES[name]
         app = QApplication.instance()
         app.setPalette(qpalette(self.theme))
-        style = resources.files("assets") / "styles" / f"{name}.qss"
+        style = resources.files("pagesim.assets") / "styles" / f"{name}.qss"
         self.setStyleSheet(style.read_text(encoding="utf-8") if style.is_file() else "")
         self.settings.setValue("theme", name)
         for view in (

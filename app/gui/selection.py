@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.view_model import Frame
+from pagesim.core.view_model import Frame
 
 
 class Selection:

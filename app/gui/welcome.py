@@ -4,6 +4,7 @@ from Help → Welcome)."""
 
 from __future__ import annotations
 
+from pagesim.core.scenario import examples
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -14,8 +15,6 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QVBoxLayout,
 )
-
-from core.scenario import examples
 
 INTRO = (
     "<h3>Welcome to pagesim</h3>"

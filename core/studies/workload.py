@@ -13,7 +13,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from core.checks import is_count
+from pagesim.core.checks import is_count
 
 # name -> ((prompt mean, sigma), (output mean, sigma))
 LENGTH_MODELS = {

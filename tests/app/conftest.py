@@ -2,11 +2,10 @@ from pathlib import Path
 
 import pytest
 import shiboken6
+from pagesim.app.gui.animation import LIVE_ANIMATIONS
+from pagesim.app.gui.controller import LIVE_THREADS, LIVE_TIMERS
+from pagesim.core.scenario import load_shipped
 from PySide6.QtCore import QSettings
-
-from app.gui.animation import LIVE_ANIMATIONS
-from app.gui.controller import LIVE_THREADS, LIVE_TIMERS
-from core.scenario import load_shipped
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
@@ -24,7 +23,7 @@ def wait_idle(qtbot, window, timeout=20_000):
 
 @pytest.fixture
 def make_window(qtbot, settings):
-    from app.gui.main_window import MainWindow
+    from pagesim.app.gui.main_window import MainWindow
 
     windows = []
 

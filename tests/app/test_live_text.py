@@ -1,9 +1,8 @@
 """The per-step label: a new text repaints it and never re-lays out the window."""
 
+from pagesim.app.gui.views.live_text import LiveText
 from PySide6.QtCore import QEvent, QObject
 from PySide6.QtWidgets import QVBoxLayout, QWidget
-
-from app.gui.views.live_text import LiveText
 
 
 class _LayoutRequests(QObject):

@@ -5,13 +5,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pagesim.app.gui.animation import beats_for
+from pagesim.core import events as ev
+from pagesim.core.scenario import load_shipped, shipped_scenarios
 from PySide6.QtCore import QPoint, QRectF, QSizeF, Qt
 from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QToolBar
 
-from app.gui.animation import beats_for
-from core import events as ev
-from core.scenario import load_shipped, shipped_scenarios
 from tests.app.conftest import wait_idle
 
 
@@ -104,7 +104,7 @@ def test_step_back_restores_the_earlier_picture(window, qtbot):
 def test_block_table_rows_follow_every_step_there_and_back(window, qtbot):
     """The table view sets only what a step changed (a new token count without asking the view
     to re-measure the row): every row must still hold the frame's numbers, forward and back."""
-    from app.gui.views.sequence_view import TABLE_COLUMN
+    from pagesim.app.gui.views.sequence_view import TABLE_COLUMN
 
     def assert_rows_match(frame):
         rows = window.sequence_view._rows
@@ -464,7 +464,7 @@ def test_the_memory_plot_marks_where_a_contiguous_reservation_would_not_fit(wind
 
 
 def test_open_example_lists_the_shipped_scenarios_in_a_learners_order(window, qtbot):
-    from core.scenario import SUGGESTED_ORDER, shipped_folder, shipped_scenarios
+    from pagesim.core.scenario import SUGGESTED_ORDER, shipped_folder, shipped_scenarios
 
     menu = window.actions.examples_menu
     menu.aboutToShow.emit()  # filled when first opened
@@ -489,7 +489,7 @@ def test_no_empty_axes_before_there_is_anything_to_attend(window, qtbot):
 
 
 def test_one_colour_system_owners_apart_and_free_never_an_owner_colour(window, qtbot):
-    from app.gui.palette import SequenceColours
+    from pagesim.app.gui.palette import SequenceColours
 
     colours = SequenceColours()
     seqs = [f"s{i}" for i in range(28)]
@@ -548,7 +548,7 @@ def test_the_welcome_lists_the_examples_in_order_and_opens_one(window, qtbot, se
     assert window.welcome_due  # a first start
     dialog = window.show_welcome()
     qtbot.waitUntil(dialog.isVisible)
-    from core.scenario import shipped_scenarios
+    from pagesim.core.scenario import shipped_scenarios
 
     assert dialog.list.count() == len(shipped_scenarios())
     assert dialog.list.item(0).text().startswith("1. Seed article demo")
@@ -594,7 +594,7 @@ def _truncated_texts(window) -> list[str]:
             cut = metrics.horizontalAdvance(text) > rect.width() + 1
         if cut and not (text.rstrip().endswith("…") and label.toolTip()):
             out.append(text[:50])
-    from app.gui.views.live_text import LiveText
+    from pagesim.app.gui.views.live_text import LiveText
 
     for live in window.findChildren(LiveText):  # per-step labels: cut only with "…" and the text in the tooltip
         if live.isVisible() and live.is_cut and live.plain_text() not in live.toolTip():
@@ -655,7 +655,7 @@ def test_the_match_per_head_and_every_axis_label_fit_in_a_small_window(make_wind
 
 
 def test_tile_ids_are_readable_at_every_zoom_or_not_drawn(make_window, qtbot):
-    from app.gui.views.pool_view import COMPACT_ID_DETAIL, MIN_LABEL_PX, SLOTS_DETAIL, label_pixel_size
+    from pagesim.app.gui.views.pool_view import COMPACT_ID_DETAIL, MIN_LABEL_PX, SLOTS_DETAIL, label_pixel_size
 
     for detail in np.linspace(COMPACT_ID_DETAIL, 2.5, 60):
         compact = detail < SLOTS_DETAIL
@@ -705,10 +705,9 @@ def test_a_decode_step_repaints_but_never_re_lays_out_the_window(make_window, qt
     """A relayout of the main window or a dock costs milliseconds and repaints what moved;
     a step that only changes numbers must not cause one (a QLabel's setText or a spin
     box's setMaximum each did, every step)."""
+    from pagesim.app.gui.bench import big_scenario
     from PySide6.QtCore import QEvent, QObject
     from PySide6.QtWidgets import QApplication, QDockWidget
-
-    from app.gui.bench import big_scenario
 
     window = make_window()
     window.resize(1400, 860)

@@ -1,12 +1,12 @@
 """The memory history redraws at most every HISTORY_REDRAW_MS while frames stream in,
 always ends on the newest frame, and a frame after a pause is drawn at once."""
 
-from app.gui.palette import THEMES
-from app.gui.views.plots import HISTORY_REDRAW_MS, MemoryPanel
-from core.scenario import load_shipped
-from core.timeline import Timeline
-from core.view_model import build_frame
-from kernels.cpu_backend import CpuBackend
+from pagesim.app.gui.palette import THEMES
+from pagesim.app.gui.views.plots import HISTORY_REDRAW_MS, MemoryPanel
+from pagesim.core.scenario import load_shipped
+from pagesim.core.timeline import Timeline
+from pagesim.core.view_model import build_frame
+from pagesim.kernels.cpu_backend import CpuBackend
 
 
 def _frames(count: int):

@@ -185,7 +185,7 @@ def test_the_running_sum_and_each_rescale_grow_with_the_stages(make_window, qtbo
 
 
 def test_a_long_block_table_wraps_in_the_selected_row_and_counts_the_rest(make_window, qtbot):
-    from app.gui.views.sequence_view import MAX_LINES
+    from pagesim.app.gui.views.sequence_view import MAX_LINES
 
     window = make_window("long_context")
     window.actions.scrubber.setValue(3)

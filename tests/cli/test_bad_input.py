@@ -8,13 +8,12 @@ import time
 from pathlib import Path
 
 import pytest
-
-from app.cli import main
-from core.config import CacheConfig
-from core.engine import Simulator
-from core.errors import OutOfMemoryError, PoolExhaustedError, ScenarioError
-from core.operations import Add
-from core.scenario import load_scenario, parse_scenario
+from pagesim.app.cli import main
+from pagesim.core.config import CacheConfig
+from pagesim.core.engine import Simulator
+from pagesim.core.errors import OutOfMemoryError, PoolExhaustedError, ScenarioError
+from pagesim.core.operations import Add
+from pagesim.core.scenario import load_scenario, parse_scenario
 
 HEADER = "num_blocks = 8\nblock_size = 4\nnum_heads = 2\nhead_dim = 8\n"
 
@@ -49,8 +48,8 @@ def test_a_duplicated_request_names_the_request_field(tmp_path):
     path = tmp_path / "dup.toml"
     steps = '[[steps]]\nop = "submit"\nrequest = "r"\ntokens = 2\noutput = 2\n'
     path.write_text(HEADER + steps + steps)
-    from core.timeline import Timeline
-    from kernels.cpu_backend import CpuBackend
+    from pagesim.core.timeline import Timeline
+    from pagesim.kernels.cpu_backend import CpuBackend
 
     timeline = Timeline(load_scenario(path), CpuBackend())
     timeline.forward()
@@ -78,7 +77,7 @@ def test_a_huge_prompt_on_a_small_pool_is_refused_before_its_tokens_exist(cpu_ba
 
 def _run(*argv):
     return subprocess.run(
-        [sys.executable, "-m", "app.cli", *argv], capture_output=True, text=True, env=os.environ | {"CI": "1"}
+        [sys.executable, "-m", "pagesim.app.cli", *argv], capture_output=True, text=True, env=os.environ | {"CI": "1"}
     )
 
 
@@ -130,7 +129,7 @@ def test_gui_screenshot_paths_are_checked_first(tmp_path):
         if target.name == "x.png":
             (tmp_path / "file.png").write_text("x")
         done = subprocess.run(
-            [sys.executable, "-m", "app.cli", "gui", "seed_demo", "--screenshot", str(target)],
+            [sys.executable, "-m", "pagesim.app.cli", "gui", "seed_demo", "--screenshot", str(target)],
             capture_output=True,
             text=True,
             env=env,
@@ -144,7 +143,7 @@ def test_gui_steps_past_the_end_of_an_emptied_scenario_still_exit(tmp_path):
     path.write_text(HEADER + '[[steps]]\nop = "add"\nseq = "a"\ntokens = 3\n[[steps]]\nop = "free"\nseq = "a"\n')
     shot = tmp_path / "end.png"
     done = subprocess.run(
-        [sys.executable, "-m", "app.cli", "gui", str(path), "--steps", "50", "--screenshot", str(shot)],
+        [sys.executable, "-m", "pagesim.app.cli", "gui", str(path), "--steps", "50", "--screenshot", str(shot)],
         capture_output=True,
         text=True,
         env=os.environ | {"QT_QPA_PLATFORM": "offscreen"},

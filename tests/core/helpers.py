@@ -1,7 +1,6 @@
 import numpy as np
-
-from core.block_manager import holders_from_tables
-from core.engine import Simulator
+from pagesim.core.block_manager import holders_from_tables
+from pagesim.core.engine import Simulator
 
 
 def held_kv(sim: Simulator) -> dict:

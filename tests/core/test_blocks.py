@@ -1,9 +1,8 @@
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from core.blocks import BlockPool
-from core.errors import InvalidPlacementError, PoolExhaustedError
+from pagesim.core.blocks import BlockPool
+from pagesim.core.errors import InvalidPlacementError, PoolExhaustedError
 
 
 def test_allocation_takes_the_queue_head_and_frees_join_the_tail():

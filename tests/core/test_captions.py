@@ -1,11 +1,10 @@
 """A caption for every step, in vLLM's words, and the scenario's own narration (`note`)."""
 
 import pytest
-
-from core.errors import ScenarioError
-from core.operations import Add
-from core.scenario import load_shipped, parse_scenario
-from core.timeline import Timeline
+from pagesim.core.errors import ScenarioError
+from pagesim.core.operations import Add
+from pagesim.core.scenario import load_shipped, parse_scenario
+from pagesim.core.timeline import Timeline
 
 
 def test_every_step_of_the_tour_says_what_it_did_to_the_pool(cpu_backend):

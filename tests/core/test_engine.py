@@ -1,17 +1,17 @@
 import numpy as np
 import pytest
-
-from core import events as ev
-from core.config import CacheConfig
-from core.engine import Simulator
-from core.errors import (
+from pagesim.core import events as ev
+from pagesim.core.config import CacheConfig
+from pagesim.core.engine import Simulator
+from pagesim.core.errors import (
     DuplicateSequenceError,
     InvalidOperationError,
     InvalidPlacementError,
     PoolExhaustedError,
     UnknownSequenceError,
 )
-from core.operations import Add, Fork, Free, Grow
+from pagesim.core.operations import Add, Fork, Free, Grow
+
 from tests.core.helpers import check_invariants, state_fingerprint
 
 
@@ -174,13 +174,13 @@ def test_the_check_catches_a_corrupted_cache(sim):
 
 
 def test_dense_reference_is_recomputed_only_for_sequences_that_changed(sim, monkeypatch):
-    import core.dense_check
+    from pagesim.core import dense_check
 
     sim.apply(Add("a", 5))
     sim.apply(Add("b", 6))
     calls = []
-    real = core.dense_check.dense_attention_rows
-    monkeypatch.setattr(core.dense_check, "dense_attention_rows", lambda q, *a: calls.append(q.shape[0]) or real(q, *a))
+    real = dense_check.dense_attention_rows
+    monkeypatch.setattr(dense_check, "dense_attention_rows", lambda q, *a: calls.append(q.shape[0]) or real(q, *a))
     result = sim.apply(Grow("a"))
     assert calls == [1]  # only a's tokens changed
     assert result.attention.passed and result.attention.dense.shape[0] == 2
@@ -194,8 +194,8 @@ def test_decode_block_tables_kept_between_steps_equal_a_fresh_build(cpu_backend,
     """attention_inputs rewrites only the tables that changed since the last step: every step of
     a scenario (forks, copy-on-write, frees, swaps, beams) must give the fresh build's array,
     width included (the CPU kernel's work split reads it)."""
-    from core.scenario import load_shipped
-    from core.timeline import Timeline
+    from pagesim.core.scenario import load_shipped
+    from pagesim.core.timeline import Timeline
 
     timeline = Timeline(load_shipped(name), cpu_backend)
     while not timeline.at_end:

@@ -14,15 +14,15 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from pagesim.core.blocks import BlockPool
+from pagesim.core.config import CacheConfig
+from pagesim.core.engine import Simulator
+from pagesim.core.errors import PagesimError
+from pagesim.core.operations import Add, Fork, Free, Grow, Schedule, Submit
+from pagesim.core.scenario import Scenario
+from pagesim.core.timeline import Timeline
+from pagesim.kernels.cpu_backend import CpuBackend
 
-from core.blocks import BlockPool
-from core.config import CacheConfig
-from core.engine import Simulator
-from core.errors import PagesimError
-from core.operations import Add, Fork, Free, Grow, Schedule, Submit
-from core.scenario import Scenario
-from core.timeline import Timeline
-from kernels.cpu_backend import CpuBackend
 from tests.core.helpers import check_invariants, state_fingerprint
 from tests.core.test_scheduler import check_cpu_pool
 

@@ -3,16 +3,16 @@ the undo-log checkpoint of the paged cache, old steps that drop their detail, a 
 without history, shared model weights and long prompts projected in pieces."""
 
 import numpy as np
+from pagesim.core import engine as engine_module
+from pagesim.core.config import CacheConfig
+from pagesim.core.engine import Simulator
+from pagesim.core.events import AttentionComputed, KernelLaunched
+from pagesim.core.kv_cache import ChunkedKVReference
+from pagesim.core.operations import Add, Fork, Free, Grow
+from pagesim.core.scenario import Scenario, load_shipped
+from pagesim.core.timeline import KEEP_ATTENTION, MAX_SNAPSHOTS, Timeline
+from pagesim.core.token_model import TokenModel
 
-from core import engine as engine_module
-from core.config import CacheConfig
-from core.engine import Simulator
-from core.events import AttentionComputed, KernelLaunched
-from core.kv_cache import ChunkedKVReference
-from core.operations import Add, Fork, Free, Grow
-from core.scenario import Scenario, load_shipped
-from core.timeline import KEEP_ATTENTION, MAX_SNAPSHOTS, Timeline
-from core.token_model import TokenModel
 from tests.core.helpers import check_invariants, held_kv, state_fingerprint
 
 

@@ -1,10 +1,10 @@
 import pytest
+from pagesim.core import events as ev
+from pagesim.core.config import CacheConfig
+from pagesim.core.engine import Simulator
+from pagesim.core.errors import PoolExhaustedError
+from pagesim.core.operations import Add, Free, Grow
 
-from core import events as ev
-from core.config import CacheConfig
-from core.engine import Simulator
-from core.errors import PoolExhaustedError
-from core.operations import Add, Free, Grow
 from tests.core.helpers import check_invariants, state_fingerprint
 
 SYSTEM = tuple(range(100, 112))  # 12 tokens = 3 full blocks of 4
@@ -73,9 +73,9 @@ def test_allocation_evicts_the_least_recently_used_cached_block(sim):
 
 
 def test_a_hash_match_alone_is_not_a_hit(sim, monkeypatch):
-    import core.block_manager
+    from pagesim.core import block_manager
 
-    monkeypatch.setattr(core.block_manager, "block_hash", lambda parent, tokens: 42)  # every hash collides
+    monkeypatch.setattr(block_manager, "block_hash", lambda parent, tokens: 42)  # every hash collides
     sim.apply(Add("a", prompt=(*SYSTEM, 1)))
     result = sim.apply(Add("b", prompt=(1, 2, 3, 4, 5)))
     assert not of(result, ev.BlockReused)
@@ -127,12 +127,12 @@ def test_block_hashes_are_cryptographic_and_seeded_per_run():
     import subprocess
     import sys
 
-    from core.sequence import block_hash
+    from pagesim.core.sequence import block_hash
 
     tokens = (1, 2, 3, 4)
     assert block_hash(None, tokens) == block_hash(None, tokens)
     assert block_hash(None, tokens) != block_hash(None, (1, 2, 3, 5))
     assert block_hash(block_hash(None, tokens), tokens) != block_hash(None, tokens)  # the chain matters
-    code = "from core.sequence import block_hash; print(block_hash(None, (1, 2, 3, 4)))"
+    code = "from pagesim.core.sequence import block_hash; print(block_hash(None, (1, 2, 3, 4)))"
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout for _ in range(2)}
     assert len(runs) == 2  # another process, another root: a hash cannot be predicted

@@ -1,8 +1,7 @@
 import pytest
-
-from core.errors import ScenarioError
-from core.operations import Add, Fork, Free, Grow
-from core.scenario import load_scenario, load_shipped, parse_scenario, shipped_scenarios
+from pagesim.core.errors import ScenarioError
+from pagesim.core.operations import Add, Fork, Free, Grow
+from pagesim.core.scenario import load_scenario, load_shipped, parse_scenario, shipped_scenarios
 
 HEADER = "num_blocks = 8\nblock_size = 4\nnum_heads = 2\nhead_dim = 8\n"
 
@@ -89,7 +88,7 @@ def test_shipped_scenarios_include_the_required_ones():
 
 @pytest.mark.parametrize("name", sorted(shipped_scenarios()))
 def test_every_shipped_scenario_runs_headless_and_matches_dense(cpu_backend, name):
-    from core.timeline import Timeline
+    from pagesim.core.timeline import Timeline
 
     scenario = load_shipped(name)
     assert scenario.description.strip(), f"{name} needs a description for the app"
@@ -99,7 +98,7 @@ def test_every_shipped_scenario_runs_headless_and_matches_dense(cpu_backend, nam
 
 
 def test_scheduler_operations_parse_and_round_trip():
-    from core.operations import Schedule, Submit
+    from pagesim.core.operations import Schedule, Submit
 
     scenario = parse_scenario(
         HEADER

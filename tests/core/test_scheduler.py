@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pagesim.core import events as ev
+from pagesim.core.config import CacheConfig
+from pagesim.core.engine import Simulator
+from pagesim.core.errors import DuplicateSequenceError, InvalidOperationError
+from pagesim.core.operations import Schedule, Submit
+from pagesim.core.scheduler import LATER, NEVER, OK
 
-from core import events as ev
-from core.config import CacheConfig
-from core.engine import Simulator
-from core.errors import DuplicateSequenceError, InvalidOperationError
-from core.operations import Schedule, Submit
-from core.scheduler import LATER, NEVER, OK
 from tests.core.helpers import check_invariants, state_fingerprint
 
 
@@ -176,8 +176,8 @@ def test_every_request_ends_and_invariants_hold(cpu_backend, num_blocks, mode, r
 
 
 def test_seeking_back_restores_the_scheduler_and_the_cpu_pool(cpu_backend):
-    from core.scenario import parse_scenario
-    from core.timeline import Timeline
+    from pagesim.core.scenario import parse_scenario
+    from pagesim.core.timeline import Timeline
 
     steps = "".join(f'[[steps]]\nop = "submit"\nrequest = "r{i}"\ntokens = 9\noutput = 12\n' for i in range(3))
     steps += '[[steps]]\nop = "schedule"\nsteps = 1\n' * 20
@@ -212,7 +212,7 @@ def test_seeking_back_restores_the_scheduler_and_the_cpu_pool(cpu_backend):
 
 
 def test_direct_operations_cannot_pull_sequences_from_under_the_scheduler(cpu_backend):
-    from core.operations import Add, Free, Grow
+    from pagesim.core.operations import Add, Free, Grow
 
     sim = make_sim(cpu_backend)
     sim.apply(Submit("r", 4, prompt_len=5, n=2))

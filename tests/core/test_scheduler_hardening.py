@@ -5,13 +5,13 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pagesim.core import events as ev
+from pagesim.core.config import CacheConfig
+from pagesim.core.engine import Simulator
+from pagesim.core.errors import DuplicateSequenceError, InvalidOperationError, ScenarioError
+from pagesim.core.operations import Add, Free, Schedule, Submit
+from pagesim.core.scenario import parse_scenario
 
-from core import events as ev
-from core.config import CacheConfig
-from core.engine import Simulator
-from core.errors import DuplicateSequenceError, InvalidOperationError, ScenarioError
-from core.operations import Add, Free, Schedule, Submit
-from core.scenario import parse_scenario
 from tests.core.helpers import check_invariants
 from tests.core.test_scheduler import check_cpu_pool
 
@@ -134,7 +134,7 @@ steps = 3
 
 
 def test_the_cli_does_not_say_pass_for_work_that_can_never_finish(tmp_path, capsys):
-    from app.cli import main
+    from pagesim.app.cli import main
 
     path = tmp_path / "stalled.toml"
     path.write_text(STALLED)

@@ -1,9 +1,9 @@
 import pytest
+from pagesim.core.errors import PoolExhaustedError, ScenarioError
+from pagesim.core.operations import Add, Grow
+from pagesim.core.scenario import load_shipped, parse_scenario
+from pagesim.core.timeline import Timeline
 
-from core.errors import PoolExhaustedError, ScenarioError
-from core.operations import Add, Grow
-from core.scenario import load_shipped, parse_scenario
-from core.timeline import Timeline
 from tests.core.helpers import check_invariants, state_fingerprint
 
 
@@ -80,8 +80,7 @@ def test_every_step_reached_by_seeking_has_its_attention_check(cpu_backend):
 
 def test_incremental_frames_equal_full_ones(cpu_backend):
     import numpy as np
-
-    from core.view_model import build_frame
+    from pagesim.core.view_model import build_frame
 
     kept_weights = 0
     for name in ("default", "parallel_sampling", "preemption_swap", "preemption_recompute", "shared_system_prompt"):
@@ -154,8 +153,8 @@ def test_a_new_action_after_undo_drops_the_redo_branch(cpu_backend):
 def test_a_steps_attention_events_are_built_only_when_asked_for_and_as_before(cpu_backend):
     """The window reads one sequence's lookup per step; the 2 × 256 lookup and check
     events are built from the report only for the event log (and are the same events)."""
-    from core import events as ev
-    from core.view_model import build_frame
+    from pagesim.core import events as ev
+    from pagesim.core.view_model import build_frame
 
     timeline = Timeline(load_shipped("parallel_sampling"), cpu_backend)
     frame = build_frame(timeline, None)

@@ -1,7 +1,6 @@
 import numpy as np
-
-from core.config import CacheConfig
-from core.token_model import TokenModel
+from pagesim.core.config import CacheConfig
+from pagesim.core.token_model import TokenModel
 
 
 def config(**kw):
@@ -35,7 +34,7 @@ def test_seed_changes_the_model_and_names_give_stable_token_ids():
 
 
 def test_the_rotary_table_is_built_to_the_longest_sequence_and_never_depends_on_how_it_grew():
-    from core.token_model import _RotaryTable
+    from pagesim.core.token_model import _RotaryTable
 
     head_dim = 24  # a head dim no other test uses: its table starts empty here
     short = TokenModel(CacheConfig(num_blocks=4, block_size=4, num_heads=2, head_dim=head_dim, max_model_len=16))
@@ -55,7 +54,7 @@ def test_the_rotary_table_is_built_to_the_longest_sequence_and_never_depends_on_
 def test_a_sequence_keeps_its_token_ids_in_eight_bytes_each_and_a_copy_is_independent():
     from array import array
 
-    from core.sequence import Sequence
+    from pagesim.core.sequence import Sequence
 
     seq = Sequence("s", [1, 2, 3])
     assert isinstance(seq.token_ids, array) and seq.token_ids.itemsize == 8

@@ -4,12 +4,11 @@ wrong block or a lost slot does; a bit-exact K/V check sees what the softmax ave
 
 import numpy as np
 import pytest
-
-from core.config import CacheConfig
-from core.engine import Simulator
-from core.operations import Add, Grow
-from core.scenario import load_scenario, shipped_scenarios
-from core.timeline import Timeline
+from pagesim.core.config import CacheConfig
+from pagesim.core.engine import Simulator
+from pagesim.core.operations import Add, Grow
+from pagesim.core.scenario import load_scenario, shipped_scenarios
+from pagesim.core.timeline import Timeline
 
 
 def test_rounding_stays_far_inside_the_bound_in_every_shipped_scenario(cpu_backend):

@@ -2,9 +2,8 @@ import itertools
 import statistics
 
 import pytest
-
-from core.studies.waste import ALLOCATORS, CATEGORIES, FirstFit, compare, next_pow2, reservation, simulate
-from core.studies.workload import LENGTH_MODELS, RequestSpec, generate
+from pagesim.core.studies.waste import ALLOCATORS, CATEGORIES, FirstFit, compare, next_pow2, reservation, simulate
+from pagesim.core.studies.workload import LENGTH_MODELS, RequestSpec, generate
 
 
 def test_workloads_are_seeded_and_match_their_stated_means():

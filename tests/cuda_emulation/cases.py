@@ -7,8 +7,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-
-from kernels.dtypes import storage_dtype
+from pagesim.kernels.dtypes import storage_dtype
 
 U32 = 2.0**-24  # unit roundoff of fp32, the kernels' arithmetic
 LAMBDA = 4.0  # probabilistic rounding-error model (Higham & Mary 2019): P(exceed) ≲ 2·exp(-λ²/2) ≈ 7e-4 per sum

@@ -23,10 +23,9 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
-
-from kernels import cuda_build
-from kernels.cuda_backend import CudaBackend
-from kernels.cuda_build import KINDS, Instantiation
+from pagesim.kernels import cuda_build
+from pagesim.kernels.cuda_backend import CudaBackend
+from pagesim.kernels.cuda_build import KINDS, Instantiation
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

@@ -18,7 +18,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from kernels import cuda_build
+from pagesim.kernels import cuda_build
+
 from tests.cuda_emulation import emulator, sanitized_run
 
 

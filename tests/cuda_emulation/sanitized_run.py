@@ -33,7 +33,7 @@ SUBSET = [
 
 def module_names() -> list[str]:
     """The kernels SUBSET launches (a sanitized build of every variant takes minutes)."""
-    from kernels.cuda_build import heads_per_block, instantiation_for
+    from pagesim.kernels.cuda_build import heads_per_block, instantiation_for
 
     names = set()
     for dtype, head_dim, block_size, _, (num_heads, num_kv_heads) in SUBSET:

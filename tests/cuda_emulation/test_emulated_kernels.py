@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from pagesim.kernels.backend import KernelInputError
+from pagesim.kernels.cuda_build import FAST_BLOCK_SIZES, PARTITION_SIZE, instantiation_for
 
-from kernels.backend import KernelInputError
-from kernels.cuda_build import FAST_BLOCK_SIZES, PARTITION_SIZE, instantiation_for
 from tests.cuda_emulation import emulator
 from tests.cuda_emulation.cases import Case, dense_reference, lengths_for, make_case, mismatches
 

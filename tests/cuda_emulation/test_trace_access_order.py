@@ -5,9 +5,9 @@ query heads of a KV group; and the replay's output equals the emulated kernel's.
 
 import numpy as np
 import pytest
+from pagesim.kernels.cuda_build import PARTITION_SIZE
+from pagesim.kernels.trace import WARP, CudaGeometry, trace_cuda
 
-from kernels.cuda_build import PARTITION_SIZE
-from kernels.trace import WARP, CudaGeometry, trace_cuda
 from tests.cuda_emulation.cases import make_case
 
 
@@ -68,7 +68,8 @@ def test_the_kernels_loads_come_from_the_lanes_the_replay_names(
 @pytest.fixture(scope="module")
 def scenario_backend():
     """The emulated CUDA backend with every head dim the shipped scenarios use."""
-    from core.scenario import load_scenario, shipped_scenarios
+    from pagesim.core.scenario import load_scenario, shipped_scenarios
+
     from tests.cuda_emulation import emulator
 
     if emulator.find_compiler() is None:
@@ -79,8 +80,8 @@ def scenario_backend():
 
 
 def test_the_replay_ends_at_the_emulated_cuda_kernels_output_in_every_shipped_scenario(scenario_backend, cpu_backend):
-    from core.scenario import load_scenario, shipped_scenarios
-    from core.timeline import Timeline
+    from pagesim.core.scenario import load_scenario, shipped_scenarios
+    from pagesim.core.timeline import Timeline
 
     be = scenario_backend
     for name in sorted(shipped_scenarios()):

@@ -17,10 +17,10 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from app.report import step_report
-from core.scenario import load_scenario, shipped_scenarios
-from core.timeline import Timeline
-from kernels.cpu_backend import CpuBackend
+from pagesim.app.report import step_report
+from pagesim.core.scenario import load_scenario, shipped_scenarios
+from pagesim.core.timeline import Timeline
+from pagesim.kernels.cpu_backend import CpuBackend
 
 HERE = Path(__file__).resolve().parent
 # Timings vary run to run; block hashes are seeded per process (hash(None) in the chain's root).

@@ -5,8 +5,8 @@ import gzip
 import json
 
 import pytest
+from pagesim.core.scenario import shipped_scenarios
 
-from core.scenario import shipped_scenarios
 from tests.golden.replay import path_for, replay
 
 

@@ -1,6 +1,5 @@
 import pytest
-
-from kernels.cuda_backend import unavailable_reason
+from pagesim.kernels.cuda_backend import unavailable_reason
 
 
 @pytest.fixture(scope="session")
@@ -8,6 +7,6 @@ def cuda_backend():
     reason = unavailable_reason()
     if reason is not None:
         pytest.skip(f"needs a CUDA device: {reason}")
-    from kernels.cuda_backend import CudaBackend
+    from pagesim.kernels.cuda_backend import CudaBackend
 
     return CudaBackend()

@@ -2,14 +2,14 @@
 
 import numpy as np
 import pytest
+from pagesim.core.config import CacheConfig
+from pagesim.core.engine import Simulator
+from pagesim.core.operations import Add, Fork, Grow
+from pagesim.core.scenario import load_shipped
+from pagesim.core.timeline import Timeline
+from pagesim.kernels.backend import KernelInputError, default_scale
+from pagesim.kernels.dtypes import tolerance
 
-from core.config import CacheConfig
-from core.engine import Simulator
-from core.operations import Add, Fork, Grow
-from core.scenario import load_shipped
-from core.timeline import Timeline
-from kernels.backend import KernelInputError, default_scale
-from kernels.dtypes import tolerance
 from tests.core.helpers import check_invariants
 from tests.kernels.test_cpu_kernel import boundary_case, dense_for, make_case
 
@@ -24,8 +24,7 @@ def on_device(backend, case):
 def dense_on_gpu(device_case, scale):
     """Dense fp32 SDPA on the GPU, on zero-copy DLPack views of the device cache."""
     import torch
-
-    from kernels.reference import dense_attention, to_torch
+    from pagesim.kernels.reference import dense_attention, to_torch
 
     query, kc, vc, tables, lens = device_case
     kc_t, vc_t, q_t = to_torch(kc), to_torch(vc), to_torch(query)
@@ -136,7 +135,7 @@ def test_shipped_scenarios_run_on_the_device(cuda_backend, name):
 
 
 def test_cli_run_with_the_cuda_backend(cuda_backend, capsys):
-    from app.cli import main
+    from pagesim.app.cli import main
 
     if main(["run", "default", "--backend", "cuda"]) != 0:
         pytest.fail(capsys.readouterr().err)
@@ -145,8 +144,7 @@ def test_cli_run_with_the_cuda_backend(cuda_backend, capsys):
 
 def test_the_occupancy_model_reads_the_device_and_plans_the_headline_case(cuda_backend):
     import cupy
-
-    from kernels.occupancy import MIN_WAVES
+    from pagesim.kernels.occupancy import MIN_WAVES
 
     limits = cuda_backend.device_limits()
     assert limits.sm_count == cupy.cuda.Device().attributes["MultiProcessorCount"] > 0

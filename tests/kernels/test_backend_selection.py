@@ -5,8 +5,7 @@ import subprocess
 import sys
 
 import pytest
-
-from kernels import cuda_backend
+from pagesim.kernels import cuda_backend
 
 
 class _FakeDriver:
@@ -47,7 +46,7 @@ def test_a_driver_with_devices_hands_over_to_cupy(monkeypatch):
 
 def test_choosing_a_backend_on_a_cpu_machine_imports_neither_cupy_nor_ml_dtypes():
     probe = (
-        "import sys; from kernels.selection import select_backend, available_backends; "
+        "import sys; from pagesim.kernels.selection import select_backend, available_backends; "
         "backend = select_backend('auto'); reasons = available_backends(); "
         "print(backend.name, 'cupy' in sys.modules, 'ml_dtypes' in sys.modules)"
     )

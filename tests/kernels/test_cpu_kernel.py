@@ -2,11 +2,10 @@ import numba
 import numpy as np
 import pytest
 import torch
-
-from kernels.backend import KernelInputError, default_scale
-from kernels.cpu_backend import _half_to_float32
-from kernels.dtypes import storage_dtype, tolerance
-from kernels.reference import dense_attention, paged_attention_reference
+from pagesim.kernels.backend import KernelInputError, default_scale
+from pagesim.kernels.cpu_backend import _half_to_float32
+from pagesim.kernels.dtypes import storage_dtype, tolerance
+from pagesim.kernels.reference import dense_attention, paged_attention_reference
 
 
 def make_case(rng, *, num_seqs, context_lens, block_size, num_heads, num_kv_heads, head_dim, dtype, spare=3):
@@ -80,7 +79,7 @@ def test_kernel_matches_dense_attention(cpu_backend, block_size, head_dim, gqa, 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("block_size", [1, 16, 64])
 def test_few_long_sequences_are_split_into_partitions_and_merged_exactly_enough(cpu_backend, block_size, dtype):
-    from kernels.cpu_backend import MIN_PARTITION_TOKENS, work_split
+    from pagesim.kernels.cpu_backend import MIN_PARTITION_TOKENS, work_split
 
     rng = np.random.default_rng(block_size)
     lens = [3000, 1100, 5]  # a long one, a middling one, one shorter than a tile
@@ -100,7 +99,7 @@ def test_few_long_sequences_are_split_into_partitions_and_merged_exactly_enough(
 def test_a_head_size_kernel_computes_what_the_generic_kernel_does(cpu_backend, lens):
     """fp32 head size 64 runs its own compiled kernel (its trip counts fixed at compile time);
     split into partitions or not, with GQA, it must agree with the generic kernel and dense."""
-    from kernels.cpu_backend import KIND_FLOAT32, _paged_attention_kernel, kernel_for, work_split
+    from pagesim.kernels.cpu_backend import KIND_FLOAT32, _paged_attention_kernel, kernel_for, work_split
 
     assert kernel_for(64, KIND_FLOAT32) is not _paged_attention_kernel
     assert kernel_for(32, KIND_FLOAT32) is _paged_attention_kernel
@@ -127,7 +126,7 @@ def test_a_head_size_kernel_computes_what_the_generic_kernel_does(cpu_backend, l
 
 
 def test_the_work_split_fills_the_cpu_with_whole_tiles_and_never_depends_on_the_thread_count():
-    from kernels.cpu_backend import TARGET_WORK_ITEMS, TILE_TOKENS, work_split
+    from pagesim.kernels.cpu_backend import TARGET_WORK_ITEMS, TILE_TOKENS, work_split
 
     assert work_split(16, 128, 16) == (TILE_TOKENS // 16, 128, 1)  # enough sequences: no split
     assert work_split(1, 8, 16) == (2, 8, 1)  # too short to split

@@ -3,10 +3,9 @@
 import shutil
 
 import pytest
-
-from kernels import cuda_build
-from kernels.cuda_backend import choose_variant
-from kernels.cuda_build import (
+from pagesim.kernels import cuda_build
+from pagesim.kernels.cuda_backend import choose_variant
+from pagesim.kernels.cuda_build import (
     ARCHES,
     CompileError,
     Instantiation,
@@ -128,8 +127,7 @@ def test_to_device_passes_device_arrays_through_and_uploads_host_ones():
 
     import ml_dtypes
     import numpy as np
-
-    from kernels.cuda_backend import CudaBackend
+    from pagesim.kernels.cuda_backend import CudaBackend
 
     class DeviceArray(np.ndarray):
         pass

@@ -5,12 +5,11 @@ a small teaching size)."""
 
 import numpy as np
 import pytest
-
-from core.scenario import load_scenario, shipped_scenarios
-from core.timeline import Timeline
-from kernels.cpu_backend import work_split
-from kernels.cuda_build import TOKENS_PER_ITER
-from kernels.trace import CudaGeometry, trace_cpu, trace_cuda
+from pagesim.core.scenario import load_scenario, shipped_scenarios
+from pagesim.core.timeline import Timeline
+from pagesim.kernels.cpu_backend import work_split
+from pagesim.kernels.cuda_build import TOKENS_PER_ITER
+from pagesim.kernels.trace import CudaGeometry, trace_cpu, trace_cuda
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +89,7 @@ def test_the_replay_records_each_stage(last_steps):
     [("float32", 128, 32, 1), ("float16", 128, 16, 2), ("float16", 64, 8, 4), ("bfloat16", 8, 1, 32)],
 )
 def test_geometry_follows_the_cuda_source(dtype, head_dim, group, tokens_per_warp):
-    from kernels.dtypes import storage_dtype
+    from pagesim.kernels.dtypes import storage_dtype
 
     g = CudaGeometry.of(storage_dtype(dtype), head_dim)
     assert (g.group, g.tokens_per_warp) == (group, tokens_per_warp)
@@ -104,7 +103,7 @@ def test_geometry_follows_the_cuda_source(dtype, head_dim, group, tokens_per_war
     "num_heads, num_kv_heads, heads", [(8, 8, 1), (8, 4, 2), (8, 2, 4), (8, 1, 4), (32, 1, 4), (12, 2, 2), (9, 3, 1)]
 )
 def test_a_thread_block_takes_the_largest_power_of_two_of_its_group_up_to_four(num_heads, num_kv_heads, heads):
-    from kernels.cuda_build import heads_per_block
+    from pagesim.kernels.cuda_build import heads_per_block
 
     assert heads_per_block(num_heads, num_kv_heads) == heads
     g = CudaGeometry.of(np.float16, 64, num_heads, num_kv_heads)
@@ -112,8 +111,8 @@ def test_a_thread_block_takes_the_largest_power_of_two_of_its_group_up_to_four(n
 
 
 def test_a_gqa_walk_names_the_thread_block_its_heads_share():
-    from core.view_model import WalkThrough
-    from kernels.dtypes import storage_dtype
+    from pagesim.core.view_model import WalkThrough
+    from pagesim.kernels.dtypes import storage_dtype
 
     rng = np.random.default_rng(4)
     dt = storage_dtype("float16")

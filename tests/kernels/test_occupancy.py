@@ -2,9 +2,8 @@
 shared-memory figures ptxas reports for the kernels (docs/kernel-resources.md)."""
 
 import pytest
-
-from kernels.cuda_build import NUM_THREADS, PARTITION_SIZE
-from kernels.occupancy import A100, H200, MIN_WAVES, KernelResources, Occupancy, occupancy, plan_launch
+from pagesim.kernels.cuda_build import NUM_THREADS, PARTITION_SIZE
+from pagesim.kernels.occupancy import A100, H200, MIN_WAVES, KernelResources, Occupancy, occupancy, plan_launch
 
 # paged_attention_v1/v2<fp16, 128, 16> as ptxas reports them (docs/kernel-resources.md):
 # registers on sm_90 / sm_80, 2080 B of shared memory.
@@ -52,7 +51,7 @@ def test_v1_when_it_already_fills_the_device_or_the_context_is_one_partition():
     short = plan_launch(2, 8, 300, V1_SM90, V2_SM90, H200, PARTITION_SIZE)
     assert short.variant == "v1" and short.partitions == 1 and "one partition" in short.reason
     # vLLM's rule would take v1 here too (a single partition); where they differ:
-    from kernels.cuda_backend import choose_variant
+    from pagesim.kernels.cuda_backend import choose_variant
 
     assert choose_variant(4096, 64, 32) == "v1"  # 2048 (sequence, head) pairs > 512: vLLM says v1
     assert plan_launch(64, 32, 4096, V1_SM90, V2_SM90, H200, PARTITION_SIZE).variant == "v2"
@@ -64,7 +63,7 @@ def test_efficiency_counts_the_tail_wave():
 
 
 def test_bytes_in_flight_follow_the_thread_group_layout_and_littles_law():
-    from kernels.occupancy import bytes_in_flight_per_warp, dram_fraction
+    from pagesim.kernels.occupancy import bytes_in_flight_per_warp, dram_fraction
 
     # fp16, head dim 128: groups of 16 lanes × 16 B, two groups a warp, a batch of two tokens
     # each, K and V: 2 KB; fp32 head dim 256: one group, two 16-byte loads a lane: 4 KB.

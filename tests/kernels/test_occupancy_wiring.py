@@ -4,8 +4,8 @@ what CuPy reports: no GPU is needed to check the wiring)."""
 
 from types import SimpleNamespace
 
-from kernels.cuda_backend import CudaBackend
-from kernels.cuda_build import instantiation_for
+from pagesim.kernels.cuda_backend import CudaBackend
+from pagesim.kernels.cuda_build import instantiation_for
 
 
 def backend_with(attributes: dict, registers: dict) -> CudaBackend:

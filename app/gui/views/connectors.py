@@ -4,12 +4,11 @@ pool live in different panels), never catching the mouse."""
 
 from __future__ import annotations
 
+from pagesim.app.gui.views.pool_view import PoolView
+from pagesim.app.gui.views.sequence_view import SequenceView
 from PySide6.QtCore import QEvent, QObject, QPoint, QPointF, QRect, Qt
 from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen, QPixmap
 from PySide6.QtWidgets import QWidget
-
-from app.gui.views.pool_view import PoolView
-from app.gui.views.sequence_view import SequenceView
 
 
 class TableToPoolLines(QWidget):

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
+from pagesim.app.gui.controller import LIVE_TIMERS
+from pagesim.app.gui.palette import Theme
+from pagesim.app.gui.views.live_text import LiveText
+from pagesim.core.studies.waste import CATEGORY_LABELS as WASTE_LABELS
+from pagesim.core.studies.waste import WasteStudy
+from pagesim.core.studies.workload import DISTRIBUTIONS
+from pagesim.core.view_model import Frame
 from PySide6.QtCore import QElapsedTimer, Qt, QTimer
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
@@ -18,14 +25,6 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
-
-from app.gui.controller import LIVE_TIMERS
-from app.gui.palette import Theme
-from app.gui.views.live_text import LiveText
-from core.studies.waste import CATEGORY_LABELS as WASTE_LABELS
-from core.studies.waste import WasteStudy
-from core.studies.workload import DISTRIBUTIONS
-from core.view_model import Frame
 
 # Paul Tol's "muted" scheme: colours for physical blocks, distinct from the sequence palette.
 BLOCK_COLOURS = ["#88CCEE", "#CC6677", "#DDCC77", "#117733", "#332288", "#AA4499", "#44AA99", "#999933", "#882255"]

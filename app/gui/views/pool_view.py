@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from pagesim.app.gui.palette import SequenceColours, Theme
+from pagesim.core.view_model import Frame
 from PySide6.QtCore import QPoint, QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import (
@@ -17,9 +19,6 @@ from PySide6.QtWidgets import (
     QStyleOptionGraphicsItem,
     QWidget,
 )
-
-from app.gui.palette import SequenceColours, Theme
-from core.view_model import Frame
 
 BLOCK_W, BLOCK_H, GAP = 60.0, 38.0, 8.0
 SLOTS_PER_ROW = 16

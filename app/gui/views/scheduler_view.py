@@ -3,12 +3,11 @@ swap pool's blocks as tiles (held by swapped-out sequences), the blocks a step m
 
 from __future__ import annotations
 
+from pagesim.app.gui.palette import SequenceColours, Theme
+from pagesim.core.view_model import Frame
 from PySide6.QtCore import QPoint, QPointF, QRect, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
-
-from app.gui.palette import SequenceColours, Theme
-from core.view_model import Frame
 
 LANES = (
     ("waiting", "waiting: queued, no blocks yet"),

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from pagesim.app.gui.palette import SequenceColours, Theme
+from pagesim.core.view_model import Frame
 from PySide6.QtCore import QPoint, QRect, QRectF, QSignalBlocker, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QIcon, QPainter, QPixmap
 from PySide6.QtWidgets import QAbstractItemView, QStyle, QStyledItemDelegate, QTreeWidget, QTreeWidgetItem
-
-from app.gui.palette import SequenceColours, Theme
-from core.view_model import Frame
 
 TABLE_COLUMN = 3
 MAX_LINES = 4  # the selected row's table wraps onto at most this many lines; the rest is counted

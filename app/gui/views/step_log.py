@@ -3,10 +3,9 @@ the current step is selected, and clicking a line seeks there."""
 
 from __future__ import annotations
 
+from pagesim.core.view_model import Frame
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QAbstractItemView, QListWidget, QListWidgetItem
-
-from core.view_model import Frame
 
 
 class StepLog(QListWidget):

@@ -4,11 +4,10 @@ logical block ⌊t/B⌋ at offset t mod B, which the block table maps to a physi
 from __future__ import annotations
 
 import numpy as np
+from pagesim.app.gui.palette import Theme
 from PySide6.QtCore import QRect, QSize, Signal
 from PySide6.QtGui import QColor, QPainter
 from PySide6.QtWidgets import QToolTip, QWidget
-
-from app.gui.palette import Theme
 
 CELL = 14
 

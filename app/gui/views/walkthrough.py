@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
+from pagesim.app.gui.controller import LIVE_TIMERS
+from pagesim.app.gui.palette import Theme
+from pagesim.app.gui.views.plots import BLOCK_COLOURS, DENSE_COLOUR, KERNEL_COLOUR, _key, _style_plot, set_side_label
+from pagesim.core.view_model import KERNEL_CHOICES, WalkThrough
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QComboBox,
@@ -21,11 +25,6 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
-
-from app.gui.controller import LIVE_TIMERS
-from app.gui.palette import Theme
-from app.gui.views.plots import BLOCK_COLOURS, DENSE_COLOUR, KERNEL_COLOUR, _key, _style_plot, set_side_label
-from core.view_model import KERNEL_CHOICES, WalkThrough
 
 PARTITION_CHOICES = (8, 16, 32, 64, 128, 256, 512)
 # px: title, axis and a plot area a few dots tall can still be read in (below this, they scroll)
