@@ -41,7 +41,7 @@ class KernelCase:
     block_size: int
     num_kv_heads: int | None = None
     dtype: str = "float32"
-    target: float = 1.25  # paged kernel time / SDPA on contiguous K/V, at most (issue #14)
+    target: float = 1.25  # paged kernel time / SDPA on contiguous K/V, at most
 
 
 def kernel_cases(quick: bool) -> list[KernelCase]:

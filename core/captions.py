@@ -34,7 +34,7 @@ _NARRATED = (
 def step_caption(result: StepResult) -> str:
     """What ``result``'s step did, most telling first, as one or two short sentences."""
     # One pass sorts the events by type (a decode step over 256 sequences has ~500 of them,
-    # and a pass per question cost 2.5 ms a step); the narrated ones keep their order.
+    # too many for a pass per question); the narrated ones keep their order.
     of: dict[type, list] = {}
     narrated = []
     for e in result.op_events:  # the attention's lookups and checks narrate nothing here

@@ -91,7 +91,7 @@ TARGET_WORK_ITEMS = 16
 
 def work_split(num_seqs: int, max_blocks: int, block_size: int) -> tuple[int, int, int]:
     """(blocks per tile, blocks per partition, partitions) for a launch. (Splitting few short
-    sequences by KV heads instead was measured slower: it brings the strided reads back.)"""
+    sequences by KV heads instead would bring the strided reads back.)"""
     tile_blocks = max(1, TILE_TOKENS // block_size)
     parts = 1
     if 0 < num_seqs < TARGET_WORK_ITEMS:
@@ -106,7 +106,7 @@ def _build_kernel(head_size: int):
     """The kernel, for any head size (``head_size`` 0: read from the query's shape) or for one
     fixed at compile time, as vLLM instantiates its attention kernels per head size: with a
     known trip count LLVM's dot products and value updates need no loop set-up and remainder
-    per 64-element row (the heavy GUI case, 8 heads over 2 KV heads × 64, fp32, measured ~0.8×)."""
+    per 64-element row (figures in docs/benchmarks.md)."""
 
     @numba.njit(parallel=True, fastmath=_FASTMATH, cache=True, boundscheck=False)
     def kernel(
@@ -131,7 +131,7 @@ def _build_kernel(head_size: int):
         num_parts = part_m.shape[1]
         tile_blocks = max(1, TILE_TOKENS // block_size)
         # A GQA group's query heads share each fp16/bf16 row: widen it once into `row` for all of
-        # them (widened per head, the 32-over-8-heads fp16 case took 2.3x as long). fp32 rows are
+        # them (widening per head repeats the work for every head of the group). fp32 rows are
         # read in place, and so is a row one head uses.
         widen_once = kind != KIND_FLOAT32 and group > 1
         for work in numba.prange(num_seqs * num_parts):
@@ -239,9 +239,9 @@ def _build_kernel(head_size: int):
 
 
 _paged_attention_kernel = _build_kernel(0)
-# The head sizes with their own fp32 kernel: measured faster than the generic one (64: ~0.8× on
-# the heavy GUI case); 32 and 128 measured slower or no faster, and stay generic. fp16/bf16 rows
-# are widened into a buffer first either way.
+# The head sizes with their own fp32 kernel: those it makes faster than the generic one (64, the
+# app's heavy case); 32 and 128 gain nothing from it and stay generic (docs/benchmarks.md).
+# fp16/bf16 rows are widened into a buffer first either way.
 _FP32_KERNELS = {64: _build_kernel(64)}
 
 

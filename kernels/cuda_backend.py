@@ -42,7 +42,7 @@ _DRIVER_LIBRARIES = ("libcuda.so.1", "libcuda.so", "nvcuda.dll")
 
 def driver_device_count() -> int | None:
     """CUDA devices the driver reports, asked of the driver library directly; None where
-    there is no driver library. Importing CuPy to ask costs ~1 s (most of it ml_dtypes), and
+    there is no driver library. Importing CuPy to ask is slow (it imports ml_dtypes), and
     every CPU-only start of the app asked, before its first frame."""
     driver = _open_driver()
     if driver is None:

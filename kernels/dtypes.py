@@ -9,7 +9,7 @@ import numpy as np
 
 def bfloat16() -> np.dtype:
     """NumPy has no bfloat16; ml_dtypes supplies one that torch and CuPy can view bit for
-    bit as uint16. Its import takes 0.6–0.9 s, so it happens when a bfloat16 cache is first
+    bit as uint16. Its import is slow, so it happens when a bfloat16 cache is first
     made, not when the app starts (the first frame of a float32 scenario never needs it)."""
     import ml_dtypes
 

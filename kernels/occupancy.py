@@ -1,5 +1,5 @@
 """How many thread blocks of a kernel an SM holds at once, how many waves a launch takes,
-and from that which paged-attention kernel to launch (issue #14, point 4).
+and from that which paged-attention kernel to launch.
 
 A launch of G blocks on a device that holds B blocks per SM on S SMs runs in G / (B·S)
 waves; the last wave is partly empty, so the device works at waves / ceil(waves) of its

@@ -22,7 +22,7 @@ py="${PYTHON:-python3}"
 cat "$out/device.txt"
 
 # 1. The GPU suite: --maxfail so a broken context cannot cascade through every case;
-#    per-test timeout (signal method: the test fails, the session goes on) under the outer one.
+#    per-test timeout (signal method: the test fails, the suite goes on) under the outer one.
 timeout -s INT -k 30 330 "$py" -m pytest -c scripts/gpu-pytest.ini --rootdir . tests/gpu tests/kernels/test_cuda_compile.py \
   -q -p no:cacheprovider --maxfail=25 -o timeout=90 --junitxml="$out/gpu-tests.xml" 2>&1 | tee "$out/gpu-tests.txt"
 tests_rc=${PIPESTATUS[0]}

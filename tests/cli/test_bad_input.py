@@ -1,4 +1,4 @@
-"""Input a hostile user can reach gets one clear line, never a traceback (issue: hardening)."""
+"""Input a hostile user can reach gets one clear line, never a traceback."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""What keeps memory flat over a run (issue #11, point 7): the chunked dense reference,
+"""What keeps memory flat over a run: the chunked dense reference,
 the undo-log checkpoint of the paged cache, old steps that drop their detail, a run
 without history, shared model weights and long prompts projected in pieces."""
 

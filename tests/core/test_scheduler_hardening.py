@@ -1,4 +1,4 @@
-"""Scheduler cases a hostile user found: each failed before its fix (issue: hardening)."""
+"""Scheduler cases a hostile user found: each failed before its fix."""
 
 import json
 

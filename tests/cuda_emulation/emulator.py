@@ -197,7 +197,7 @@ extern "C" int emu_launch(const char* name, unsigned gx, unsigned gy, unsigned g
 """
 
 
-NAMES_PER_PART = 64  # at least this many instantiations a translation unit: each repeats ~4 s of set-up
+NAMES_PER_PART = 64  # at least this many instantiations a translation unit: each repeats the compiler's set-up
 
 
 def build(source: str | None = None, names: list[str] | None = None, *, sanitize: bool = False) -> Path:

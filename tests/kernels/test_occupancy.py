@@ -34,7 +34,7 @@ def test_other_limits_bind_when_they_are_tighter():
 def test_the_headline_case_is_not_a_one_and_a_half_wave_launch():
     # 64 sequences × 4096 tokens × 32 heads, fp16, head dim 128: v1 is 2048 blocks, 10 a SM
     # on 132 SMs — 1.55 waves, the second one half empty (1.29 with the 40 registers of the
-    # kernel before issue #14).
+    # kernel's earlier loop, which loaded V only after reducing K).
     plan = plan_launch(64, 32, 4096, V1_SM90, V2_SM90, H200, PARTITION_SIZE)
     assert plan.variant == "v2" and plan.partitions == 8 and plan.grid_blocks == 16384
     assert plan.waves == pytest.approx(16384 / (9 * 132)) and plan.waves >= MIN_WAVES

@@ -177,7 +177,7 @@ class SequenceView(QTreeWidget):
             show_count()
         elif shown[0] != seq.num_tokens:
             # A new count never changes the row's height: repaint the cell instead of letting
-            # the view re-measure the row (a dataChanged cost ~12x the set itself).
+            # the view re-measure the row (a dataChanged would, at many times the set's cost).
             with QSignalBlocker(self.model()):
                 show_count()
             self._repaint_if_shown(item)
