@@ -345,7 +345,7 @@ def memory_case(name: str, snapshot_data: bool) -> dict:
     samples = []  # (step, RSS growth, of which the state's bytes, tokens held)
     every = max(1, timeline.length // 40)
     sim = timeline.sim
-    reference, pool = sim.dense.reference, (sim.cache.key_cache, sim.cache.value_cache)
+    reference, pool = sim.runner.dense.reference, (sim.runner.cache.key_cache, sim.runner.cache.value_cache)
     while not timeline.at_end:
         timeline.forward()
         if timeline.position % every == 0 or timeline.at_end:

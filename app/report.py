@@ -95,8 +95,8 @@ def write_json(
         "scenario": timeline.scenario.name,
         "source": timeline.scenario.source,
         "config": {k: getattr(timeline.scenario.config, k) for k in timeline.scenario.config.__dataclass_fields__},
-        "backend": timeline.sim.backend.name,
-        "device": timeline.sim.backend.device,
+        "backend": timeline.sim.runner.backend.name,
+        "device": timeline.sim.runner.backend.device,
         "steps": steps,
         "error": error,
         "stalled": stalled,
@@ -121,8 +121,8 @@ def dump_step(folder: Path, timeline: Timeline, result: StepResult) -> Path | No
     if att is None:
         return None
     folder.mkdir(parents=True, exist_ok=True)
-    backend = timeline.sim.backend
-    cache = timeline.sim.cache
+    backend = timeline.sim.runner.backend
+    cache = timeline.sim.runner.cache
     path = folder / f"step_{result.step:04d}.npz"
     np.savez_compressed(
         path,

@@ -4,7 +4,7 @@ In the spirit of nano-vllm's ``BlockManager`` and vLLM's ``KVCacheManager``: it 
 GPU block pool (free queue, ref counts, the prefix cache's hashes), the holders of every
 block, how many slots of each block are filled, the CPU pool that swapped blocks wait
 in, and the running usage counters. Every change comes in a check/act pair —
-``can_allocate``/``allocate``, ``can_append``/``append_slots``, ``fork``, ``free``,
+``can_allocate``/``allocate``, ``can_append``/``append``, ``fork``, ``free``,
 ``can_swap_out``/``swap_out``, ``can_swap_in``/``swap_in`` — and the act is only called
 after its check passed, so an act never fails halfway.
 
@@ -52,7 +52,7 @@ class AppendPlan:
 
 @dataclass(frozen=True)
 class Appended:
-    """The result of :meth:`BlockManager.append_slots`: where the new tokens go."""
+    """The result of :meth:`BlockManager.append`: where the new tokens go."""
 
     slots: list[int]  # flat slot (block * block_size + offset) of each token written
     copies: list[tuple[int, int]]  # (src, dst) blocks to copy before the writes
@@ -126,16 +126,6 @@ class BlockManager:
         u.logical_tokens += (new or 0) - (old or 0)
         u.contiguous_blocks += (0 if new is None else res(new)) - (0 if old is None else res(old))
 
-    def _count_decoded(self, lengths_before: list[int]) -> None:
-        """Each of these sequences grew by one token (a decode step)."""
-        u, limit, res = self.usage, self.config.max_model_len, self.contiguous_reservation
-        u.logical_tokens += len(lengths_before)
-        if not lengths_before or max(lengths_before) < limit:
-            return
-        for n in lengths_before:
-            if n + 1 > limit:  # past the reservation's length, the contiguous baseline grows too
-                u.contiguous_blocks += res(n + 1) - res(n)
-
     def _count_slots(self, tokens: int) -> None:
         """Referenced blocks hold ``tokens`` more (or fewer) tokens."""
         self.usage.slots_filled += tokens
@@ -167,10 +157,6 @@ class BlockManager:
             self._fill[block] = 0  # an evicted block's old tokens no longer count
         return blocks
 
-    def _append_block(self, seq: Sequence, block: int) -> None:
-        """``block``, just taken off the free queue, becomes ``seq``'s next logical block."""
-        self._append_blocks(seq, [block])
-
     def _append_blocks(self, seq: Sequence, blocks: list[int]) -> None:
         """``blocks``, just taken off the free queue, become ``seq``'s next logical blocks. A
         free block has no holders, so each gets a new holder map."""
@@ -183,14 +169,9 @@ class BlockManager:
             for index, block in enumerate(blocks, first):
                 self.events.emit(ev.BlockAllocated(block, seq_id, index))
 
-    def _new_block(self, seq: Sequence) -> int:
-        """:meth:`_take` of one block, then :meth:`_append_block` (once a block of tokens)."""
-        block, evicted = self.pool.allocate_one()
-        if evicted:
-            self.events.add(ev.BlockEvicted, block)
-        self._fill[block] = 0
-        self._append_block(seq, block)
-        return block
+    def _new_block(self, seq: Sequence) -> None:
+        """One block off the free queue becomes ``seq``'s next logical block (once a block of tokens)."""
+        self._append_blocks(seq, self._take(1))
 
     def _release(self, block: int, seq_id: str) -> None:
         ref_count = self.pool.release(block)
@@ -253,7 +234,7 @@ class BlockManager:
     ) -> None:
         """Give the empty ``seq`` its prefix-cache hits, then fresh blocks (``placement``:
         exactly these) for the rest of a ``num_tokens`` prompt; the tokens themselves come
-        with :meth:`append_slots`. The caller has checked :meth:`can_allocate`."""
+        with :meth:`append`. The caller has checked :meth:`can_allocate`."""
         for index, (block, h) in enumerate(hits):
             was_free = self.pool.ref_count(block) == 0
             ref_count = self.pool.reuse(block)
@@ -294,92 +275,58 @@ class BlockManager:
         free = self.pool.num_free
         return len(seqs) <= free or self.decode_blocks_needed(seqs) <= free
 
-    def append_slots(self, seq: Sequence, token_ids: list[int], skip: int = 0, with_slots: bool = True) -> Appended:
-        """Append ``token_ids`` to ``seq``: copy-on-write of a shared last block, new blocks
-        at block boundaries, the tokens' slots (all but the first ``skip``, which reused
-        prefix blocks already hold), and the prefix cache's hashes of blocks that filled up.
-        The caller has checked :meth:`can_append` (or :meth:`allocate`'s need).
-        ``with_slots=False``: the caller writes no K/V and events are off: no slot list."""
-        bs = self.config.block_size
-        start = seq.num_tokens
-        copies: list[tuple[int, int]] = []
-        if self.append_plan(seq, len(token_ids)).copy_on_write:
-            copies.append(self._copy_on_write(seq))
-        while len(seq.block_table) < self.config.blocks_for(start + len(token_ids)):
-            self._new_block(seq)
-        table = seq.block_table
-        if with_slots or self.events.enabled:
-            slots = [table[p // bs] * bs + p % bs for p in range(start + skip, start + len(token_ids))]
-        else:
-            slots = []
-        seq.token_ids.extend(token_ids)
-        self._count_tokens(start, start + len(token_ids))
-        if self.events.enabled:
-            for slot, i in zip(slots, range(skip, len(token_ids)), strict=True):
-                self._add_fill(slot // bs, 1)
-                self.events.emit(ev.TokenWritten(seq.seq_id, start + i, token_ids[i], slot // bs, slot % bs))
-        else:  # the same counts, a block at a time
-            fill, first = self._fill, start + skip
-            for index in range(first // bs, self.config.blocks_for(start + len(token_ids))):
-                written = min((index + 1) * bs, start + len(token_ids)) - max(index * bs, first)
-                fill[table[index]] += written
-            self._count_slots(max(0, len(token_ids) - skip))
-        if self.config.prefix_caching:
-            self._cache_full_blocks(seq)
-        return Appended(slots, copies)
-
-    def append_decode(
-        self, seqs: list[Sequence], tokens: list[int], lengths: list[int], with_slots: bool = True
+    def append(
+        self, seqs: list[Sequence], token_ids: list[list[int]], skip: int = 0, with_slots: bool = True
     ) -> Appended:
-        """The batched form of :meth:`append_slots`: one new token for each sequence (a
-        decode step; ``lengths``: their lengths before it), with the same copy-on-write,
-        block and hashing rules, in one pass. The caller has checked
-        :meth:`decode_blocks_needed` against the free pool. ``with_slots=False``: the
-        caller writes no K/V, so the slots are not listed."""
-        if not (with_slots or self.events.enabled):
-            return self._append_decode_quiet(seqs, tokens, lengths)
+        """Append ``token_ids[i]`` to ``seqs[i]``, a sequence at a time: copy-on-write of a
+        shared last block, new blocks at block boundaries, the fills, the tokens' slots (all
+        but the first ``skip`` of each, which reused prefix blocks already hold), and the
+        prefix cache's hashes of blocks that filled up. The one append path: a prompt, a
+        grow and a decode step (one token for each sequence) all come here. The caller has
+        checked :meth:`can_append`, :meth:`allocate`'s need or :meth:`decode_blocks_needed`.
+        ``with_slots=False``: the caller writes no K/V, so unless events are on no slot is listed."""
         bs, refs, fill = self.config.block_size, self.pool._ref_counts, self._fill
         emit = self.events.emit if self.events.enabled else None
-        caching = self.config.prefix_caching
+        list_slots = with_slots or emit is not None
+        caching, limit = self.config.prefix_caching, self.config.max_model_len
         slots: list[int] = []
         copies: list[tuple[int, int]] = []
-        for seq, token, n in zip(seqs, tokens, lengths, strict=True):
-            offset = n % bs
-            if offset == 0:
-                self._new_block(seq)
-            elif refs[seq.block_table[-1]] > 1:
+        for seq, ids in zip(seqs, token_ids, strict=True):
+            table, tokens = seq.block_table, seq.token_ids
+            start = len(tokens)
+            end = start + len(ids)
+            offset = start % bs
+            if offset and refs[table[-1]] > 1:
                 copies.append(self._copy_on_write(seq))
-            block = seq.block_table[-1]
-            seq.token_ids.append(token)
-            fill[block] += 1
-            slots.append(block * bs + offset)
-            if emit is not None:
-                emit(ev.TokenWritten(seq.seq_id, n, token, block, offset))
-            if caching and offset == bs - 1:
+            while len(table) * bs < end:
+                self._new_block(seq)
+            tokens.extend(ids)
+            if end - start == 1 and not skip:  # one token (a decode step): its block and slot are the last
+                block = table[-1]
+                fill[block] += 1
+                if list_slots:
+                    slots.append(block * bs + offset)
+                    if emit is not None:
+                        emit(ev.TokenWritten(seq.seq_id, start, ids[0], block, offset))
+            else:
+                first = start + skip
+                if list_slots:
+                    for position in range(first, end):
+                        block, at = table[position // bs], position % bs
+                        slots.append(block * bs + at)
+                        if emit is not None:
+                            emit(ev.TokenWritten(seq.seq_id, position, ids[position - start], block, at))
+                for index in range(first // bs, (end - 1) // bs + 1):  # the fills, a block at a time
+                    fill[table[index]] += min(index * bs + bs, end) - max(index * bs, first)
+            if end > limit:  # past a contiguous reservation's length, the baseline grows too
+                self.usage.contiguous_blocks += self.contiguous_reservation(end) - self.contiguous_reservation(start)
+            if caching and end // bs != start // bs:  # a block filled up
                 self._cache_full_blocks(seq)
-        self._count_slots(len(seqs))
-        self._count_decoded(lengths)
+        added = sum(map(len, token_ids))
+        self.usage.logical_tokens += added
+        # (skip < each prompt's length: the last prompt block is never a hit)
+        self._count_slots(added - skip * len(seqs))
         return Appended(slots, copies)
-
-    def _append_decode_quiet(self, seqs: list[Sequence], tokens: list[int], lengths: list[int]) -> Appended:
-        """:meth:`append_decode` with no events and no slots (the scheduler's hot path)."""
-        bs, refs, fill = self.config.block_size, self.pool._ref_counts, self._fill
-        last_offset = bs - 1 if self.config.prefix_caching else -1  # the offset that fills a block
-        copies: list[tuple[int, int]] = []
-        for seq, token, n in zip(seqs, tokens, lengths, strict=True):
-            offset = n % bs
-            table = seq.block_table
-            if offset == 0:
-                self._new_block(seq)
-            elif refs[table[-1]] > 1:
-                copies.append(self._copy_on_write(seq))
-            seq.token_ids.append(token)
-            fill[table[-1]] += 1
-            if offset == last_offset:
-                self._cache_full_blocks(seq)
-        self._count_slots(len(seqs))
-        self._count_decoded(lengths)
-        return Appended([], copies)
 
     def _copy_on_write(self, seq: Sequence) -> tuple[int, int]:
         index = len(seq.block_table) - 1

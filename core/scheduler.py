@@ -11,7 +11,6 @@ import zlib
 from collections import deque
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Protocol
 
 from pagesim.core import events as ev
 from pagesim.core.block_manager import BlockManager
@@ -19,6 +18,7 @@ from pagesim.core.config import CacheConfig
 from pagesim.core.errors import DuplicateSequenceError, InvalidOperationError
 from pagesim.core.events import EventLog
 from pagesim.core.operations import Schedule, Submit
+from pagesim.core.registry import SequenceRegistry
 from pagesim.core.sequence import Sequence
 from pagesim.core.token_model import TokenModel, check_vocab
 
@@ -41,22 +41,6 @@ class AllocStatus(StrEnum):
 
 WAITING, RUNNING, SWAPPED, FINISHED, REJECTED = RequestStatus
 OK, LATER, NEVER = AllocStatus
-
-
-class SequenceEngine(Protocol):
-    """What the scheduler asks of the engine (``core.engine.Simulator`` is one): the
-    sequence registry and the operations that change it, each emitting its events."""
-
-    def sequence(self, seq_id: str) -> Sequence: ...
-    def sequences_of(self, seq_ids: list[str]) -> list[Sequence]: ...
-    def is_taken(self, seq_id: str) -> bool: ...
-    def add_owned(self, seq_id: str, prompt: tuple[int, ...], owner: str) -> None: ...
-    def fork_owned(self, parent: str, child: str, owner: str) -> None: ...
-    def free_owned(self, seq_id: str) -> None: ...
-    def decode(self, seq_ids: list[str], checked: bool = False, seqs: list[Sequence] | None = None) -> None: ...
-    def swap_out(self, seq_ids: list[str]) -> int: ...
-    def swap_in(self, seq_ids: list[str]) -> int: ...
-    def swapped_sequence(self, seq_id: str) -> Sequence: ...
 
 
 SHARED_PREFIX_ID = "__shared_prefix__"  # the token stream every request's shared prefix comes from
@@ -102,15 +86,16 @@ class SchedulerSnapshot:
 
 class Scheduler:
     """Above the block manager: it reads free blocks and what a step needs from the
-    :class:`BlockManager`, and changes sequences only through a :class:`SequenceEngine`."""
+    :class:`BlockManager`, and changes sequences only through the :class:`SequenceRegistry`
+    (below it: the scheduler never calls back into the simulator)."""
 
     def __init__(
-        self, config: CacheConfig, model: TokenModel, blocks: BlockManager, engine: SequenceEngine, events: EventLog
+        self, config: CacheConfig, model: TokenModel, blocks: BlockManager, registry: SequenceRegistry, events: EventLog
     ) -> None:
         self.config = config
         self.model = model
         self.blocks = blocks
-        self.engine = engine
+        self.registry = registry
         self.events = events
         self.used = False  # a Submit or Schedule has run: the queues are worth showing
         self.requests: dict[str, RequestState] = {}
@@ -192,12 +177,12 @@ class Scheduler:
         free, total = self.blocks.num_free, self.config.num_blocks
         if self.swapped:
             state = self.requests[self.swapped[0]]
-            need = len(self.blocks.distinct_blocks(self.engine.swapped_sequence(s) for s in state.seqs))
+            need = len(self.blocks.distinct_blocks(self.registry.swapped_sequence(s) for s in state.seqs))
             if need <= free:
                 return None
             return f"swapped-out request {state.request} needs {need} blocks to come back; {free} of {total} are free"
         state = self.requests[self.waiting[0]]
-        if any(self.engine.is_taken(name) for name in self._planned_names(state)):
+        if any(self.registry.is_taken(name) for name in self._planned_names(state)):
             return None  # the next step rejects it
         if self.alloc_status(state) != AllocStatus.LATER:
             return None
@@ -234,23 +219,23 @@ class Scheduler:
         return AllocStatus.OK
 
     def _admit(self, state: RequestState) -> None:
-        engine = self.engine
+        registry = self.registry
         resumed = state.resume_tokens is not None
         if resumed:
             for seq_id, tokens in state.resume_tokens.items():
-                engine.add_owned(seq_id, tokens, state.request)
+                registry.add(seq_id, list(tokens), owner=state.request, vocab_checked=True)
             state.seqs = list(state.resume_tokens)
             state.resume_tokens = None
         else:
             state.seqs = self._planned_names(state)
             state.beam_serial = len(state.seqs)
-            engine.add_owned(state.seqs[0], state.prompt, state.request)
+            registry.add(state.seqs[0], list(state.prompt), owner=state.request, vocab_checked=True)
             for seq_id in state.seqs[1:]:
-                engine.fork_owned(state.seqs[0], seq_id, state.request)
+                registry.fork(state.seqs[0], seq_id, owner=state.request)
         state.status = RequestStatus.RUNNING
         self.running.append(state.request)
         if self._batch is not None:
-            self._batch[0].extend(engine.sequences_of(state.seqs))
+            self._batch[0].extend(registry.sequences_of(state.seqs))
             self._batch[1].extend(state.seqs)
         self.events.add(ev.RequestAdmitted, state.request, tuple(state.seqs), resumed)
 
@@ -259,7 +244,7 @@ class Scheduler:
         return blocks * self.config.block_bytes / (self.config.swap_bandwidth_gbs * 1e9)
 
     def _group(self, state: RequestState) -> list[Sequence]:
-        return [self.engine.sequence(s) for s in state.seqs]
+        return [self.registry.sequence(s) for s in state.seqs]
 
     def preempt(self, request: str) -> None:
         state = self.requests[request]
@@ -269,7 +254,7 @@ class Scheduler:
         self.preemptions += 1
         group = self._group(state)
         if self.config.preemption == "swap" and self.blocks.can_swap_out(group):
-            blocks = self.engine.swap_out(state.seqs)
+            blocks = self.registry.swap_out(state.seqs)
             seconds = self._swap_time(blocks)
             self.swapped_blocks += blocks
             self.swap_seconds += seconds
@@ -282,7 +267,7 @@ class Scheduler:
         tokens = {seq.seq_id: tuple(seq.token_ids) for seq in group}
         blocks = len(self.blocks.distinct_blocks(group))
         for seq_id in state.seqs:
-            self.engine.free_owned(seq_id)
+            self.registry.free(seq_id)
         state.resume_tokens = tokens
         state.status = RequestStatus.WAITING
         self.waiting.appendleft(request)  # at the front: no starvation of the preempted
@@ -293,7 +278,7 @@ class Scheduler:
     # -- one iteration -----------------------------------------------------------------
     def _decode_sequences(self, requests: list[str]) -> list[Sequence]:
         states = self.requests
-        return self.engine.sequences_of([seq_id for request in requests for seq_id in states[request].seqs])
+        return self.registry.sequences_of([seq_id for request in requests for seq_id in states[request].seqs])
 
     def _running_batch(self) -> tuple[list[Sequence], list[str]]:
         if self._batch is None:
@@ -309,11 +294,11 @@ class Scheduler:
             raise
 
     def _step(self) -> None:
-        engine, blocks, events = self.engine, self.blocks, self.events
+        registry, blocks, events = self.registry, self.blocks, self.events
         # 1. Swapped groups come back first, oldest first, while the watermark allows.
         while self.swapped:
             state = self.requests[self.swapped[0]]
-            need = len(blocks.distinct_blocks(engine.swapped_sequence(s) for s in state.seqs))
+            need = len(blocks.distinct_blocks(registry.swapped_sequence(s) for s in state.seqs))
             # Room for the group and its next token, or it would be swapped straight out again
             # (alone, it comes back anyway: there is nobody to make room for).
             # The watermark keeps room for the running ones to decode; with none, it is moot.
@@ -322,7 +307,7 @@ class Scheduler:
             if blocks.num_free - need - headroom < floor:
                 break
             self.swapped.popleft()
-            engine.swap_in(state.seqs)
+            registry.swap_in(state.seqs)
             seconds = self._swap_time(need)
             self.swap_seconds += seconds
             state.status = RequestStatus.RUNNING
@@ -343,7 +328,7 @@ class Scheduler:
             if status == AllocStatus.LATER:
                 break
             self.waiting.popleft()
-            if any(engine.is_taken(name) for name in self._planned_names(state)):
+            if any(registry.is_taken(name) for name in self._planned_names(state)):
                 self._reject(state, "a sequence of that name already exists")
                 continue
             if status == AllocStatus.NEVER:
@@ -368,7 +353,7 @@ class Scheduler:
             decode_seqs = self._decode_sequences(decoding)
             decode_ids = [q.seq_id for q in decode_seqs]
         if decoding:
-            engine.decode(decode_ids, checked=True, seqs=decode_seqs)
+            registry.decode(decode_seqs, decode_ids, checked=True)
         states = self.requests
         done: set[str] = set()
         for request in decoding:
@@ -378,7 +363,7 @@ class Scheduler:
                 self._prune_beams(state)
             if state.generated >= state.output_len:
                 for seq_id in state.seqs:
-                    engine.free_owned(seq_id)
+                    registry.free(seq_id)
                 done.update(state.seqs)
                 state.status = RequestStatus.FINISHED
                 state.seqs = []
@@ -397,7 +382,7 @@ class Scheduler:
     def _abort(self, request: str, reason: str) -> None:
         state = self.requests[request]
         for seq_id in state.seqs:
-            self.engine.free_owned(seq_id)
+            self.registry.free(seq_id)
         state.seqs = []
         self.running.remove(request)
         self._batch = None
@@ -408,19 +393,19 @@ class Scheduler:
         place (scores are a stable hash of each beam's tokens)."""
 
         def score(seq_id: str) -> int:
-            return zlib.crc32(repr(list(self.engine.sequence(seq_id).token_ids[-4:])).encode())
+            return zlib.crc32(repr(list(self.registry.sequence(seq_id).token_ids[-4:])).encode())
 
         ranked = sorted(state.seqs, key=score)
         worst, best = ranked[0], ranked[-1]
         self._batch = None
-        self.engine.free_owned(worst)
+        self.registry.free(worst)
         state.seqs.remove(worst)
         child = f"{state.request}/b{state.beam_serial}"
-        while self.engine.is_taken(child):  # a user took the name
+        while self.registry.is_taken(child):  # a user took the name
             state.beam_serial += 1
             child = f"{state.request}/b{state.beam_serial}"
         state.beam_serial += 1
-        self.engine.fork_owned(best, child, state.request)
+        self.registry.fork(best, child, owner=state.request)
         state.seqs.append(child)
 
     # -- state ------------------------------------------------------------------------

@@ -251,7 +251,7 @@ class Timeline:
             yield from (self._results[k] for k in range(1, self.position + 1))
             return
         scenario = replace(self.scenario, operations=tuple(self.operations[: self.position]))
-        replay = Timeline(scenario, self.sim.backend, snapshot_data=False, history=False)
+        replay = Timeline(scenario, self.sim.runner.backend, snapshot_data=False, history=False)
         while not replay.at_end:
             yield replay.forward()
 
@@ -276,7 +276,7 @@ class Timeline:
         if result.step % self.snapshot_every == 0:
             # Only the newest snapshot keeps the K/V arrays and the attention report; older
             # ones rebuild them from the tokens when restored.
-            self._snapshots = {k: without_data(v) if v.cache is not None else v for k, v in self._snapshots.items()}
+            self._snapshots = {k: without_data(v) if v.has_data else v for k, v in self._snapshots.items()}
             self._snapshots[result.step] = self._take_snapshot()
             self._thin_snapshots()
 

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 from pagesim.core import events as ev
 from pagesim.core.config import CacheConfig
-from pagesim.core.engine import AttentionReport, Simulator, StepResult
+from pagesim.core.engine import Simulator, StepResult
 from pagesim.core.metrics import Metrics
+from pagesim.core.model_runner import AttentionReport
 from pagesim.core.timeline import Timeline
 
 
@@ -100,8 +101,8 @@ def attention_weights(sim: Simulator, seq_id: str) -> tuple[np.ndarray, np.ndarr
     seq = sim.sequence(seq_id)
     c = sim.config
     keys, _ = sim.dense_kv(seq_id)
-    query, _, _ = sim.model.qkv([seq.token_ids[-1]], [seq.num_tokens - 1])
-    q = query[0].astype(sim.cache.dtype).astype(np.float32)  # (H, D)
+    query, _, _ = sim.runner.model.qkv([seq.token_ids[-1]], [seq.num_tokens - 1])
+    q = query[0].astype(sim.runner.cache.dtype).astype(np.float32)  # (H, D)
     k = keys.astype(np.float32)  # (T, Hkv, D)
     kv_of_head = np.arange(c.num_heads) // (c.num_heads // c.num_kv_heads)
     scores = np.einsum("hd,thd->ht", q, k[:, kv_of_head, :]) / np.sqrt(c.head_dim)
@@ -208,8 +209,8 @@ def build_frame(
         result=result,
         attention=sim.last_attention,
         focus=focus_detail(sim, focus_seq, kept_focus),
-        backend=sim.backend.name,
-        device=sim.backend.device,
+        backend=sim.runner.backend.name,
+        device=sim.runner.backend.device,
         operations=tuple(timeline.operations),
         touched_blocks=touched_blocks,
         touched_sequences=touched_sequences,
@@ -342,11 +343,11 @@ def walk_through(sim: Simulator, seq_id: str, head: int, kernel: str, partition_
         return None
     row = report.index_of(seq_id)
     head = min(max(0, head), report.query.shape[1] - 1)
-    backend = sim.backend
+    backend = sim.runner.backend
     inputs = (
         report.query,
-        backend.to_numpy(sim.cache.key_cache),
-        backend.to_numpy(sim.cache.value_cache),
+        backend.to_numpy(sim.runner.cache.key_cache),
+        backend.to_numpy(sim.runner.cache.value_cache),
         report.block_tables,
         report.context_lens,
     )

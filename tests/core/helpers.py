@@ -7,13 +7,13 @@ def held_kv(sim: Simulator) -> dict:
     """The K/V bytes the state holds: the filled slots of every referenced or cached block,
     and of every swapped-out block. Free slots hold nothing the kernel may read (a restore
     rebuilds only what is held), so they are not part of the state."""
-    pool, kc, vc = sim.pool, np.asarray(sim.cache.key_cache), np.asarray(sim.cache.value_cache)
+    pool, kc, vc = sim.pool, np.asarray(sim.runner.cache.key_cache), np.asarray(sim.runner.cache.value_cache)
     out = {}
     for block in range(pool.num_blocks):
         if pool.ref_count(block) or pool.is_cached(block):
             n = sim.block_fill(block)
             out[("gpu", block)] = (kc[block, :n].tobytes(), vc[block, :n].tobytes())
-    bs, space = sim.config.block_size, sim.swap_space
+    bs, space = sim.config.block_size, sim.runner.swap_space
     for seq in sim.swapped.values():
         for index, block in enumerate(seq.block_table):
             n = min(bs, seq.num_tokens - index * bs)
@@ -69,13 +69,13 @@ def check_invariants(sim: Simulator) -> None:
                 assert pool.cached_block(h, tokens) in pool.blocks_under(h)  # this block or a twin
     # A sequence's K/V, read through its table, are exactly what its own tokens wrote.
     for seq in sim.sequences.values():
-        keys, values = sim.cache.read_sequence(seq.block_table, seq.num_tokens)
+        keys, values = sim.runner.cache.read_sequence(seq.block_table, seq.num_tokens)
         dense_k, dense_v = sim.dense_kv(seq.seq_id)
         np.testing.assert_array_equal(keys, dense_k)
         np.testing.assert_array_equal(values, dense_v)
-        _, k_expected, v_expected = sim.model.qkv(seq.token_ids, np.arange(seq.num_tokens))
-        np.testing.assert_array_equal(keys, k_expected.astype(sim.cache.dtype))
-        np.testing.assert_array_equal(values, v_expected.astype(sim.cache.dtype))
+        _, k_expected, v_expected = sim.runner.model.qkv(seq.token_ids, np.arange(seq.num_tokens))
+        np.testing.assert_array_equal(keys, k_expected.astype(sim.runner.cache.dtype))
+        np.testing.assert_array_equal(values, v_expected.astype(sim.runner.cache.dtype))
     m = sim.metrics()
     assert m.slots_filled == sum(sim.block_fill(b) for b in range(pool.num_blocks) if pool.ref_count(b))
     assert all(

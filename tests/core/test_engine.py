@@ -60,7 +60,7 @@ def test_fork_shares_every_block_and_copy_on_write_keeps_both_histories(sim):
     fork = sim.apply(Fork("a", "b"))
     assert [(e.block, e.ref_count) for e in fork.events if isinstance(e, ev.BlockShared)] == [(0, 2), (1, 2)]
     assert fork.metrics.shared_blocks == 2 and fork.metrics.used_blocks == 2
-    parent_kv = [a.copy() for a in sim.cache.read_sequence([0, 1], 6)]
+    parent_kv = [a.copy() for a in sim.runner.cache.read_sequence([0, 1], 6)]
 
     grow = sim.apply(Grow("b"))
     copies = [e for e in grow.events if isinstance(e, ev.BlockCopied)]
@@ -68,7 +68,7 @@ def test_fork_shares_every_block_and_copy_on_write_keeps_both_histories(sim):
     assert sim.sequence("b").block_table == [0, 2] and sim.sequence("a").block_table == [0, 1]
     assert sim.pool.ref_count(0) == 2 and sim.pool.ref_count(1) == 1
     # The parent's data is untouched by the fork's write, and the copy holds the shared prefix.
-    for before, after in zip(parent_kv, sim.cache.read_sequence([0, 1], 6), strict=True):
+    for before, after in zip(parent_kv, sim.runner.cache.read_sequence([0, 1], 6), strict=True):
         np.testing.assert_array_equal(before, after)
     assert grow.attention.passed
     check_invariants(sim)
@@ -168,7 +168,7 @@ def test_attention_checks_every_live_sequence_with_its_newest_token(sim):
 
 def test_the_check_catches_a_corrupted_cache(sim):
     sim.apply(Add("a", 6))
-    sim.cache.key_cache[1, 0] += 1.0  # a paging bug: data under a live slot changed
+    sim.runner.cache.key_cache[1, 0] += 1.0  # a paging bug: data under a live slot changed
     result = sim.apply(Grow("a"))
     assert not result.attention.passed
 
@@ -185,7 +185,7 @@ def test_dense_reference_is_recomputed_only_for_sequences_that_changed(sim, monk
     assert calls == [1]  # only a's tokens changed
     assert result.attention.passed and result.attention.dense.shape[0] == 2
     # The check still bites: corrupt b's cached-over data and its kernel output diverges.
-    sim.cache.key_cache[sim.sequence("b").block_table[0], 0] += 1.0
+    sim.runner.cache.key_cache[sim.sequence("b").block_table[0], 0] += 1.0
     assert not sim.apply(Grow("a")).attention.passed
 
 
@@ -203,8 +203,8 @@ def test_decode_block_tables_kept_between_steps_equal_a_fresh_build(cpu_backend,
         sim = timeline.sim
         if not sim.sequences:
             continue
-        sim._last_tables = None  # the next call builds from scratch
-        fresh = sim.attention_inputs()[2]
+        sim.runner._last_tables = None  # the next call builds from scratch
+        fresh = sim.runner.attention_inputs(list(sim.sequences.values()))[2]
         tables = timeline.current.attention.block_tables
         assert tables.shape == fresh.shape and (tables == fresh).all(), timeline.position
 
@@ -219,6 +219,6 @@ def test_decode_block_tables_narrow_when_the_longest_table_shrinks(cpu_backend):
     sim.apply(Grow("long", 1))  # an 8th block: one table of four changed, the others kept
     assert sim.last_attention.block_tables.shape == (4, 8)
     sim.restore(before)
-    tables = sim.attention_inputs()[2]
+    tables = sim.runner.attention_inputs(list(sim.sequences.values()))[2]
     assert tables.shape == (4, 7)
     assert tables.tolist() == [s.block_table + [0] * (7 - len(s.block_table)) for s in sim.sequences.values()]

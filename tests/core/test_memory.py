@@ -3,7 +3,7 @@ the undo-log checkpoint of the paged cache, old steps that drop their detail, a 
 without history, shared model weights and long prompts projected in pieces."""
 
 import numpy as np
-from pagesim.core import engine as engine_module
+from pagesim.core import model_runner
 from pagesim.core.config import CacheConfig
 from pagesim.core.engine import Simulator
 from pagesim.core.events import AttentionComputed, KernelLaunched
@@ -63,7 +63,7 @@ def test_the_newest_checkpoint_undoes_changes_to_live_blocks_only(cpu_backend):
     sim.apply(Grow("a", 3))  # writes into a's partial block 1 (live: saved) and a new block
     sim.apply(Fork("a", "b"))
     sim.apply(Grow("b", 1))  # copy-on-write into a free block (not saved)
-    assert set(sim.cache._undo) == {sim.sequences["a"].block_table[1]}
+    assert set(sim.runner.cache._undo) == {sim.sequences["a"].block_table[1]}
     sim.restore(snap)
     assert (held_kv(sim), state_fingerprint(sim)) == before
     check_invariants(sim)
@@ -146,7 +146,7 @@ def test_models_of_one_seed_and_shape_share_read_only_weights():
 
 
 def test_a_long_prompt_is_projected_in_pieces_with_the_same_kv(cpu_backend, monkeypatch):
-    monkeypatch.setattr(engine_module, "QKV_PIECE_TOKENS", 7)
+    monkeypatch.setattr(model_runner, "QKV_PIECE_TOKENS", 7)
     config = CacheConfig(num_blocks=32, block_size=4, num_heads=2, num_kv_heads=1, head_dim=8, dtype="float16")
     sim = Simulator(config, cpu_backend)
     sim.apply(Add("a", 30))
@@ -155,8 +155,8 @@ def test_a_long_prompt_is_projected_in_pieces_with_the_same_kv(cpu_backend, monk
     sim.apply(Grow("c", 9))
     check_invariants(sim)  # every sequence's K/V, in the pool and the reference, from the whole prompt at once
     assert sim.verify_kv("c") is None
-    q, _, _ = sim.model.qkv(sim.sequences["c"].token_ids, np.arange(39))
-    np.testing.assert_array_equal(sim._last_query["c"], q[-1])
+    q, _, _ = sim.runner.model.qkv(sim.sequences["c"].token_ids, np.arange(39))
+    np.testing.assert_array_equal(sim.runner._last_query["c"], q[-1])
 
 
 def test_a_run_of_forks_holds_one_copy_of_the_shared_prefix(cpu_backend):
@@ -167,4 +167,4 @@ def test_a_run_of_forks_holds_one_copy_of_the_shared_prefix(cpu_backend):
     token_bytes = 2 * config.num_kv_heads * config.head_dim * 2
     # 120 shared tokens once, plus each child's copied partial tail (at most a chunk each)
     chunk = ChunkedKVReference.CHUNK_TOKENS
-    assert timeline.sim.dense.reference.nbytes <= (128 + 8 * chunk) * token_bytes
+    assert timeline.sim.runner.dense.reference.nbytes <= (128 + 8 * chunk) * token_bytes

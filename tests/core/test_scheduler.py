@@ -109,7 +109,7 @@ def test_swap_moves_a_group_out_and_back_bit_for_bit(cpu_backend):
     sim.apply(Submit("pair", 16, prompt_len=9, n=2))
     run(sim, 1)
     before = {
-        s: [a.copy() for a in sim.cache.read_sequence(sim.sequence(s).block_table, sim.sequence(s).num_tokens)]
+        s: [a.copy() for a in sim.runner.cache.read_sequence(sim.sequence(s).block_table, sim.sequence(s).num_tokens)]
         for s in sim.scheduler.requests["pair"].seqs
     }
     found = []
@@ -124,7 +124,7 @@ def test_swap_moves_a_group_out_and_back_bit_for_bit(cpu_backend):
         found += run(sim, 1, attend=True)
     for seq_id, (keys, values) in before.items():
         seq = sim.sequence(seq_id)
-        got_k, got_v = sim.cache.read_sequence(seq.block_table, swapped_tokens[seq_id])
+        got_k, got_v = sim.runner.cache.read_sequence(seq.block_table, swapped_tokens[seq_id])
         np.testing.assert_array_equal(got_k[: len(keys)], keys)
         np.testing.assert_array_equal(got_v[: len(values)], values)
     assert sim.cpu_pool.num_free == 16

@@ -41,8 +41,8 @@ def test_reading_one_block_of_another_sequence_is_caught_at_every_context_length
     sim = _pair(cpu_backend, length)
     a, b = sim.sequence("a"), sim.sequence("b")
     middle = len(a.block_table) // 2
-    sim.cache.key_cache[a.block_table[middle]] = sim.cache.key_cache[b.block_table[middle]]
-    sim.cache.value_cache[a.block_table[middle]] = sim.cache.value_cache[b.block_table[middle]]
+    sim.runner.cache.key_cache[a.block_table[middle]] = sim.runner.cache.key_cache[b.block_table[middle]]
+    sim.runner.cache.value_cache[a.block_table[middle]] = sim.runner.cache.value_cache[b.block_table[middle]]
     report = sim.apply(Grow("b", 1))
     row = report.attention.index_of("a")
     assert (report.attention.head_errors[row] > report.attention.tolerances[row]).any()
@@ -55,15 +55,15 @@ def test_one_zeroed_slot_is_caught_at_short_contexts(cpu_backend, length):
     sim = _pair(cpu_backend, length, dtype="bfloat16")
     a = sim.sequence("a")
     block, slot = a.block_table[(length // 2) // 16], (length // 2) % 16
-    sim.cache.key_cache[block, slot] = 0
-    sim.cache.value_cache[block, slot] = 0
+    sim.runner.cache.key_cache[block, slot] = 0
+    sim.runner.cache.value_cache[block, slot] = 0
     assert not sim.apply(Grow("b", 1)).attention.passed
 
 
 def test_a_flipped_bit_the_average_hides_is_seen_by_the_bit_exact_check(cpu_backend):
     sim = _pair(cpu_backend, 4096, dtype="float32")
     a = sim.sequence("a")
-    bits = sim.cache.value_cache.view(np.uint32)
+    bits = sim.runner.cache.value_cache.view(np.uint32)
     bits[a.block_table[100], 3, 1, 7] ^= 1  # the last mantissa bit of one value of one slot
     result = sim.apply(Grow("b", 1))
     assert result.attention.passed  # ~1e-7 of one of 4096 values: far below any rounding bound

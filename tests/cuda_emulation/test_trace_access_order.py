@@ -89,7 +89,7 @@ def test_the_replay_ends_at_the_emulated_cuda_kernels_output_in_every_shipped_sc
         report = None
         for result in timeline.run_to_end():
             report = result.attention or report
-        cache = timeline.sim.cache
+        cache = timeline.sim.runner.cache
         host = (report.query, cache.key_cache, cache.value_cache, report.block_tables, report.context_lens)
         q, kc, vc = (be.to_device(a) for a in host[:3])
         for variant in ("v1", "v2"):

@@ -22,7 +22,7 @@ def last_steps(cpu_backend):
         for result in timeline.run_to_end():
             if result.attention is not None:
                 report = result.attention
-        cache = timeline.sim.cache
+        cache = timeline.sim.runner.cache
         inputs = (
             report.query,
             cache.key_cache.copy(),

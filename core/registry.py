@@ -1,0 +1,169 @@
+"""The sequence registry: the live sequences and the swapped ones, and the operations that
+change them — add, fork, append, decode, free, swap — each carried out by the block
+manager (blocks, tables, events) and then the model runner (K/V).
+
+The simulator validates the user's operations and the scheduler decides its own; both
+change sequences only here, so the scheduler never calls back into the simulator. Each
+operation checks what it needs before it changes anything (raising a
+:class:`~pagesim.core.errors.PagesimError`), then applies it whole.
+"""
+
+from __future__ import annotations
+
+from pagesim.core import events as ev
+from pagesim.core.block_manager import BlockManager
+from pagesim.core.config import CacheConfig
+from pagesim.core.errors import (
+    DuplicateSequenceError,
+    InvalidPlacementError,
+    PoolExhaustedError,
+    UnknownSequenceError,
+)
+from pagesim.core.events import EventLog
+from pagesim.core.model_runner import ModelRunner
+from pagesim.core.sequence import Sequence
+from pagesim.core.token_model import check_vocab
+
+
+class SequenceRegistry:
+    def __init__(self, config: CacheConfig, blocks: BlockManager, runner: ModelRunner, events: EventLog) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.runner = runner
+        self.events = events
+        self.sequences: dict[str, Sequence] = {}
+        # Preemption by swap: sequences whose blocks wait in the CPU pool, off the GPU.
+        self.swapped: dict[str, Sequence] = {}
+
+    # -- lookups ----------------------------------------------------------------------------
+    def sequence(self, seq_id: str) -> Sequence:
+        try:
+            return self.sequences[seq_id]
+        except KeyError:
+            raise UnknownSequenceError(seq_id, list(self.sequences)) from None
+
+    def sequences_of(self, seq_ids: list[str]) -> list[Sequence]:
+        """Many live sequences at once (a decode batch)."""
+        try:
+            return [self.sequences[s] for s in seq_ids]
+        except KeyError as exc:
+            raise UnknownSequenceError(exc.args[0], list(self.sequences)) from None
+
+    def swapped_sequence(self, seq_id: str) -> Sequence:
+        return self.swapped[seq_id]
+
+    def is_taken(self, seq_id: str) -> bool:
+        """A live or swapped sequence holds the name."""
+        return seq_id in self.sequences or seq_id in self.swapped
+
+    def check_new_id(self, seq_id: str) -> None:
+        if self.is_taken(seq_id):
+            raise DuplicateSequenceError(seq_id)
+
+    def live_blocks(self) -> set[int]:
+        """GPU blocks whose K/V someone may read: held by a sequence, or cached for reuse."""
+        live = {b for seq in self.sequences.values() for b in seq.block_table}
+        return live | set(self.blocks.pool.cached_blocks())
+
+    # -- operations -------------------------------------------------------------------------
+    def add(
+        self,
+        seq_id: str,
+        token_ids: list[int],
+        placement: tuple[int, ...] | None = None,
+        owner: str | None = None,
+        vocab_checked: bool = False,
+    ) -> None:
+        """A new sequence with ``token_ids`` as its prompt: prefix-cache hits, then fresh
+        blocks (``placement``: exactly these), then the tokens' K/V."""
+        self.check_new_id(seq_id)
+        if not vocab_checked:
+            check_vocab(token_ids, "prompt")
+        c, blocks = self.config, self.blocks
+        caching = c.prefix_caching and placement is None
+        hits = blocks.cached_prefix(token_ids) if caching else []
+        if placement is not None:
+            placement = blocks.pool.check_placement(placement)
+            needed = c.blocks_for(len(token_ids)) - len(hits)
+            if len(placement) != needed:
+                raise InvalidPlacementError(
+                    f"{len(token_ids)} tokens at block size {c.block_size} need exactly "
+                    f"{needed} block(s); placement names {len(placement)}"
+                )
+        elif not blocks.can_allocate(len(token_ids), hits):
+            taken = blocks.allocation_need(len(token_ids), hits)
+            raise PoolExhaustedError(taken, blocks.num_free, f"add {seq_id} ({len(token_ids)} tokens)")
+        # -- validated; apply --
+        seq = Sequence(seq_id, owner=owner)
+        self.sequences[seq_id] = seq
+        self.runner.add_sequence(seq_id)
+        self.events.add(ev.SequenceAdded, seq_id, len(token_ids))
+        blocks.allocate(seq, len(token_ids), hits, placement)
+        if caching:
+            blocks.note_prefix_lookup(len(token_ids), len(hits))
+        self.append([seq], [token_ids], skip=len(hits) * c.block_size)
+
+    def fork(self, parent_id: str, child_id: str, owner: str | None = None) -> None:
+        """``child_id`` shares every block of ``parent_id`` (copy-on-write when either writes)."""
+        parent = self.sequence(parent_id)
+        self.check_new_id(child_id)
+        child = parent.copy(child_id)
+        child.owner = owner
+        self.sequences[child_id] = child
+        self.runner.fork_sequence(parent_id, child_id)
+        self.events.add(ev.SequenceForked, parent_id, child_id)
+        self.blocks.fork(parent, child)
+
+    def free(self, seq_id: str) -> None:
+        seq = self.sequence(seq_id)
+        self.blocks.free(seq)
+        del self.sequences[seq_id]
+        self.runner.free_sequence(seq_id)
+        self.events.add(ev.SequenceFreed, seq_id)
+
+    def append(self, seqs: list[Sequence], token_ids: list[list[int]], skip: int = 0) -> None:
+        """Tokens join sequences: the block manager first (slots, copy-on-write), then the
+        K/V. The caller has checked that the pool covers the blocks they take."""
+        if not self.runner.kv_data:  # memory management only: the blocks alone
+            self.blocks.append(seqs, token_ids, skip, with_slots=False)
+            return
+        starts = [len(s.token_ids) for s in seqs]
+        done = self.blocks.append(seqs, token_ids, skip)
+        self.runner.write_kv(seqs, starts, token_ids, done.slots, done.copies, skip)
+
+    def decode(self, seqs: list[Sequence], seq_ids: list[str] | None = None, checked: bool = False) -> None:
+        """One new token for each of ``seqs`` (named ``seq_ids``) at once (a decode step),
+        validated as a whole. ``checked``: the caller has just compared the block manager's
+        ``decode_blocks_needed`` for these sequences with the free pool."""
+        if not checked and (need := self.blocks.decode_blocks_needed(seqs)) > self.blocks.num_free:
+            raise PoolExhaustedError(need, self.blocks.num_free, f"a decode step of {len(seqs)} sequences")
+        starts = [len(s.token_ids) for s in seqs]
+        if seq_ids is None:
+            seq_ids = [s.seq_id for s in seqs]
+        tokens = self.runner.model.next_token_ids(seq_ids, starts)
+        self.append(seqs, [[t] for t in tokens])
+
+    def swap_out(self, seq_ids: list[str]) -> int:
+        """Move a group's blocks to the CPU pool (shared blocks once) and free them on the GPU."""
+        seqs = [self.sequence(s) for s in seq_ids]
+        if not self.blocks.can_swap_out(seqs):
+            need = len(self.blocks.distinct_blocks(seqs))
+            raise PoolExhaustedError(need, self.blocks.cpu_free, "swap to the CPU pool")
+        pairs = self.blocks.swap_out(seqs)
+        self.runner.swap_out(pairs)
+        for seq in seqs:
+            del self.sequences[seq.seq_id]
+            self.swapped[seq.seq_id] = seq
+        return len(pairs)
+
+    def swap_in(self, seq_ids: list[str]) -> int:
+        """Bring a swapped group back: new GPU blocks, bit-identical K/V, the same sharing."""
+        seqs = [self.swapped[s] for s in seq_ids]
+        if not self.blocks.can_swap_in(seqs):
+            raise PoolExhaustedError(len(self.blocks.distinct_blocks(seqs)), self.blocks.num_free, "swap in")
+        pairs = self.blocks.swap_in(seqs)
+        self.runner.swap_in(pairs)
+        for seq in seqs:
+            del self.swapped[seq.seq_id]
+            self.sequences[seq.seq_id] = seq
+        return len(pairs)
