@@ -120,6 +120,8 @@ class Scheduler:
             self.submit(op)
         elif isinstance(op, Schedule):
             for _ in range(op.steps):
+                if not (self.running or self.waiting or self.swapped) or self.stalled():
+                    break  # idle or stalled: no later step changes anything (steps may be 2**31)
                 self.step()
         else:
             raise InvalidOperationError(f"not a scheduler operation: {op!r}")

@@ -206,3 +206,18 @@ def test_random_workloads_keep_the_invariants_with_kv_data(cpu_backend):
         check_invariants(sim)
         check_cpu_pool(sim)
     assert done(sim) and sim.pool.num_free == 9
+
+
+@pytest.mark.timeout(20)
+def test_schedule_of_two_to_the_31_steps_ends_when_nothing_can_change(cpu_backend):
+    sim = sim_of(cpu_backend, kv_data=False)
+    sim.apply(Schedule(2**31), attend=False)  # idle: returns at once
+    sim.apply(Submit("r", 3, prompt_len=6))
+    result = sim.apply(Schedule(2**31), attend=False)  # runs r to the end, then stops
+    assert done(sim) and any(isinstance(e, ev.RequestFinished) for e in result.events)
+    sim.apply(Add("mine", 24))
+    sim.apply(Submit("s", 4, prompt_len=30))  # can never fit beside "mine": stalled
+    before = sim.snapshot(with_data=False)
+    sim.apply(Schedule(2**31), attend=False)
+    assert sim.scheduler.stalled() is not None
+    assert sim.snapshot(with_data=False).blocks == before.blocks
