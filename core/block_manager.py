@@ -22,7 +22,8 @@ from pagesim.core.blocks import BlockPool, PoolSnapshot
 from pagesim.core.config import CacheConfig
 from pagesim.core.errors import InvalidOperationError
 from pagesim.core.events import EventLog
-from pagesim.core.sequence import Sequence, block_hash
+from pagesim.core.prefix_cache import PrefixCache
+from pagesim.core.sequence import Sequence
 
 
 @dataclass
@@ -36,6 +37,19 @@ class Usage:
 
     def copy(self) -> Usage:
         return Usage(*(getattr(self, f.name) for f in fields(self)))
+
+    def count_tokens(self, old: int | None, new: int | None, reservation) -> None:
+        """A sequence's length went from ``old`` to ``new`` (None: it did not exist / is gone);
+        ``reservation(n)``: the blocks a contiguous allocator reserves for ``n`` tokens."""
+        self.logical_tokens += (new or 0) - (old or 0)
+        self.contiguous_blocks += (0 if new is None else reservation(new)) - (0 if old is None else reservation(old))
+
+    def ref_changed(self, ref_count: int, up: bool) -> None:
+        """A block's ref count went up or down to ``ref_count``."""
+        if up and ref_count == 2:
+            self.shared_blocks += 1
+        elif not up and ref_count == 1:
+            self.shared_blocks -= 1
 
 
 @dataclass(frozen=True)
@@ -67,6 +81,11 @@ class BlockManagerSnapshot:
     cpu_pool: PoolSnapshot | None
 
 
+def distinct_blocks(seqs: Iterable[Sequence]) -> list[int]:
+    """The blocks a group of sequences holds, shared ones once, in table order."""
+    return list(dict.fromkeys(b for seq in seqs for b in seq.block_table))
+
+
 def holders_from_tables(sequences: Iterable[Sequence]) -> dict[int, dict[str, int]]:
     """block -> {sequence: logical index}, from the sequences' block tables."""
     holders: dict[int, dict[str, int]] = {}
@@ -86,8 +105,7 @@ class BlockManager:
         self._fill = [0] * config.num_blocks  # tokens held by each physical block
         # block -> {seq: logical index}: O(1) to drop one holder of a widely shared block.
         self._holders: dict[int, dict[str, int]] = {}
-        self.prefix_lookups = 0  # full prompt blocks looked up in the prefix cache
-        self.prefix_hits = 0  # ... and found there
+        self.prefix = PrefixCache(config, self.pool, events)
 
     # -- queries ----------------------------------------------------------------------
     @property
@@ -97,7 +115,7 @@ class BlockManager:
     def fill(self, block: int) -> int:
         return self._fill[block]
 
-    def fills(self) -> list[int]:
+    def fills(self) -> list[int]:  # a copy: the caller may keep it
         return list(self._fill)
 
     def holders(self, block: int) -> list[tuple[str, int]]:
@@ -111,34 +129,12 @@ class BlockManager:
     def cpu_free(self) -> int:
         return self.config.num_cpu_blocks if self.cpu_pool is None else self.cpu_pool.num_free
 
-    @staticmethod
-    def distinct_blocks(seqs: Iterable[Sequence]) -> list[int]:
-        """The blocks a group of sequences holds, shared ones once, in table order."""
-        return list(dict.fromkeys(b for seq in seqs for b in seq.block_table))
-
     def contiguous_reservation(self, num_tokens: int) -> int:
         return self.config.blocks_for(max(self.config.max_model_len, num_tokens))
 
-    # -- the one place the usage counters change (nothing else writes to self.usage) -------
-    def _count_tokens(self, old: int | None, new: int | None) -> None:
-        """A sequence's length went from ``old`` to ``new`` (None: it did not exist / is gone)."""
-        u, res = self.usage, self.contiguous_reservation
-        u.logical_tokens += (new or 0) - (old or 0)
-        u.contiguous_blocks += (0 if new is None else res(new)) - (0 if old is None else res(old))
-
-    def _count_slots(self, tokens: int) -> None:
-        """Referenced blocks hold ``tokens`` more (or fewer) tokens."""
-        self.usage.slots_filled += tokens
-
     def _add_fill(self, block: int, tokens: int) -> None:
         self._fill[block] += tokens
-        self._count_slots(tokens)
-
-    def _ref_changed(self, ref_count: int, up: bool) -> None:
-        if up and ref_count == 2:
-            self.usage.shared_blocks += 1
-        elif not up and ref_count == 1:
-            self.usage.shared_blocks -= 1
+        self.usage.slots_filled += tokens
 
     # -- holding and releasing -----------------------------------------------------------
     def _hold(self, block: int, seq_id: str, index: int) -> None:
@@ -158,8 +154,7 @@ class BlockManager:
         return blocks
 
     def _append_blocks(self, seq: Sequence, blocks: list[int]) -> None:
-        """``blocks``, just taken off the free queue, become ``seq``'s next logical blocks. A
-        free block has no holders, so each gets a new holder map."""
+        """``blocks``, just off the free queue (no holders yet), become ``seq``'s next ones."""
         table, holders, seq_id = seq.block_table, self._holders, seq.seq_id
         first = len(table)
         table.extend(blocks)
@@ -180,45 +175,13 @@ class BlockManager:
         if not holders:
             del self._holders[block]
         if ref_count == 0:
-            self._count_slots(-self._fill[block])
+            self.usage.slots_filled -= self._fill[block]
             if not self.pool.is_cached(block):  # a cached block keeps its tokens for reuse
                 self._fill[block] = 0
             self.events.add(ev.BlockFreed, block, seq_id)
         else:
-            self._ref_changed(ref_count, up=False)
+            self.usage.ref_changed(ref_count, up=False)
             self.events.add(ev.BlockReleased, block, seq_id, ref_count)
-
-    # -- prefix cache -----------------------------------------------------------------------
-    def _chunks(self, token_ids: list[int], start: int, stop: int):
-        """(index, token ids) of full logical blocks ``start`` … ``stop - 1``."""
-        bs = self.config.block_size
-        for index in range(start, stop):
-            yield index, tuple(token_ids[index * bs : (index + 1) * bs])
-
-    def cached_prefix(self, token_ids: list[int]) -> list[tuple[int, int]]:
-        """(block, hash) of the cached full blocks this prompt starts with. The block of the
-        last prompt token is never reused: its query must be computed."""
-        hits: list[tuple[int, int]] = []
-        parent = None
-        for _, chunk in self._chunks(token_ids, 0, (len(token_ids) - 1) // self.config.block_size):
-            h = block_hash(parent, chunk)
-            block = self.pool.cached_block(h, chunk)
-            if block is None:
-                break
-            hits.append((block, h))
-            parent = h
-        return hits
-
-    def _cache_full_blocks(self, seq: Sequence) -> None:
-        bs, ids, hashes, table = self.config.block_size, seq.token_ids, seq.block_hashes, seq.block_table
-        register, events = self.pool.register_held, self.events
-        for index in range(len(hashes), len(ids) // bs):
-            first = index * bs
-            raw = ids[first : first + bs]
-            h = block_hash(hashes[-1] if hashes else None, raw)
-            hashes.append(h)
-            if register(table[index], h, tuple(raw), first) and events.enabled:
-                events.emit(ev.BlockCached(table[index], seq.seq_id, h))
 
     # -- allocate: a new sequence's blocks ---------------------------------------------------
     def allocation_need(self, num_tokens: int, hits: list[tuple[int, int]]) -> int:
@@ -239,19 +202,15 @@ class BlockManager:
             was_free = self.pool.ref_count(block) == 0
             ref_count = self.pool.reuse(block)
             if was_free:
-                self._count_slots(self._fill[block])  # its cached tokens count again
-            self._ref_changed(ref_count, up=True)
+                self.usage.slots_filled += self._fill[block]  # its cached tokens count again
+            self.usage.ref_changed(ref_count, up=True)
             seq.block_table.append(block)
             seq.block_hashes.append(h)
             self._hold(block, seq.seq_id, index)
             self.events.add(ev.BlockReused, block, seq.seq_id, index, ref_count, was_free)
-        self._count_tokens(None, 0)
+        self.usage.count_tokens(None, 0, self.contiguous_reservation)
         needed = self.config.blocks_for(num_tokens) - len(hits)
         self._append_blocks(seq, self._take(needed, placement))  # all at once: evictions are announced first
-
-    def note_prefix_lookup(self, num_tokens: int, hits: int) -> None:
-        self.prefix_lookups += (num_tokens - 1) // self.config.block_size
-        self.prefix_hits += hits
 
     # -- append: new tokens of a live sequence -------------------------------------------------
     def append_plan(self, seq: Sequence, num_new: int) -> AppendPlan:
@@ -270,21 +229,18 @@ class BlockManager:
         return len([q for q in seqs if len(q.token_ids) % bs == 0 or refs[q.block_table[-1]] > 1])
 
     def decode_fits(self, seqs: list[Sequence]) -> bool:
-        """The free pool covers a decode step of ``seqs`` (each takes at most one block, so
-        a pool with a block for each needs no count)."""
+        """The free pool covers a decode step of ``seqs`` (each takes at most one block)."""
         free = self.pool.num_free
         return len(seqs) <= free or self.decode_blocks_needed(seqs) <= free
 
     def append(
         self, seqs: list[Sequence], token_ids: list[list[int]], skip: int = 0, with_slots: bool = True
     ) -> Appended:
-        """Append ``token_ids[i]`` to ``seqs[i]``, a sequence at a time: copy-on-write of a
-        shared last block, new blocks at block boundaries, the fills, the tokens' slots (all
-        but the first ``skip`` of each, which reused prefix blocks already hold), and the
-        prefix cache's hashes of blocks that filled up. The one append path: a prompt, a
-        grow and a decode step (one token for each sequence) all come here. The caller has
-        checked :meth:`can_append`, :meth:`allocate`'s need or :meth:`decode_blocks_needed`.
-        ``with_slots=False``: the caller writes no K/V, so unless events are on no slot is listed."""
+        """The one append path (a prompt, a grow, a decode step): ``token_ids[i]`` join
+        ``seqs[i]`` with copy-on-write of a shared last block, new blocks at boundaries, the
+        fills, the slots (but the first ``skip``, held by prefix hits) and the hashes of
+        blocks that filled up. The caller has checked the blocks needed against the pool.
+        ``with_slots=False``: no K/V is written, so unless events are on no slot is listed."""
         bs, refs, fill = self.config.block_size, self.pool._ref_counts, self._fill
         emit = self.events.emit if self.events.enabled else None
         list_slots = with_slots or emit is not None
@@ -321,11 +277,11 @@ class BlockManager:
             if end > limit:  # past a contiguous reservation's length, the baseline grows too
                 self.usage.contiguous_blocks += self.contiguous_reservation(end) - self.contiguous_reservation(start)
             if caching and end // bs != start // bs:  # a block filled up
-                self._cache_full_blocks(seq)
+                self.prefix.cache_full_blocks(seq)
         added = sum(map(len, token_ids))
         self.usage.logical_tokens += added
         # (skip < each prompt's length: the last prompt block is never a hit)
-        self._count_slots(added - skip * len(seqs))
+        self.usage.slots_filled += added - skip * len(seqs)
         return Appended(slots, copies)
 
     def _copy_on_write(self, seq: Sequence) -> tuple[int, int]:
@@ -343,17 +299,17 @@ class BlockManager:
     # -- fork and free ----------------------------------------------------------------------------
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """``child`` (a copy of ``parent``'s tokens and table) shares every block."""
-        self._count_tokens(None, child.num_tokens)
+        self.usage.count_tokens(None, child.num_tokens, self.contiguous_reservation)
         for index, block in enumerate(child.block_table):
             ref_count = self.pool.share(block)
             self._hold(block, child.seq_id, index)
-            self._ref_changed(ref_count, up=True)
+            self.usage.ref_changed(ref_count, up=True)
             self.events.add(ev.BlockShared, block, child.seq_id, index, ref_count)
 
     def free(self, seq: Sequence) -> None:
         for block in reversed(seq.block_table):
             self._release(block, seq.seq_id)
-        self._count_tokens(seq.num_tokens, None)
+        self.usage.count_tokens(seq.num_tokens, None, self.contiguous_reservation)
 
     # -- swapping -----------------------------------------------------------------------------------
     def _ensure_cpu_pool(self) -> BlockPool:
@@ -364,12 +320,12 @@ class BlockManager:
         return self.cpu_pool
 
     def can_swap_out(self, seqs: list[Sequence]) -> bool:
-        return len(self.distinct_blocks(seqs)) <= self.cpu_free
+        return len(distinct_blocks(seqs)) <= self.cpu_free
 
     def swap_out(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
         """Move a group's blocks to the CPU pool (shared blocks once) and free them on the
         GPU; the tables then name CPU blocks. Returns the (gpu, cpu) block pairs to copy."""
-        gpu_blocks = self.distinct_blocks(seqs)
+        gpu_blocks = distinct_blocks(seqs)
         cpu_pool = self._ensure_cpu_pool()
         cpu_blocks = cpu_pool.allocate(len(gpu_blocks))
         to_cpu = dict(zip(gpu_blocks, cpu_blocks, strict=True))
@@ -386,12 +342,12 @@ class BlockManager:
         return list(to_cpu.items())
 
     def can_swap_in(self, seqs: list[Sequence]) -> bool:
-        return len(self.distinct_blocks(seqs)) <= self.pool.num_free
+        return len(distinct_blocks(seqs)) <= self.pool.num_free
 
     def swap_in(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
         """Bring a swapped group back: new GPU blocks, the same sharing, the hashes again.
         Returns the (cpu, gpu) block pairs to copy."""
-        cpu_blocks = self.distinct_blocks(seqs)
+        cpu_blocks = distinct_blocks(seqs)
         gpu_blocks = self._take(len(cpu_blocks))
         to_gpu = dict(zip(cpu_blocks, gpu_blocks, strict=True))
         for cpu, gpu in to_gpu.items():
@@ -404,17 +360,14 @@ class BlockManager:
             seq.block_table = [to_gpu[b] for b in seq.block_table]
             for index, block in enumerate(seq.block_table):
                 if block in placed:
-                    self._ref_changed(self.pool.share(block), up=True)
+                    self.usage.ref_changed(self.pool.share(block), up=True)
                 else:
                     placed.add(block)
                     self._add_fill(block, min(bs, seq.num_tokens - index * bs))
                 self._hold(block, seq.seq_id, index)
-            self._count_tokens(None, seq.num_tokens)
+            self.usage.count_tokens(None, seq.num_tokens, self.contiguous_reservation)
             if self.config.prefix_caching:
-                chunks = self._chunks(seq.token_ids, 0, len(seq.block_hashes))
-                for (index, chunk), h in zip(chunks, seq.block_hashes, strict=True):
-                    if self.pool.register(seq.block_table[index], h, chunk, index * bs):
-                        self.events.add(ev.BlockCached, seq.block_table[index], seq.seq_id, h)
+                self.prefix.recache(seq)
         return list(to_gpu.items())
 
     # -- snapshots ---------------------------------------------------------------------------------
@@ -423,21 +376,20 @@ class BlockManager:
             pool=self.pool.snapshot(),
             block_fill=tuple(self._fill),
             usage=self.usage.copy(),
-            prefix_counts=(self.prefix_lookups, self.prefix_hits),
+            prefix_counts=(self.prefix.lookups, self.prefix.hits),
             cpu_pool=None if self.cpu_pool is None else self.cpu_pool.snapshot(),
         )
 
     def restore(self, snap: BlockManagerSnapshot, sequences: Iterable[Sequence]) -> None:
         """Back to ``snap``, with ``sequences`` (the GPU ones, in the engine's order) as they
-        were then. Holders are rebuilt from their tables rather than stored: a sequence can
-        only start sharing a block when it is created (fork, prefix hit), so walking the
-        sequences in the order they were added gives each block's holders in the order they
-        took it (checked after every operation by the invariant tests)."""
+        were then. Holders are rebuilt from the tables: a sequence only starts sharing a block
+        when it is created (fork, prefix hit), so walking the sequences in the order they were
+        added gives each block's holders in the order they took it."""
         self.pool.restore(snap.pool)
         self._fill = list(snap.block_fill)
         self._holders = holders_from_tables(sequences)
         self.usage = snap.usage.copy()
-        self.prefix_lookups, self.prefix_hits = snap.prefix_counts
+        self.prefix.lookups, self.prefix.hits = snap.prefix_counts
         if snap.cpu_pool is None:
             self.cpu_pool = None
         else:

@@ -151,8 +151,8 @@ class Simulator:
             slots_allocated=used * c.block_size,
             slots_filled=u.slots_filled,
             contiguous_blocks=u.contiguous_blocks,
-            prefix_lookup_blocks=self.blocks.prefix_lookups,
-            prefix_hit_blocks=self.blocks.prefix_hits,
+            prefix_lookup_blocks=self.blocks.prefix.lookups,
+            prefix_hit_blocks=self.blocks.prefix.hits,
             cached_free_blocks=pool.num_cached_free() if c.prefix_caching else 0,
         )
 

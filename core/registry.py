@@ -11,7 +11,7 @@ operation checks what it needs before it changes anything (raising a
 from __future__ import annotations
 
 from pagesim.core import events as ev
-from pagesim.core.block_manager import BlockManager
+from pagesim.core.block_manager import BlockManager, distinct_blocks
 from pagesim.core.config import CacheConfig
 from pagesim.core.errors import (
     DuplicateSequenceError,
@@ -81,7 +81,7 @@ class SequenceRegistry:
             check_vocab(token_ids, "prompt")
         c, blocks = self.config, self.blocks
         caching = c.prefix_caching and placement is None
-        hits = blocks.cached_prefix(token_ids) if caching else []
+        hits = blocks.prefix.match(token_ids) if caching else []
         if placement is not None:
             placement = blocks.pool.check_placement(placement)
             needed = c.blocks_for(len(token_ids)) - len(hits)
@@ -100,7 +100,7 @@ class SequenceRegistry:
         self.events.add(ev.SequenceAdded, seq_id, len(token_ids))
         blocks.allocate(seq, len(token_ids), hits, placement)
         if caching:
-            blocks.note_prefix_lookup(len(token_ids), len(hits))
+            blocks.prefix.note_lookup(len(token_ids), len(hits))
         self.append([seq], [token_ids], skip=len(hits) * c.block_size)
 
     def fork(self, parent_id: str, child_id: str, owner: str | None = None) -> None:
@@ -147,7 +147,7 @@ class SequenceRegistry:
         """Move a group's blocks to the CPU pool (shared blocks once) and free them on the GPU."""
         seqs = [self.sequence(s) for s in seq_ids]
         if not self.blocks.can_swap_out(seqs):
-            need = len(self.blocks.distinct_blocks(seqs))
+            need = len(distinct_blocks(seqs))
             raise PoolExhaustedError(need, self.blocks.cpu_free, "swap to the CPU pool")
         pairs = self.blocks.swap_out(seqs)
         self.runner.swap_out(pairs)
@@ -160,7 +160,7 @@ class SequenceRegistry:
         """Bring a swapped group back: new GPU blocks, bit-identical K/V, the same sharing."""
         seqs = [self.swapped[s] for s in seq_ids]
         if not self.blocks.can_swap_in(seqs):
-            raise PoolExhaustedError(len(self.blocks.distinct_blocks(seqs)), self.blocks.num_free, "swap in")
+            raise PoolExhaustedError(len(distinct_blocks(seqs)), self.blocks.num_free, "swap in")
         pairs = self.blocks.swap_in(seqs)
         self.runner.swap_in(pairs)
         for seq in seqs:

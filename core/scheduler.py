@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from pagesim.core import events as ev
-from pagesim.core.block_manager import BlockManager
+from pagesim.core.block_manager import BlockManager, distinct_blocks
 from pagesim.core.config import CacheConfig
 from pagesim.core.errors import DuplicateSequenceError, InvalidOperationError
 from pagesim.core.events import EventLog
@@ -179,7 +179,7 @@ class Scheduler:
         free, total = self.blocks.num_free, self.config.num_blocks
         if self.swapped:
             state = self.requests[self.swapped[0]]
-            need = len(self.blocks.distinct_blocks(self.registry.swapped_sequence(s) for s in state.seqs))
+            need = len(distinct_blocks(self.registry.swapped_sequence(s) for s in state.seqs))
             if need <= free:
                 return None
             return f"swapped-out request {state.request} needs {need} blocks to come back; {free} of {total} are free"
@@ -267,7 +267,7 @@ class Scheduler:
             return
         # Recompute: every token goes, and comes back through a new prefill.
         tokens = {seq.seq_id: tuple(seq.token_ids) for seq in group}
-        blocks = len(self.blocks.distinct_blocks(group))
+        blocks = len(distinct_blocks(group))
         for seq_id in state.seqs:
             self.registry.free(seq_id)
         state.resume_tokens = tokens
@@ -300,7 +300,7 @@ class Scheduler:
         # 1. Swapped groups come back first, oldest first, while the watermark allows.
         while self.swapped:
             state = self.requests[self.swapped[0]]
-            need = len(blocks.distinct_blocks(registry.swapped_sequence(s) for s in state.seqs))
+            need = len(distinct_blocks(registry.swapped_sequence(s) for s in state.seqs))
             # Room for the group and its next token, or it would be swapped straight out again
             # (alone, it comes back anyway: there is nobody to make room for).
             # The watermark keeps room for the running ones to decode; with none, it is moot.

@@ -73,9 +73,9 @@ def test_allocation_evicts_the_least_recently_used_cached_block(sim):
 
 
 def test_a_hash_match_alone_is_not_a_hit(sim, monkeypatch):
-    from pagesim.core import block_manager
+    from pagesim.core import prefix_cache
 
-    monkeypatch.setattr(block_manager, "block_hash", lambda parent, tokens: 42)  # every hash collides
+    monkeypatch.setattr(prefix_cache, "block_hash", lambda parent, tokens: 42)  # every hash collides
     sim.apply(Add("a", prompt=(*SYSTEM, 1)))
     result = sim.apply(Add("b", prompt=(1, 2, 3, 4, 5)))
     assert not of(result, ev.BlockReused)

@@ -1,0 +1,66 @@
+"""The prefix cache's side of the block manager: chained hashes of full blocks (vLLM's and
+nano-vllm's scheme: a block's hash covers its tokens and its parent's hash), the lookup of
+a prompt's cached prefix, and the hit counters. The blocks themselves, cached or not, stay
+in the :class:`~pagesim.core.blocks.BlockPool`, which maps hashes to blocks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from pagesim.core import events as ev
+from pagesim.core.blocks import BlockPool
+from pagesim.core.config import CacheConfig
+from pagesim.core.events import EventLog
+from pagesim.core.sequence import Sequence, block_hash
+
+
+class PrefixCache:
+    def __init__(self, config: CacheConfig, pool: BlockPool, events: EventLog) -> None:
+        self.block_size = config.block_size
+        self.pool = pool
+        self.events = events
+        self.lookups = 0  # full prompt blocks looked up
+        self.hits = 0  # ... and found cached
+
+    def _chunks(self, token_ids, start: int, stop: int) -> Iterator[tuple[int, tuple[int, ...]]]:
+        """(index, token ids) of full logical blocks ``start`` … ``stop - 1``."""
+        bs = self.block_size
+        for index in range(start, stop):
+            yield index, tuple(token_ids[index * bs : (index + 1) * bs])
+
+    def match(self, token_ids: list[int]) -> list[tuple[int, int]]:
+        """(block, hash) of the cached full blocks this prompt starts with. The block of the
+        last prompt token is never reused: its query must be computed."""
+        hits: list[tuple[int, int]] = []
+        parent = None
+        for _, chunk in self._chunks(token_ids, 0, (len(token_ids) - 1) // self.block_size):
+            h = block_hash(parent, chunk)
+            block = self.pool.cached_block(h, chunk)
+            if block is None:
+                break
+            hits.append((block, h))
+            parent = h
+        return hits
+
+    def note_lookup(self, num_tokens: int, hits: int) -> None:
+        self.lookups += (num_tokens - 1) // self.block_size
+        self.hits += hits
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Hash ``seq``'s blocks that filled up since its last hash and register them."""
+        bs, ids, hashes, table = self.block_size, seq.token_ids, seq.block_hashes, seq.block_table
+        register, events = self.pool.register_held, self.events
+        for index in range(len(hashes), len(ids) // bs):
+            first = index * bs
+            raw = ids[first : first + bs]
+            h = block_hash(hashes[-1] if hashes else None, raw)
+            hashes.append(h)
+            if register(table[index], h, tuple(raw), first) and events.enabled:
+                events.emit(ev.BlockCached(table[index], seq.seq_id, h))
+
+    def recache(self, seq: Sequence) -> None:
+        """Register ``seq``'s hashed blocks again under their new ids (after a swap in)."""
+        chunks = self._chunks(seq.token_ids, 0, len(seq.block_hashes))
+        for (index, chunk), h in zip(chunks, seq.block_hashes, strict=True):
+            if self.pool.register(seq.block_table[index], h, chunk, index * self.block_size):
+                self.events.add(ev.BlockCached, seq.block_table[index], seq.seq_id, h)
