@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
     QComboBox,
     QFrame,
     QGraphicsTextItem,
+    QGraphicsWidget,
     QHBoxLayout,
     QLabel,
     QPushButton,
@@ -46,70 +47,99 @@ def _key(colour: str, text: str) -> str:
     return f"<span style='color:{colour}'>{text}</span>"
 
 
-def set_side_label(plot: pg.PlotItem, side: str, text: str, color: str) -> None:
+class _Title(pg.LabelItem):
+    """A plot's title whose text does not set the plot's minimum width: a LabelItem makes its
+    text's width its minimum, so title + axes came to more than a narrow dock and the plot
+    ran past its widget, cutting the right axis's numbers ("0.2" showed as "0"). The text
+    may reach over the axes' columns instead (it is centred above the plot)."""
+
+    def updateMin(self) -> None:  # LabelItem sets its minimum size here
+        super().updateMin()
+        self.setMinimumWidth(0)
+
+
+class Plot(pg.PlotItem):
+    """A PlotItem whose title may overhang its axes (``_Title``, in the cell above the view
+    box where PlotItem keeps its own) and whose vertical axes' labels are cut to what fits
+    (``set_side_label``)."""
+
+    TITLE_HEIGHT = 30  # px: the title row, as PlotItem.setTitle makes it
+    title_item: _Title | None = None  # PlotItem.__init__ calls setTitle before it exists
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.side_labels: dict[str, tuple[str, str]] = {}  # side -> (whole text, colour)
+        self.shown_side_labels: dict[str, str] = {}  # side -> the part shown ("" for none)
+        # PlotItem's own title (hidden from here on) moves to the empty corner cell, at no size
+        # (taken out of the layout alone, it crashed at exit): this one takes its place.
+        grid = QGraphicsWidget.layout(self)
+        own = grid.itemAt(0, 1)
+        grid.removeItem(own)
+        own.setMaximumSize(0, 0)
+        grid.addItem(own, 0, 0)
+        self.title_item = _Title("", size="11pt", parent=self)
+        grid.addItem(self.title_item, 0, 1)
+        self.setTitle(None)
+        self.getViewBox().sigResized.connect(self.fit_side_labels)
+
+    def setTitle(self, title: str | None = None, **args) -> None:
+        if self.title_item is None:
+            super().setTitle(None)
+            return
+        grid = QGraphicsWidget.layout(self)
+        if title is None:
+            self.title_item.setVisible(False)
+            grid.setRowFixedHeight(0, 0)
+            self.title_item.setMaximumHeight(0)
+        else:
+            self.title_item.setMaximumHeight(self.TITLE_HEIGHT)
+            grid.setRowFixedHeight(0, self.TITLE_HEIGHT)
+            self.title_item.setVisible(True)
+            self.title_item.setText(title, **args)
+
+    def fit_side_labels(self, *_) -> None:
+        room = self.getViewBox().height()
+        for side, (text, color) in self.side_labels.items():
+            candidates = (text, text.split(" (")[0])
+            fitting = next((c for c in candidates if _label_length(c, color) <= room), "")
+            if fitting == self.shown_side_labels.get(side, ""):
+                continue
+            self.shown_side_labels[side] = fitting
+            if fitting:
+                self.setLabel(side, fitting, color=color)
+            else:
+                self.setLabel(side, None)
+
+
+def add_plot(view: pg.GraphicsLayoutWidget, row: int, col: int) -> Plot:
+    plot = Plot()
+    view.addItem(plot, row=row, col=col)
+    return plot
+
+
+def set_side_label(plot: Plot, side: str, text: str, color: str) -> None:
     """A vertical axis's label, cut to what fits beside the plot: the whole text, else the
     part before its parenthesis, else none. A rotated label longer than a short plot ran
     over the plot above it (the walk-through at 1024 × 700); the axis's tooltip keeps it whole."""
-    axis = plot.getAxis(side)
-    axis.setToolTip(text)
-    labels = plot.__dict__.setdefault("_side_labels", {})
-    first = not labels
-    labels[side] = (text, color)
-    if first:  # once a plot: refit on every resize
-        plot.getViewBox().sigResized.connect(lambda *_: _fit_side_labels(plot))
-    _fit_side_labels(plot)
+    plot.getAxis(side).setToolTip(text)
+    plot.side_labels[side] = (text, color)
+    plot.fit_side_labels()
 
 
-_LABEL_PROBE: list = []  # one QGraphicsTextItem, to measure a label as the axis would draw it
+_LABEL_PROBE: list = []  # one QGraphicsTextItem, to measure a label as an axis would draw it
 
 
-def _label_length(axis: pg.AxisItem, text: str, color: str) -> float:
-    """How long ``text`` would be as ``axis``'s label (its rich text, font and margins)."""
+def _label_length(text: str, color: str) -> float:
+    """How long ``text`` would be as an axis's label: the rich text AxisItem.labelString
+    writes, in a QGraphicsTextItem's default font, as the axis's own label has."""
     if not _LABEL_PROBE:
         _LABEL_PROBE.append(QGraphicsTextItem())
     probe = _LABEL_PROBE[0]
-    probe.setFont(axis.label.font())
-    probe.setHtml(f"<span style='color: {color}'>{text} </span>")  # as AxisItem.labelString writes it
+    probe.setHtml(f"<span style='color: {color}'>{text} </span>")
     return probe.boundingRect().width()
 
 
-def _fit_side_labels(plot: pg.PlotItem) -> None:
-    room = plot.getViewBox().height()
-    for side, (text, color) in plot._side_labels.items():
-        axis = plot.getAxis(side)
-        candidates = (text, text.split(" (")[0])
-        fitting = next((c for c in candidates if _label_length(axis, c, color) <= room), "")
-        if (fitting, bool(fitting)) == (axis.labelText, axis.label.isVisible()):
-            continue
-        if fitting:
-            plot.setLabel(side, fitting, color=color)
-        else:
-            axis.labelText = ""
-            axis.showLabel(False)
-
-
-def _let_title_overhang(label: pg.LabelItem) -> None:
-    """A plot's title must not set the plot's minimum width: pyqtgraph makes its text width
-    the title cell's minimum, so title + axes came to more than a narrow dock and the plot
-    ran past its widget, cutting the right axis's numbers ("0.2" showed as "0"). The text
-    may reach over the axes' columns instead (it is centred above the plot)."""
-    if getattr(label, "_overhangs", False):
-        return
-    measure = label.updateMin
-
-    def update_min() -> None:
-        measure()
-        height = label._sizeHint[Qt.SizeHint.MinimumSize][1]
-        label._sizeHint[Qt.SizeHint.MinimumSize] = (0, height)
-        label.setMinimumWidth(0)
-        label.updateGeometry()
-
-    label.updateMin = update_min
-    label._overhangs = True
-
-
-def _style_plot(plot: pg.PlotItem, theme: Theme, title: str, left: str, bottom: str, grid: bool = True) -> None:
-    _let_title_overhang(plot.titleLabel)
+def _style_plot(plot: Plot, theme: Theme, title: str, left: str, bottom: str, grid: bool = True) -> None:
     plot.setTitle(title, color=theme.text, size="9pt")
     set_side_label(plot, "left", left, theme.muted)
     plot.setLabel("bottom", bottom, color=theme.muted)
@@ -146,13 +176,13 @@ class KernelPanel(QWidget):
         top.addWidget(self.verdict, 1)
         top.addWidget(self.head_box)
         self.plots = pg.GraphicsLayoutWidget()
-        self.output_plot = self.plots.addPlot(row=0, col=0)
-        self.weights_plot = self.plots.addPlot(row=1, col=0)
+        self.output_plot = add_plot(self.plots, 0, 0)
+        self.weights_plot = add_plot(self.plots, 1, 0)
         # The match per head stays in sight at every window size, right under the verdict;
         # the two larger plots scroll below it when the dock is short.
         self.error_view = pg.GraphicsLayoutWidget()
         self.error_view.setFixedHeight(ERROR_PLOT_HEIGHT)
-        self.error_plot = self.error_view.addPlot(row=0, col=0)
+        self.error_plot = add_plot(self.error_view, 0, 0)
         # They agree to ~1e-7: the kernel as a line, dense as hollow markers on it, both visible.
         self.kernel_curve = self.output_plot.plot(name="paged kernel")
         self.dense_curve = self.output_plot.plot(name="dense SDPA", symbol="o", symbolSize=8, pen=None)
@@ -349,8 +379,8 @@ class MemoryPanel(QWidget):
     def __init__(self, theme: Theme, parent=None) -> None:
         super().__init__(parent)
         self.plots = pg.GraphicsLayoutWidget()
-        self.blocks_plot = self.plots.addPlot(row=0, col=0)
-        self.util_plot = self.plots.addPlot(row=0, col=1)
+        self.blocks_plot = add_plot(self.plots, 0, 0)
+        self.util_plot = add_plot(self.plots, 0, 1)
         self.used_curve = self.blocks_plot.plot(name="paged: blocks used")
         self.contiguous_curve = self.blocks_plot.plot(name="contiguous max-length reservation")
         # Where the contiguous reservation would need more blocks than the pool has: impossible.
@@ -552,7 +582,7 @@ class WastePanel(QWidget):
         controls.addStretch(1)
         self.plots = pg.GraphicsLayoutWidget()
         self.plots.setMinimumHeight(150)
-        self.plot = self.plots.addPlot()
+        self.plot = add_plot(self.plots, 0, 0)
         self.plot.setMouseEnabled(x=False, y=False)
         self.plot.setMenuEnabled(False)
         self.bars: list[pg.BarGraphItem] = []

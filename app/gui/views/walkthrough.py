@@ -8,7 +8,15 @@ import numpy as np
 import pyqtgraph as pg
 from pagesim.app.gui.controller import LIVE_TIMERS
 from pagesim.app.gui.palette import Theme
-from pagesim.app.gui.views.plots import BLOCK_COLOURS, DENSE_COLOUR, KERNEL_COLOUR, _key, _style_plot, set_side_label
+from pagesim.app.gui.views.plots import (
+    BLOCK_COLOURS,
+    DENSE_COLOUR,
+    KERNEL_COLOUR,
+    Plot,
+    _key,
+    _style_plot,
+    set_side_label,
+)
 from pagesim.core.view_model import KERNEL_CHOICES, WalkThrough
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
@@ -97,8 +105,8 @@ class WalkThroughPanel(QWidget):
         for label in (self.stage_label, self.lookups):  # long text must not widen the dock
             label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.lookups.setToolTip("The block table walked in the kernel's order: logical block → physical block")
-        self.score_plot = pg.PlotWidget()
-        self.lane_plot = pg.PlotWidget()
+        self.score_plot = pg.PlotWidget(plotItem=Plot())
+        self.lane_plot = pg.PlotWidget(plotItem=Plot())
         self.scores = pg.ScatterPlotItem(size=5, pen=None)
         self.seen = pg.ScatterPlotItem(size=6, pen=None)
         self.running_max = pg.PlotDataItem(stepMode=None)
@@ -118,7 +126,7 @@ class WalkThroughPanel(QWidget):
         plot.scene().addItem(self.sum_box)
         plot.getAxis("right").linkToView(self.sum_box)
         self.sum_box.setXLink(plot)
-        plot.vb.sigResized.connect(lambda: self.sum_box.setGeometry(plot.vb.sceneBoundingRect()))
+        plot.getViewBox().sigResized.connect(lambda: self.sum_box.setGeometry(plot.getViewBox().sceneBoundingRect()))
         self.running_sum = pg.PlotDataItem()
         self.sum_box.addItem(self.running_sum)
         self.lanes = pg.ScatterPlotItem(size=5, pen=None)
