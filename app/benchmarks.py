@@ -14,10 +14,13 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numba
 import numpy as np
 import torch
+from pagesim.app.options import bench_json, writable_problem
+from pagesim.core.atomic_write import atomic_write
 from pagesim.core.config import CacheConfig
 from pagesim.core.engine import Simulator
 from pagesim.core.errors import PagesimError
@@ -257,8 +260,8 @@ def bench_scheduler(count: int) -> dict:
         "decode_tokens": sum(s.output_len for s in specs),
         "scheduler_steps": steps,
         "seconds": seconds,
-        "finished": scheduler.finished,
-        "preemptions": scheduler.preemptions,
+        "finished": scheduler.stats.finished,
+        "preemptions": scheduler.stats.preemptions,
         "prefix_hit_rate": metrics.prefix_hit_rate,
         "prefix_hit_blocks": metrics.prefix_hit_blocks,
         "target_seconds": TARGET_SCHEDULER_SECONDS * count / 10_000,
@@ -393,12 +396,30 @@ def bench_memory(quick: bool) -> list[dict]:
     return rows
 
 
+def write_results(path: Path, report: dict) -> None:
+    """The results as JSON ('-': standard output), atomically (an old file is replaced
+    whole or not at all)."""
+    text = json.dumps(report, indent=2) + "\n"
+    if str(path) == "-":
+        sys.stdout.write(text)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, text)
+    print(f"wrote {path}")
+
+
 def run_benchmarks(args: argparse.Namespace) -> int:
+    path = bench_json(args)
+    # Checked before the minutes of measuring, not after.
+    if reason := writable_problem(path, "--json"):
+        print(f"error: {reason}", file=sys.stderr)
+        return 2
     backend = select_backend(args.backend)
     if backend.name == "cuda":
         from pagesim.kernels.cuda_bench import run_cuda_benchmarks
 
-        return run_cuda_benchmarks(args, backend)
+        write_results(path, run_cuda_benchmarks(args, backend))
+        return 0
     info = machine_info(backend)
     print(f"pagesim bench · {info['cpu']} · {info['cores']} cores · {backend.device}")
     repeats, gather_repeats = (3, 1) if args.quick else (25, 3)
@@ -453,9 +474,7 @@ def run_benchmarks(args: argparse.Namespace) -> int:
         "memory": memory,
         "quick": args.quick,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.json}")
+    write_results(path, report)
     return 0
 
 

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 
 BACKEND_CHOICES = ["auto", "cpu", "cuda"]
+DEFAULT_BENCH_JSON = Path("bench-results/bench.json")
+DEFAULT_GUI_BENCH_JSON = Path("bench-results/gui-bench.json")
 
 
 def add_backend_option(parser: argparse.ArgumentParser) -> None:
@@ -29,8 +31,20 @@ def add_backend_option(parser: argparse.ArgumentParser) -> None:
 
 def add_bench_options(parser: argparse.ArgumentParser) -> None:
     add_backend_option(parser)
-    parser.add_argument("--json", type=Path, metavar="PATH", default=Path("bench-results/bench.json"))
+    parser.add_argument(
+        "--json",
+        type=Path,
+        metavar="PATH",
+        help=f"write the results here (default: {DEFAULT_BENCH_JSON}, or {DEFAULT_GUI_BENCH_JSON} with --gui)",
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (a smoke run)")
+
+
+def bench_json(args: argparse.Namespace, gui: bool = False) -> Path:
+    """Where a benchmark writes its results: ``--json`` as given, else the default."""
+    if getattr(args, "json", None) is not None:
+        return args.json
+    return DEFAULT_GUI_BENCH_JSON if gui else DEFAULT_BENCH_JSON
 
 
 def writable_problem(path: Path, what: str, folder: bool = False) -> str | None:

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
+from pagesim.core.atomic_write import atomic_open, atomic_write
 from pagesim.core.engine import StepResult
 from pagesim.core.timeline import Timeline
 from pagesim.kernels.dtypes import dtype_name
@@ -36,9 +37,10 @@ def format_step(result: StepResult) -> str:
             "ok" if att.passed else "MISMATCH",
         )
     )
+    util = f"{m.utilisation:.1%}" if m.used_blocks else "-"  # no block held: nothing to be utilised
     return (
         f"{result.step:>4}  {result.op.describe():<28.28} {m.used_blocks:>5} {m.free_blocks:>5} "
-        f"{m.utilisation:>6.1%}  {err:>9} {tol:>7}  {check}"
+        f"{util:>6}  {err:>9} {tol:>7}  {check}"
     )
 
 
@@ -107,7 +109,7 @@ def write_json(
         sys.stdout.write(text)
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    atomic_write(path, text)
 
 
 def _savable(array: np.ndarray) -> np.ndarray:
@@ -124,8 +126,7 @@ def dump_step(folder: Path, timeline: Timeline, result: StepResult) -> Path | No
     backend = timeline.sim.runner.backend
     cache = timeline.sim.runner.cache
     path = folder / f"step_{result.step:04d}.npz"
-    np.savez_compressed(
-        path,
+    arrays = dict(
         query=_savable(att.query),
         key_cache=_savable(backend.to_numpy(cache.key_cache)),
         value_cache=_savable(backend.to_numpy(cache.value_cache)),
@@ -137,6 +138,8 @@ def dump_step(folder: Path, timeline: Timeline, result: StepResult) -> Path | No
         kv_dtype=np.array(dtype_name(cache.dtype)),
         seq_ids=np.array(att.seq_ids),
     )
+    with atomic_open(path, "wb") as f:
+        np.savez_compressed(f, **arrays)
     return path
 
 
@@ -147,9 +150,9 @@ def event_record(step: int, event) -> dict:
 
 
 def write_event_log(path: Path, results: Iterable[StepResult]) -> int:
-    """Every event of the given steps as JSON lines; returns how many were written."""
+    """Every event of the given steps as JSON lines, atomically; returns how many were written."""
     count = 0
-    with open(path, "w", encoding="utf-8") as f:
+    with atomic_open(path, "w") as f:
         for result in results:
             f.write(json.dumps({"step": result.step, "event": "Step", "op": result.op.describe()}) + "\n")
             for event in result.events:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import statistics
 
 import numpy as np
@@ -158,7 +157,8 @@ def bench_context(backend: CudaBackend, context: int, batch: int) -> dict:
     }
 
 
-def run_cuda_benchmarks(args: argparse.Namespace, backend: CudaBackend) -> int:
+def run_cuda_benchmarks(args: argparse.Namespace, backend: CudaBackend) -> dict:
+    """Run the CUDA benchmarks and return their report (the caller writes it)."""
     import cupy
     import torch
 
@@ -195,7 +195,4 @@ def run_cuda_benchmarks(args: argparse.Namespace, backend: CudaBackend) -> int:
         )
         cupy.get_default_memory_pool().free_all_blocks()
     report["contexts"] = rows
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {args.json}")
-    return 0
+    return report

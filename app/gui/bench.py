@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
+
+from pagesim.app.options import bench_json, writable_problem
 
 TARGET_STEP_MS = 16.0
 TARGET_FIRST_FRAME_S = 2.0
@@ -115,9 +115,14 @@ def walkthrough_trace_ms(repeats: int = 5) -> dict[str, float]:
 
 
 def main(args: argparse.Namespace) -> int:
+    path = bench_json(args, gui=True)
+    # Checked before the minutes of measuring, not after.
+    if reason := writable_problem(path, "--json"):
+        print(f"error: {reason}", file=sys.stderr)
+        return 2
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the app sets it (app/main.py)
-    from pagesim.app.benchmarks import machine_info
+    from pagesim.app.benchmarks import machine_info, write_results
     from pagesim.app.gui.main_window import MainWindow
     from pagesim.kernels.selection import select_backend
     from PySide6.QtCore import QSettings
@@ -178,8 +183,5 @@ def main(args: argparse.Namespace) -> int:
         "meets_trace_target": max(trace_ms.values()) <= TARGET_TRACE_MS,
         "meets_first_frame_target": first <= TARGET_FIRST_FRAME_S,
     }
-    path = Path(args.json).with_name("gui-bench.json") if args.json else Path("bench-results/gui-bench.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {path}")
+    write_results(path, report)
     return 0
