@@ -10,6 +10,9 @@ from pagesim.kernels.backend import MAX_HEAD_DIM
 from pagesim.kernels.dtypes import STORAGE_DTYPES, tolerance
 
 DEFAULT_MAX_MODEL_LEN = 2048
+# Longer than any model's context window (the longest are ~10M tokens); past it a value is
+# a typo, and positions stop fitting the kernel's 32-bit context lengths soon after.
+MAX_MODEL_LEN_LIMIT = 2**24
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,11 @@ class CacheConfig:
             object.__setattr__(self, "num_kv_heads", self.num_heads)
         if self.max_model_len is None:
             object.__setattr__(self, "max_model_len", min(DEFAULT_MAX_MODEL_LEN, self.num_blocks * self.block_size))
+        if self.max_model_len > MAX_MODEL_LEN_LIMIT:
+            raise ValueError(
+                f"max_model_len must be ≤ {MAX_MODEL_LEN_LIMIT} (2^24 tokens, past any model's context window); "
+                f"got {self.max_model_len}"
+            )
         if self.head_dim > MAX_HEAD_DIM:
             raise ValueError(f"head_dim must be ≤ {MAX_HEAD_DIM}; got {self.head_dim}")
         if self.num_heads % self.num_kv_heads:

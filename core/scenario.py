@@ -17,6 +17,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import tomllib
 from dataclasses import dataclass, fields
 from importlib import resources
@@ -168,7 +170,7 @@ def parse_step(raw: dict, source: str, step: int) -> Operation:
             return Schedule(raw.get("steps", 1))
         if op == "submit":
             request = _seq_name(raw["request"], source, step, "request")
-            return Submit(
+            submit = Submit(
                 request,
                 raw["output"],
                 raw.get("tokens"),
@@ -177,6 +179,16 @@ def parse_step(raw: dict, source: str, step: int) -> Operation:
                 raw.get("beam_width", 0),
                 raw.get("shared_prefix", 0),
             )
+            # The engine clamps a longer shared prefix to the prompt; in a file it is a mistake.
+            if submit.shared_prefix > submit.length:
+                raise ScenarioError(
+                    source,
+                    f"shared_prefix ({submit.shared_prefix}) is longer than the prompt ({submit.length} tokens): "
+                    "the shared system prompt is part of the prompt",
+                    step,
+                    "shared_prefix",
+                )
+            return submit
         seq = _seq_name(raw["seq"], source, step, "seq")
         if op == "add":
             return Add(seq, raw.get("tokens"), ids("prompt"), ids("blocks"))
@@ -238,20 +250,54 @@ def parse_scenario(text: str, source: str = "<memory>") -> Scenario:
     return Scenario(name, doc.get("description", ""), config, tuple(operations), source, tuple(notes))
 
 
-def load_scenario(path: str | Path) -> Scenario:
-    """Load a scenario file, or a shipped one by name (``default``, ``seed_demo``, ...)."""
-    path = Path(path)
-    if not path.exists() and path.suffix == "" and str(path) in shipped_scenarios():
-        return load_shipped(str(path))
+MAX_SCENARIO_BYTES = 16 * 2**20  # a scenario is a page or two of TOML; this is far past any real one
+
+
+def read_scenario_text(path: str | Path) -> str:
+    """The text of a scenario file: a regular file of at most :data:`MAX_SCENARIO_BYTES`,
+    in UTF-8. A FIFO, a device (``/dev/zero``, ``/dev/urandom``) or a folder is refused
+    without reading from it (opened non-blocking, so a FIFO with no writer cannot hang)."""
+    source = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
-        raise ScenarioError(str(path), f"cannot read: {exc.strerror}") from None
+        raise ScenarioError(source, f"cannot read: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise ScenarioError(source, "cannot read: it is a folder, not a scenario file")
+        if not stat.S_ISREG(st.st_mode):
+            raise ScenarioError(source, "cannot read: not a regular file (a pipe, a device or a socket)")
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
+        if st.st_size > MAX_SCENARIO_BYTES:
+            raise ScenarioError(
+                source, f"too large: {st.st_size} bytes (a scenario file holds at most {MAX_SCENARIO_BYTES})"
+            )
+        try:
+            data = f.read(MAX_SCENARIO_BYTES + 1)
+        except OSError as exc:
+            raise ScenarioError(source, f"cannot read: {exc.strerror}") from None
+    if len(data) > MAX_SCENARIO_BYTES:  # it grew while being read
+        raise ScenarioError(source, f"too large: more than {MAX_SCENARIO_BYTES} bytes")
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ScenarioError(
-            str(path), f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): is it a TOML file?"
+            source, f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): is it a TOML file?"
         ) from None
-    return parse_scenario(text, str(path))
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Load a scenario file, or a shipped one by name (``default``, ``seed_demo``, ...).
+    A shipped name wins over a local path of that name that is not a regular file (a
+    folder called ``default`` in the current directory)."""
+    path = Path(path)
+    if path.suffix == "" and str(path) in shipped_scenarios() and not path.is_file():
+        return load_shipped(str(path))
+    return parse_scenario(read_scenario_text(path), str(path))
 
 
 def shipped_scenarios() -> dict[str, str]:

@@ -88,10 +88,12 @@ class _RotaryTable:
     never depends on how far the table had grown (vectorised ufuncs may round their tails
     differently), and building it never holds more than one piece of Python floats.
 
-    A model fills it up to its longest allowed sequence when it is built, as vLLM's rotary
-    embedding precomputes its cos/sin cache for the model's maximum position: a constant of
-    the model like its weights, not memory that grows with the run. Growing fills the
-    arrays in place (repeated concatenation left the old tables as holes in the heap)."""
+    Filled on demand, up to the furthest position a run has reached (vLLM precomputes its
+    cos/sin cache for the model's maximum position; here a large ``max_model_len`` would
+    cost seconds to minutes of pure-Python libm calls before the first step, for positions
+    a run may never reach). Since a position's value never depends on the fill order, the
+    lazy table holds exactly what an eager one would. Growing fills the arrays in place, in
+    doubling capacity (repeated concatenation left the old tables as holes in the heap)."""
 
     PIECE = 256
     _by_head_dim: ClassVar[dict[int, _RotaryTable]] = {}
@@ -111,9 +113,9 @@ class _RotaryTable:
 
     def reserve(self, positions: int) -> None:
         """Room for ``positions`` positions (rounded up to whole pieces); nothing is computed."""
-        capacity = -(-positions // self.PIECE) * self.PIECE
-        if capacity <= self.cos.shape[0]:
+        if positions <= self.cos.shape[0]:
             return
+        capacity = -(-max(positions, 2 * self.cos.shape[0]) // self.PIECE) * self.PIECE
         cos, sin = np.empty((capacity, self.half), np.float32), np.empty((capacity, self.half), np.float32)
         cos[: self.filled], sin[: self.filled] = self.cos[: self.filled], self.sin[: self.filled]
         self.cos, self.sin = cos, sin
@@ -141,8 +143,7 @@ class TokenModel:
         self._stream_of: dict[str, int] = {}  # a sequence's hash state after (seed, crc)
         weights = _weights(config.seed, config.num_heads, config.num_kv_heads, config.head_dim)
         self.embedding, self.w_q, self.w_k, self.w_v, self._w_qkv = weights
-        self._rotary = _RotaryTable.for_head_dim(config.head_dim)
-        self._rotary.fill(config.max_model_len)
+        self._rotary = _RotaryTable.for_head_dim(config.head_dim)  # filled as positions are reached
 
     # -- synthetic token ids -----------------------------------------------------
     def token_id(self, seq_id: str, position: int) -> int:

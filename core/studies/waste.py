@@ -38,6 +38,31 @@ CATEGORY_LABELS = {
 }
 
 
+STEP_SECONDS = 0.02  # one decode iteration of a mid-sized model
+MAX_STEPS = 2_000_000  # a replay longer than this would take minutes: refused up front
+
+
+def steps_bound(workload: list[RequestSpec]) -> int:
+    """An upper bound on the steps a replay of ``workload`` takes on a pool that holds each
+    request: the steps until the last arrival, plus two per token to decode and per request
+    (a step with a request running decodes at least one token, unless it preempted them
+    all, and then the next one does)."""
+    last = max((s.arrival for s in workload), default=0.0)
+    return int(last / STEP_SECONDS) + 1 + 2 * sum(s.output_len + 1 for s in workload)
+
+
+def check_bounded(workload: list[RequestSpec]) -> None:
+    """Refuse a workload whose replay would take more than :data:`MAX_STEPS` steps (a
+    vanishing arrival rate spreads a few requests over years of simulated time)."""
+    bound = steps_bound(workload)
+    if bound > MAX_STEPS:
+        last = max(s.arrival for s in workload)
+        raise ValueError(
+            f"the requests arrive over {last:.3g} s: about {bound:.3g} steps of {STEP_SECONDS * 1e3:.0f} ms to "
+            f"replay (at most {MAX_STEPS}); raise the arrival rate or send fewer requests"
+        )
+
+
 def next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
@@ -142,13 +167,23 @@ def simulate(
         )
     if pool_slots < max_len:
         raise ValueError(f"a pool of {pool_slots} slots cannot hold one max-length ({max_len}) request")
+    longest = max((s.prompt_len + s.output_len for s in workload), default=0)
+    if longest > max_len:
+        raise ValueError(f"a request of {longest} tokens is longer than max_len ({max_len})")
+    if -(-max_len // block_size) > pool_slots // block_size:
+        raise ValueError(
+            f"a max-length ({max_len}) request needs {-(-max_len // block_size)} blocks of {block_size} slots; "
+            f"the pool has {pool_slots // block_size}"
+        )
+    check_bounded(workload)
+    limit = steps_bound(workload)
     report = WasteReport(allocator, pool_slots)
     pending = deque(sorted(workload, key=lambda s: s.arrival))
     waiting: deque[RequestSpec] = deque()
     running: list[list] = []  # [spec, length, reserved slots, start (contiguous) or None]
     space = FirstFit(pool_slots)
     free_blocks = pool_slots // block_size
-    clock, step_seconds = 0.0, 0.02  # one decode iteration of a mid-sized model
+    clock, step_seconds = 0.0, STEP_SECONDS
     paged = allocator == "paged"
     counted: set[str] = set()
     while pending or waiting or running:
@@ -231,6 +266,8 @@ def simulate(
             still.append(r)
         running = still
         clock += step_seconds
+        if report.steps > limit:  # cannot happen for a workload that passed the checks above
+            raise RuntimeError(f"the {allocator} replay did not finish within {limit} steps")
     return report
 
 

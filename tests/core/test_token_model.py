@@ -33,22 +33,35 @@ def test_seed_changes_the_model_and_names_give_stable_token_ids():
     assert a.token_ids("x", 0, 4) != a.token_ids("y", 0, 4)
 
 
-def test_the_rotary_table_is_built_to_the_longest_sequence_and_never_depends_on_how_it_grew():
+def test_the_rotary_table_grows_to_the_positions_used_and_never_depends_on_how_it_grew():
     from pagesim.core.token_model import _RotaryTable
 
     head_dim = 24  # a head dim no other test uses: its table starts empty here
     short = TokenModel(CacheConfig(num_blocks=4, block_size=4, num_heads=2, head_dim=head_dim, max_model_len=16))
     table = _RotaryTable.for_head_dim(head_dim)
-    assert table.filled >= 16  # a constant of the model, built with it
+    assert table.filled == 0  # nothing computed before a position is reached
     _, k_short, _ = short.qkv([3, 4], [1, 15])
+    assert table.filled >= 16
     long = TokenModel(CacheConfig(num_blocks=300, block_size=4, num_heads=2, head_dim=head_dim, max_model_len=1200))
-    assert table.filled >= 1200 and table.cos.shape[0] >= 1200  # grown in place to the longer model
     _, k_long, _ = long.qkv([3, 4, 5], [1, 15, 1100])
+    assert table.filled >= 1101 and table.cos.shape[0] >= 1101  # grown in place to the position reached
     np.testing.assert_array_equal(k_short, k_long[:2])  # positions computed before keep their values
     fresh = _RotaryTable(head_dim)
     cos, sin = fresh.at(np.array([1100]))
     np.testing.assert_array_equal(cos, table.cos[[1100]])  # and match a table grown in one go
     np.testing.assert_array_equal(sin, table.sin[[1100]])
+
+
+def test_a_huge_max_model_len_costs_nothing_until_its_positions_are_reached():
+    import time
+
+    from pagesim.core.token_model import _RotaryTable
+
+    started = time.perf_counter()
+    model = TokenModel(CacheConfig(num_blocks=4, block_size=4, num_heads=2, head_dim=40, max_model_len=10**7))
+    model.qkv([1, 2], [0, 9])
+    assert time.perf_counter() - started < 2.0  # filled eagerly, 10^7 positions took minutes
+    assert _RotaryTable.for_head_dim(40).cos.shape[0] < 10_000
 
 
 def test_a_sequence_keeps_its_token_ids_in_eight_bytes_each_and_a_copy_is_independent():
