@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import codecs
+import contextlib
+import errno
 import importlib.util
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -18,7 +22,9 @@ from pagesim.app.report import (
     step_report,
     write_json,
 )
+from pagesim.core.atomic_write import atomic_write
 from pagesim.core.errors import PagesimError
+from pagesim.core.events import RequestRejected
 from pagesim.core.scenario import DEFAULT_SCENARIO, load_scenario, shipped_scenarios
 from pagesim.core.studies.workload import DISTRIBUTIONS
 from pagesim.core.timeline import Timeline
@@ -43,6 +49,13 @@ def _positive_rate(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a positive number; got {text!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive, finite number; got {text}")
+    return value
+
+
+def _max_len(text: str) -> int:
+    value = _positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"expected at least 2 (a prompt token and an output token); got {value}")
     return value
 
 
@@ -83,10 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     waste.add_argument("--seed", type=int, default=0)
     waste.add_argument("--slots", type=_positive_int, default=32768, help="KV-cache pool size in token slots")
     waste.add_argument("--block-size", type=_positive_int, default=16)
-    waste.add_argument(
-        "--max-len", type=_positive_int, default=2048, help="the model's max length (Orca-Max reserves it)"
-    )
-    waste.add_argument("--json", type=Path, metavar="PATH", help="write the breakdown here")
+    waste.add_argument("--max-len", type=_max_len, default=2048, help="the model's max length (Orca-Max reserves it)")
+    waste.add_argument("--json", type=Path, metavar="PATH", help="write the breakdown here ('-': standard output)")
     waste.add_argument("--per-step", action="store_true", help="with --json: every step's split too")
 
     sub.add_parser("scenarios", help="list the shipped scenarios")
@@ -102,11 +113,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class CannotWrite(Exception):
+    """An output file could not be written (the run's work is done; its old file, if any, is whole)."""
+
+    def __init__(self, path: Path, what: str, exc: OSError) -> None:
+        super().__init__(f"could not write {what} {path}: {exc.strerror or exc}")
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    return os.path.abspath(a) == os.path.abspath(b) or (a.exists() and b.exists() and os.path.samefile(a, b))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     for path, what, folder in ((args.json, "--json", False), (args.dump, "--dump", True)):
         if path is not None and (reason := writable_problem(path, what, folder)):
             print(f"error: {reason}", file=sys.stderr)
             return 2
+    if args.json is not None and args.dump is not None and _same_path(args.json, args.dump):
+        print(
+            f"error: --json {args.json} and --dump {args.dump} name the same path: the report is a file, the "
+            "dumps go in a folder",
+            file=sys.stderr,
+        )
+        return 2
     backend = select_backend(args.backend, args.cuda_kernel)
     # A run never steps back: no snapshot keeps K/V arrays, no step but the current one is
     # kept, and each step's report only for --json.
@@ -117,7 +146,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     say(f"backend: {backend.name} · {backend.device}")
     say(f"cache: {format_config(timeline)}")
     say(TABLE_HEADER)
-    reports, steps, failed, worst, error = [], 0, [], 0.0, None
+    reports, steps, failed, worst, error, checked, rejected = [], 0, [], 0.0, None, 0, []
     while not timeline.at_end:
         try:
             result = timeline.forward()
@@ -125,15 +154,20 @@ def cmd_run(args: argparse.Namespace) -> int:
             error = str(exc)
             break
         steps += 1
+        rejected += [e.status_note() for e in result.events if isinstance(e, RequestRejected)]
         if args.json:
             reports.append(step_report(result))
         if result.attention is not None:
+            checked += 1
             worst = max(worst, result.attention.max_abs_error)
             if not result.attention.passed:
                 failed.append(result.step)
         say(format_step(result))
         if args.dump:
-            dump_step(args.dump, timeline, result)
+            try:
+                dump_step(args.dump, timeline, result)
+            except OSError as exc:
+                raise CannotWrite(args.dump, "--dump", exc) from None
     say("")
     say(f"block tables after step {timeline.position}:")
     for line in format_block_tables(timeline):
@@ -149,7 +183,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     stalled = scheduler.stalled() if scheduler.used and error is None else None
     corrupt = [m for seq in timeline.sim.sequences if (m := timeline.sim.verify_kv(seq))]
     if args.json:
-        write_json(args.json, timeline, reports, error, stalled)
+        try:
+            write_json(args.json, timeline, reports, error, stalled)
+        except OSError as exc:
+            raise CannotWrite(args.json, "--json", exc) from None
     if error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -164,6 +201,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if stalled:
         print(f"STALLED: the scheduler can never finish its requests: {stalled}", file=sys.stderr)
         return 3
+    for note in rejected:  # vLLM's answer to a request that can never fit: said, not hidden
+        print(f"REJECTED: {note}", file=out)
+    if not checked:
+        what = "the scenario has no steps" if steps == 0 else "no step ran attention (no sequence was live)"
+        print(f"NOTHING CHECKED: {steps} steps, {what}: the kernel was never compared with dense attention", file=out)
+        return 0
     print(f"PASS: {steps} steps, kernel matches dense attention (max |err| {worst:.2e})", file=out)
     return 0
 
@@ -179,7 +222,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_waste(args: argparse.Namespace) -> int:
     import json
 
-    from pagesim.core.studies.waste import CATEGORIES, CATEGORY_LABELS, compare
+    from pagesim.core.studies.waste import CATEGORIES, CATEGORY_LABELS, check_bounded, compare
     from pagesim.core.studies.workload import generate
 
     if args.slots < args.max_len:
@@ -189,30 +232,63 @@ def cmd_waste(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.block_size > args.slots:
+        print(
+            f"error: --block-size {args.block_size} is larger than the pool (--slots {args.slots}): not one block fits",
+            file=sys.stderr,
+        )
+        return 2
+    if -(-args.max_len // args.block_size) > args.slots // args.block_size:
+        print(
+            f"error: --max-len {args.max_len} needs {-(-args.max_len // args.block_size)} blocks of "
+            f"{args.block_size} slots; the pool (--slots {args.slots}) has {args.slots // args.block_size}: a "
+            "long request could never be placed",
+            file=sys.stderr,
+        )
+        return 2
     if args.json is not None and (reason := writable_problem(args.json, "--json")):
         print(f"error: {reason}", file=sys.stderr)
         return 2
     workload = generate(args.workload, args.requests, rate=args.rate, seed=args.seed, max_len=args.max_len)
+    try:
+        check_bounded(workload)
+    except ValueError as exc:
+        print(f"error: --rate {args.rate:g}: {exc}", file=sys.stderr)
+        return 2
     reports = compare(workload, args.slots, block_size=args.block_size, max_len=args.max_len, keep_steps=args.per_step)
+    to_stdout = args.json is not None and str(args.json) == "-"
+    out = sys.stderr if to_stdout else sys.stdout  # the breakdown owns stdout then
     mean_in = sum(r.prompt_len for r in workload) / max(1, len(workload))
     mean_out = sum(r.output_len for r in workload) / max(1, len(workload))
     print(
         f"pagesim waste · {args.requests} {args.workload}-like requests (mean prompt {mean_in:.0f}, output "
-        f"{mean_out:.0f} tokens) · pool {args.slots} slots · block size {args.block_size} · max length {args.max_len}"
+        f"{mean_out:.0f} tokens) · pool {args.slots} slots · block size {args.block_size} · max length {args.max_len}",
+        file=out,
     )
-    print("shares of the KV pool, averaged over the steps with a request waiting:")
+    print("shares of the KV pool, averaged over the steps with a request waiting:", file=out)
     labels = CATEGORY_LABELS
-    print(f"{'allocator':<12}" + "".join(f"{labels[c]:>15}" for c in CATEGORIES) + f"{'steps':>8}{'batch':>7}")
+    header = f"{'allocator':<12}" + "".join(f"{labels[c]:>15}" for c in CATEGORIES) + f"{'steps':>8}{'batch':>7}"
+    print(header, file=out)
     for r in reports:
         shares = r.shares
         print(
-            f"{r.allocator:<12}" + "".join(f"{shares[c]:>15.1%}" for c in CATEGORIES) + f"{r.steps:>8}{r.peak_batch:>7}"
+            f"{r.allocator:<12}"
+            + "".join(f"{shares[c]:>15.1%}" for c in CATEGORIES)
+            + f"{r.steps:>8}{r.peak_batch:>7}",
+            file=out,
         )
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         allocators = [r.as_dict() | ({"per_step": r.per_step} if args.per_step else {}) for r in reports]
         report = {"workload": vars(args) | {"json": str(args.json)}, "allocators": allocators}
-        args.json.write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+        text = json.dumps(report, indent=2, default=str) + "\n"
+        if to_stdout:
+            sys.stdout.write(text)
+            return 0
+        try:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(args.json, text)
+        except OSError as exc:
+            raise CannotWrite(args.json, "--json", exc) from None
     return 0
 
 
@@ -258,7 +334,98 @@ def cmd_gui_bench(args: argparse.Namespace) -> int:
     return gui_bench_main(args)
 
 
+# What the output says in characters an ASCII-only terminal (LANG=C, PYTHONIOENCODING=ascii)
+# can show; anything else becomes "?".
+ASCII_SPELLINGS = {
+    "·": "-", "×": "x", "≤": "<=", "≥": ">=", "→": "->", "←": "<-", "…": "...", "—": "--", "–": "-",
+    "✓": "ok", "✗": "X", "≠": "!=", "±": "+/-", "⌊": "floor(", "⌋": ")",
+}  # fmt: skip
+
+
+def _ascii_spelling(exc: UnicodeError) -> tuple[str, int]:
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    text = exc.object[exc.start : exc.end]
+    return "".join(ASCII_SPELLINGS.get(ch, "?") for ch in text), exc.end
+
+
+codecs.register_error("pagesim-ascii", _ascii_spelling)
+
+
+def _tolerant_streams() -> None:
+    """Standard output and error never fail on a character their encoding lacks."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", "strict") in ("strict", None):
+            # A closed or detached stream: nothing to print on anyway.
+            with contextlib.suppress(ValueError, OSError):
+                reconfigure(errors="pagesim-ascii")
+
+
+def _quiet_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null so that the interpreter's final flush
+    says nothing either."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+class StdoutError(Exception):
+    """Writing to standard output failed (a closed pipe, a full disk)."""
+
+    def __init__(self, cause: OSError) -> None:
+        super().__init__(cause.strerror or str(cause))
+        self.errno = cause.errno
+
+
+class _GuardedStdout:
+    """Standard output, whose write failures are told apart from an output file's."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            raise StdoutError(exc) from exc
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise StdoutError(exc) from exc
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+SIGPIPE_EXIT = 128 + 13  # what a shell reports for a tool that a closed pipe ended
+
+
 def main(argv: list[str] | None = None) -> int:
+    _tolerant_streams()
+    real_stdout = sys.stdout
+    sys.stdout = _GuardedStdout(real_stdout)
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # a full stdout (> /dev/full) fails here, not at exit
+        return code
+    except StdoutError as exc:
+        # Whatever was not written is dropped: the interpreter's final flush must not fail again.
+        _quiet_stdout()
+        if exc.errno == errno.EPIPE:  # the reader left (| head): end quietly, as Unix tools do
+            return SIGPIPE_EXIT
+        print(f"error: could not write to standard output: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        sys.stdout = real_stdout
+
+
+def _main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     command = args.command
@@ -279,6 +446,9 @@ def main(argv: list[str] | None = None) -> int:
     except (PagesimError, BackendUnavailableError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except CannotWrite as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

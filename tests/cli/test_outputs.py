@@ -1,0 +1,241 @@
+"""The CLI's outputs: written atomically, checked before the work, and every failure to
+write (a full disk, /dev/full, a closed or ASCII-only stdout) one line, never a traceback."""
+
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pagesim.app import benchmarks
+from pagesim.app.cli import main
+from pagesim.core import atomic_write as aw
+
+HEADER = "num_blocks = 8\nblock_size = 4\nnum_heads = 2\nhead_dim = 8\n"
+
+
+def _run(*argv, env=None, timeout=300, **kw):
+    return subprocess.run(
+        [sys.executable, "-m", "pagesim.app.cli", *argv],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"CI": "1"} | (env or {}),
+        timeout=timeout,
+        **kw,
+    )
+
+
+def _one_line_error(text: str) -> str:
+    assert "Traceback" not in text
+    lines = [line for line in text.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+@pytest.fixture
+def full_disk(monkeypatch):
+    """Every atomic write fails as on a full disk (at the fsync before the rename)."""
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(aw.os, "fsync", full)
+
+
+def test_a_full_disk_for_json_keeps_the_old_report_and_says_so(tmp_path, capsys, full_disk):
+    report = tmp_path / "report.json"
+    report.write_text('{"old": true}\n')
+    assert main(["run", "seed_demo", "--backend", "cpu", "--quiet", "--json", str(report)]) == 1
+    line = _one_line_error(capsys.readouterr().err)
+    assert "--json" in line and str(report) in line and "No space left" in line
+    assert report.read_text() == '{"old": true}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+
+
+def test_a_full_disk_for_dump_says_which_folder(tmp_path, capsys, full_disk):
+    dumps = tmp_path / "dumps"
+    assert main(["run", "seed_demo", "--backend", "cpu", "--quiet", "--dump", str(dumps)]) == 1
+    line = _one_line_error(capsys.readouterr().err)
+    assert "--dump" in line and str(dumps) in line and "No space left" in line
+    assert not [p for p in dumps.iterdir() if p.suffix == ".npz"]
+
+
+def test_a_full_disk_for_waste_json_keeps_the_old_file(tmp_path, capsys, full_disk):
+    out = tmp_path / "waste.json"
+    out.write_text("old")
+    assert main(["waste", "--requests", "20", "--json", str(out)]) == 1
+    line = _one_line_error(capsys.readouterr().err)
+    assert str(out) in line and "No space left" in line
+    assert out.read_text() == "old"
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "seed_demo", "--backend", "cpu", "--quiet", "--json", "/dev/full"],
+        ["waste", "--requests", "20", "--json", "/dev/full"],
+    ],
+)
+def test_dev_full_as_the_output_file_is_one_line(argv):
+    done = _run(*argv)
+    assert done.returncode == 1
+    line = _one_line_error(done.stderr)
+    assert "/dev/full" in line and "No space left" in line
+
+
+def test_json_and_dump_naming_one_path_are_refused_before_running(tmp_path, capsys):
+    same = tmp_path / "out"
+    assert main(["run", "seed_demo", "--backend", "cpu", "--json", str(same), "--dump", str(same)]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert "--json" in line and "--dump" in line and str(same) in line
+    assert not same.exists()
+
+
+def test_bench_json_naming_a_folder_is_refused_before_measuring(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(benchmarks, "select_backend", lambda *_: pytest.fail("measured before checking --json"))
+    assert main(["bench", "--quick", "--backend", "cpu", "--json", str(tmp_path)]) == 2
+    line = _one_line_error(capsys.readouterr().err)
+    assert "--json" in line and str(tmp_path) in line and "folder" in line
+
+
+def test_bench_results_are_written_atomically(tmp_path, monkeypatch, full_disk):
+    out = tmp_path / "bench.json"
+    out.write_text("old results")
+    with pytest.raises(OSError):
+        benchmarks.write_results(out, {"new": 1})
+    assert out.read_text() == "old results"
+
+
+def test_gui_bench_uses_the_json_name_given(monkeypatch, tmp_path):
+    from argparse import Namespace
+
+    from pagesim.app.options import DEFAULT_GUI_BENCH_JSON, bench_json
+
+    assert bench_json(Namespace(json=tmp_path / "mine.json"), gui=True) == tmp_path / "mine.json"
+    assert bench_json(Namespace(json=None), gui=True) == DEFAULT_GUI_BENCH_JSON
+
+
+def test_waste_max_len_one_is_an_argument_error():
+    done = _run("waste", "--max-len", "1")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "--max-len" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--block-size", "4096", "--slots", "2048", "--max-len", "2048"], ["--block-size", "--slots"]),
+        (["--block-size", "64", "--slots", "100", "--max-len", "100"], ["--max-len", "blocks"]),
+        (["--rate", "1e-300"], ["--rate", "raise the arrival rate"]),
+    ],
+)
+def test_waste_that_could_never_end_is_refused_at_once(argv, words):
+    done = _run("waste", "--requests", "50", *argv, timeout=60)
+    assert done.returncode == 2
+    line = _one_line_error(done.stderr)
+    assert all(w in line for w in words)
+
+
+def test_waste_json_dash_writes_to_stdout(tmp_path):
+    done = _run("waste", "--requests", "20", "--json", "-", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["workload"]["requests"] == 20
+    assert "pagesim waste" in done.stderr  # the table moves out of the report's way
+    assert not (tmp_path / "-").exists()
+
+
+def test_a_closed_pipe_ends_quietly():
+    # The stress scenario's table is far longer than a pipe's buffer.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pagesim.app.cli", "run", "stress", "--backend", "cpu"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=os.environ | {"CI": "1"},
+    )
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    code = proc.wait(timeout=300)
+    proc.stderr.close()
+    assert first.startswith(b"pagesim run")
+    assert err == "" and code == 141
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_stdout_is_one_line():
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "pagesim.app.cli", "run", "seed_demo", "--backend", "cpu"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=os.environ | {"CI": "1"},
+            timeout=300,
+        )
+    assert done.returncode == 1
+    assert "standard output" in _one_line_error(done.stderr)
+
+
+@pytest.mark.parametrize("env", [{"PYTHONIOENCODING": "ascii"}, {"LANG": "C", "LC_ALL": "C"}])
+def test_an_ascii_only_stdout_gets_ascii_spellings(env):
+    done = _run("run", "seed_demo", "--backend", "cpu", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "PASS" in done.stdout
+    done = _run("waste", "--requests", "20", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "pagesim waste" in done.stdout
+
+
+def test_a_scenario_with_nothing_to_check_does_not_claim_a_match(tmp_path, capsys):
+    empty = tmp_path / "empty.toml"
+    empty.write_text(HEADER)
+    assert main(["run", str(empty), "--backend", "cpu", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" not in out and "NOTHING CHECKED" in out and "no steps" in out
+
+
+def test_a_shipped_name_wins_over_a_local_folder_of_that_name(tmp_path):
+    (tmp_path / "default").mkdir()
+    done = _run("run", "default", "--backend", "cpu", "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "PASS" in done.stdout
+
+
+def test_scenario_sources_that_never_end_are_refused(tmp_path):
+    fifo = tmp_path / "pipe.toml"
+    os.mkfifo(fifo)
+    for source in (str(fifo), "/dev/zero"):
+        done = _run("run", source, "--backend", "cpu", timeout=60)
+        assert done.returncode == 2
+        assert source in _one_line_error(done.stderr)
+
+
+def test_old_report_survives_a_rerun_that_fails(tmp_path, capsys, monkeypatch):
+    """A kill while the report is being written leaves the previous report readable."""
+    report = tmp_path / "r.json"
+    assert main(["run", "seed_demo", "--backend", "cpu", "--quiet", "--json", str(report)]) == 0
+    before = report.read_text()
+
+    def killed(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(aw.os, "replace", killed)
+    with pytest.raises(KeyboardInterrupt):
+        main(["run", "seed_demo", "--backend", "cpu", "--quiet", "--json", str(report)])
+    assert report.read_text() == before and json.loads(before)["passed"] is True
+    assert sorted(p.name for p in Path(tmp_path).iterdir()) == ["r.json"]
+
+
+def test_a_request_that_can_never_fit_is_reported_not_passed(tmp_path, capsys):
+    path = tmp_path / "never.toml"
+    path.write_text(
+        HEADER.replace("num_blocks = 8", "num_blocks = 4")
+        + '[[steps]]\nop = "submit"\nrequest = "r"\ntokens = 40\noutput = 4\n[[steps]]\nop = "schedule"\nsteps = 3\n'
+    )
+    assert main(["run", str(path), "--backend", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "REJECTED: r rejected" in out and "PASS" not in out
+    assert "100.0%" not in out  # no block held: no utilisation to claim
