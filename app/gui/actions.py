@@ -11,6 +11,7 @@ import weakref
 from pathlib import Path
 
 from pagesim.app.gui.palette import THEMES
+from pagesim.app.gui.settings import MAX_RECENT
 from pagesim.app.gui.views.live_text import LiveText
 from pagesim.core.scenario import examples, load_shipped
 from PySide6.QtCore import QPoint, Qt
@@ -19,7 +20,6 @@ from PySide6.QtWidgets import QComboBox, QLabel, QSlider, QSpinBox, QStyle, QSty
 
 STEP_LABEL_CHARS = 50  # "step 120 / 376 · grow r255 by 1 · ✓ kernel = dense"; longer ones end in "…"
 SPEEDS = [("Instant", 0.0), ("0.25×", 0.25), ("0.5×", 0.5), ("1×", 1.0), ("2×", 2.0), ("4×", 4.0)]
-MAX_RECENT = 8
 LAYOUT_VERSION = 7  # bump when docks change: an older saved layout is then ignored
 
 
@@ -125,7 +125,7 @@ class WindowActions:
         w.addToolBar(ops)
         self.prompt_spin = QSpinBox()
         self.prompt_spin.setRange(1, 100_000)
-        self.prompt_spin.setValue(int(w.settings.value("prompt_len", 10)))
+        self.prompt_spin.setValue(w.setting("prompt_len"))
         self.prompt_spin.setPrefix("prompt ")
         self.prompt_spin.setToolTip("Prompt length (tokens) for Add")
         self.grow_spin = QSpinBox()
@@ -298,9 +298,7 @@ class WindowActions:
         self._rebuild_recent()
 
     def recent(self) -> list[str]:
-        w = self.window
-        value = w.settings.value("recent", [])
-        return [value] if isinstance(value, str) else list(value or [])
+        return self.window.setting("recent")
 
     def _rebuild_recent(self) -> None:
         w = self.window

@@ -100,6 +100,21 @@ class Failed:
 
 
 @dataclass(frozen=True)
+class Loaded:
+    """The answer to a Load that went through: the new timeline's first frame."""
+
+    scenario: Scenario
+    frame: Frame
+
+
+@dataclass(frozen=True)
+class LoadFailed:
+    """The answer to a Load that did not: the old timeline, if any, is still the one."""
+
+    message: str
+
+
+@dataclass(frozen=True)
 class Exported:
     message: str
 
@@ -130,7 +145,7 @@ class TraceReady:
     walk: object  # core.view_model.WalkThrough, or None
 
 
-Reply = FrameReply | Failed | Exported | WasteReady | BackendReady | KernelReady | TraceReady
+Reply = FrameReply | Loaded | LoadFailed | Failed | Exported | WasteReady | BackendReady | KernelReady | TraceReady
 
 
 class SimulationWorker(QObject):
@@ -189,16 +204,19 @@ class SimulationWorker(QObject):
                 self._backend = select_backend(self._backend_name, self._cuda_kernel)
                 self.replied.emit(BackendReady(self._backend.name, self._backend.device))
             timeline = Timeline(scenario, self._backend)
-        except (PagesimError, BackendUnavailableError, ValueError) as exc:
-            self.replied.emit(Failed(str(exc)))
+            frame = build_frame(timeline, None, None, None)
+        except (PagesimError, BackendUnavailableError, ValueError, MemoryError) as exc:
+            where = "" if scenario.source == "<memory>" else f"{scenario.source}: "
+            stays = "" if self._timeline is None else "; the current scenario stays"
+            self.replied.emit(LoadFailed(f"could not load {where}{exc}{stays}"))
             return
         self._timeline = timeline
         self._focus = None
-        self._frame = None
-        self._emit()
+        self._frame = frame
+        self.replied.emit(Loaded(scenario, frame))
         # Then compile (or load from cache) the kernel for this dtype, before the first step.
         started = time.perf_counter()
-        timeline.sim.warm_up()
+        timeline.sim.runner.warm_up()
         self.replied.emit(KernelReady(timeline.sim.config.dtype, time.perf_counter() - started))
 
     def _undo(self, _: Undo) -> None:
@@ -233,13 +251,18 @@ class SimulationWorker(QObject):
 
     def _export(self, request: ExportEvents) -> None:
         steps = self._timeline.position
-        count = write_event_log(Path(request.path), self._timeline.events_through_now())
+        try:
+            count = write_event_log(Path(request.path), self._timeline.events_through_now())
+        except OSError as exc:
+            self.replied.emit(Failed(f"could not export the event log to {request.path}: {exc.strerror or exc}"))
+            return
         self.replied.emit(Exported(f"wrote {count} events of {steps} steps to {request.path}"))
 
 
 class SimulationController(QObject):
     """GUI-thread face of the worker: requests out, replies in, play/pause timing."""
 
+    loaded = Signal(object)  # Scenario: a load went through (its first frame follows)
     frameChanged = Signal(object)  # Frame
     errorRaised = Signal(str)
     kernelReady = Signal(str, float)  # dtype, seconds the warm-up took
@@ -255,7 +278,7 @@ class SimulationController(QObject):
     def __init__(self, backend_name: str = "auto", parent: QObject | None = None, cuda_kernel: str = "auto") -> None:
         super().__init__(parent)
         self.frame: Frame | None = None
-        self.scenario: Scenario | None = None
+        self.scenario: Scenario | None = None  # the loaded one: a load still pending or failed is not it
         self.pending = 0  # requests sent and not yet answered
         self.kernel_ready = False  # the loaded scenario's kernel is compiled
         self._thread = QThread()
@@ -279,9 +302,7 @@ class SimulationController(QObject):
         self._request.emit(request)
 
     def load(self, scenario: Scenario) -> None:
-        self.kernel_ready = False
         self.pause()
-        self.scenario = scenario
         self._send(Load(scenario))
 
     def forward(self) -> None:
@@ -375,7 +396,14 @@ class SimulationController(QObject):
             self.kernelReady.emit(reply.dtype, reply.seconds)
             return
         self.pending = max(0, self.pending - 1)
-        if isinstance(reply, FrameReply):
+        if isinstance(reply, Loaded):
+            self.scenario = reply.scenario
+            self.kernel_ready = False  # until the new dtype's kernel is ready
+            self.loaded.emit(reply.scenario)
+            reply = FrameReply(reply.frame)
+        if isinstance(reply, LoadFailed):
+            self.errorRaised.emit(reply.message)
+        elif isinstance(reply, FrameReply):
             self.frame = reply.frame
             self.frameChanged.emit(reply.frame)
             if self.playing and reply.frame.position >= reply.frame.length:

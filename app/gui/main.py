@@ -30,12 +30,28 @@ def _application() -> QApplication:
     return app
 
 
-def _has_display() -> bool:
-    return (
-        sys.platform != "linux"
-        or bool(os.environ.get("QT_QPA_PLATFORM"))
-        or bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
-    )
+# Qt platforms that draw without a screen; any other needs the display it names.
+HEADLESS_PLATFORMS = ("offscreen", "minimal", "vnc", "eglfs", "linuxfb", "vkkhrdisplay")
+
+
+def display_problem() -> str | None:
+    """Why no window can open here, or None. Qt aborts the process (no exception to catch)
+    when the platform it is told to use, or the one it picks, finds no display: say so
+    first. The platform is QT_QPA_PLATFORM's first entry ("xcb;offscreen" lists fallbacks,
+    "xcb:arg" passes an argument)."""
+    if sys.platform != "linux":
+        return None
+    requested = os.environ.get("QT_QPA_PLATFORM", "").split(";")[0].split(":")[0].strip()
+    x11, wayland = os.environ.get("DISPLAY"), os.environ.get("WAYLAND_DISPLAY")
+    if requested in HEADLESS_PLATFORMS:
+        return None
+    if requested == "xcb" and not x11:
+        return "QT_QPA_PLATFORM=xcb asks for an X display, and DISPLAY is not set"
+    if requested.startswith("wayland") and not wayland:
+        return f"QT_QPA_PLATFORM={requested} asks for a Wayland display, and WAYLAND_DISPLAY is not set"
+    if not requested and not (x11 or wayland):
+        return "no display to open the window on (DISPLAY is not set)"
+    return None
 
 
 def main(args: argparse.Namespace) -> int:
@@ -56,11 +72,11 @@ def main(args: argparse.Namespace) -> int:
         if reason := writable_problem(args.screenshot, "--screenshot"):
             print(f"error: {reason}", file=sys.stderr)
             return 2
-    if not _has_display():
-        if args.screenshot is None:
+    if reason := display_problem():
+        if args.screenshot is None or os.environ.get("QT_QPA_PLATFORM"):
             print(
-                "error: no display to open the window on (DISPLAY is not set). Run 'pagesim run' for the same "
-                "simulation headless, or 'pagesim gui --screenshot out.png' to render offscreen.",
+                f"error: {reason}. Run 'pagesim run' for the same simulation headless, or "
+                "'pagesim gui --screenshot out.png' (with QT_QPA_PLATFORM unset or offscreen) to render offscreen.",
                 file=sys.stderr,
             )
             return 2
@@ -115,7 +131,7 @@ def main(args: argparse.Namespace) -> int:
             if window.save_screenshot(str(args.screenshot)):
                 print(f"saved {args.screenshot} at step {window.frame.position}")
             else:
-                print(f"error: could not write {args.screenshot}", file=sys.stderr)
+                print(f"error: --screenshot: {window.last_error}", file=sys.stderr)
                 outcome["code"] = 2
             window.close()
 

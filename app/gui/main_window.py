@@ -13,6 +13,7 @@ from pagesim.app.gui.controller import SimulationController
 from pagesim.app.gui.guide import GUIDE_HTML
 from pagesim.app.gui.palette import THEMES, SequenceColours, qpalette
 from pagesim.app.gui.selection import Selection
+from pagesim.app.gui.settings import read_setting
 from pagesim.app.gui.views.connectors import TableToPoolLines
 from pagesim.app.gui.views.elided_label import ElidedLabel
 from pagesim.app.gui.views.plots import KernelPanel, MemoryPanel, WastePanel
@@ -24,6 +25,7 @@ from pagesim.app.gui.views.swap_flight import SwapFlight
 from pagesim.app.gui.views.token_map import TokenMap
 from pagesim.app.gui.views.walkthrough import WalkThroughPanel
 from pagesim.app.gui.welcome import WelcomeDialog
+from pagesim.core.atomic_write import atomic_path, atomic_write
 from pagesim.core.errors import PagesimError
 from pagesim.core.operations import Add, Fork, Free, Grow, new_sequence_name
 from pagesim.core.scenario import Scenario, load_scenario, load_shipped, shipped_folder
@@ -61,8 +63,9 @@ class MainWindow(QMainWindow):
     ):
         super().__init__()
         self.settings = settings or QSettings("pagesim", "pagesim")
+        self.settings_notes: list[str] = []  # saved settings that could not be used, and why
         self.colours = SequenceColours()
-        self.theme = THEMES.get(str(self.settings.value("theme", "dark")), THEMES["dark"])
+        self.theme = THEMES[self.setting("theme")]
         self.frame: Frame | None = None
         self.selection = Selection()
         self._syncing = False
@@ -93,6 +96,7 @@ class MainWindow(QMainWindow):
         self.backend_label.setToolTip("Kernel backend and device (compiled at start-up, off the GUI thread)")
         self.statusBar().addPermanentWidget(self.backend_label)
 
+        self.controller.loaded.connect(self._on_loaded)
         self.controller.frameChanged.connect(self._on_frame)
         self.controller.errorRaised.connect(self.show_error)
         self.controller.poolRefused.connect(
@@ -117,16 +121,22 @@ class MainWindow(QMainWindow):
         self.pool_view.blockClicked.connect(self._block_clicked)
         self.pool_view.blockContextMenu.connect(self._block_menu)
 
-        initial_speed = speed if speed is not None else float(self.settings.value("speed", 1.0))
-        self.set_speed(initial_speed)
+        self.set_speed(speed if speed is not None else self.setting("speed"))
         self.apply_theme(self.theme.name)
-        geometry = self.settings.value("geometry")
-        if geometry is not None:
-            self.restoreGeometry(geometry)
+        geometry = self.setting("geometry")
+        if geometry is not None and not self.restoreGeometry(geometry):
+            self.settings.remove("geometry")
+            self.settings_notes.append("settings: ignored the saved window geometry (unreadable); using the default")
         self.default_state = self.saveState(LAYOUT_VERSION)
-        state = self.settings.value("windowState")
+        state = self.setting("windowState")
         if state is not None:
-            self.restoreState(state, LAYOUT_VERSION)
+            self.restoreState(state, LAYOUT_VERSION)  # False for an older layout too: not worth a note
+        if self.settings_notes:
+            self.statusBar().showMessage(" · ".join(self.settings_notes), 15_000)
+
+    def setting(self, key: str):
+        """A saved setting, checked (a bad value: its default, and a note in the status bar)."""
+        return read_setting(self.settings, key, self.settings_notes.append)
 
     # -- layout ----------------------------------------------------------------------
     def _build_central(self) -> None:
@@ -233,22 +243,28 @@ class MainWindow(QMainWindow):
         return self.selection.current
 
     def load(self, scenario: Scenario) -> None:
+        """Ask the worker to load ``scenario``. Nothing of the window changes until it has:
+        a load that fails (a pool too large to allocate) leaves the current scenario, its
+        steps and the recent files as they were."""
+        # The worker compiles (or loads) the kernel for this dtype after the first frame:
+        # say so, so that a first → that waits for it is not a mystery.
+        self.statusBar().showMessage(f"preparing the {scenario.config.dtype} kernel…")
+        self.controller.load(scenario)
+
+    def _on_loaded(self, scenario: Scenario) -> None:
+        """The worker built ``scenario``'s timeline; its first frame comes next."""
         self.colours.reset()
         self.selection.reset()
         self._announced_branch = None
         self._scheduler_raised = False
         self.waste_panel.clear()  # a study of the last scenario's pool says nothing of this one
-        # The worker compiles (or loads) the kernel for this dtype after the first frame:
-        # say so, so that a first → that waits for it is not a mystery.
-        self.statusBar().showMessage(f"preparing the {scenario.config.dtype} kernel…")
         self.frame = None
-        self.controller.load(scenario)
-        if Path(scenario.source).exists():
+        if Path(scenario.source).is_file():
             self.actions.remember(scenario.source)
 
     def show_welcome(self) -> WelcomeDialog:
         """Help → Welcome: what pagesim shows and the examples in a learner's order."""
-        show = self.settings.value("welcome_at_start", True, type=bool)
+        show = self.setting("welcome_at_start")
         dialog = WelcomeDialog(lambda name: self.load(load_shipped(name)), self, show)
         dialog.finished.connect(lambda _: self.settings.setValue("welcome_at_start", dialog.at_start.isChecked()))
         dialog.open()  # window-modal, returns at once
@@ -256,7 +272,7 @@ class MainWindow(QMainWindow):
 
     @property
     def welcome_due(self) -> bool:
-        return self.settings.value("welcome_at_start", True, type=bool)
+        return self.setting("welcome_at_start")
 
     def reload_scenario(self) -> None:
         """The scenario again from its file (or as shipped): its script from step 0, your actions gone."""
@@ -286,7 +302,7 @@ class MainWindow(QMainWindow):
         # The worker's timeline is the truth; the frame's steps mirror it.
         scenario = self._current_scenario()
         try:
-            Path(path).write_text(scenario.to_toml(), encoding="utf-8")
+            atomic_write(path, scenario.to_toml())
         except OSError as exc:
             self.show_error(f"could not save {path}: {exc.strerror or exc}")
             return
@@ -316,10 +332,26 @@ class MainWindow(QMainWindow):
         self._save_to("Save scenario", "scenario.toml", "Scenarios (*.toml)", self.save_scenario)
 
     def save_screenshot(self, path: str) -> bool:
+        """A PNG (or JPEG, BMP: by the suffix) of the window, written atomically. On failure
+        the reason is shown and kept in ``last_error``."""
         self.memory_panel.flush()  # its history redraws a little late while frames stream in
-        ok = self.grab().save(path)
-        self.statusBar().showMessage(f"saved {path}" if ok else f"could not write {path}", 6000)
-        return ok
+        picture = self.grab()
+        if picture.isNull():
+            size = self.size()
+            self.show_error(
+                f"could not capture the window at {size.width()}×{size.height()} (too large for an image?); "
+                f"{path} was not written"
+            )
+            return False
+        try:
+            with atomic_path(path) as tmp:
+                if not picture.save(tmp, Path(path).suffix.lstrip(".").upper() or "PNG"):
+                    raise OSError(f"the image writer refused it (format {Path(path).suffix or 'none'})")
+        except OSError as exc:
+            self.show_error(f"could not write {path}: {exc.strerror or exc}")
+            return False
+        self.statusBar().showMessage(f"saved {path}", 6000)
+        return True
 
     def screenshot_dialog(self) -> None:
         self._save_to("Export screenshot", "pagesim.png", "PNG (*.png)", self.save_screenshot)
@@ -404,8 +436,12 @@ class MainWindow(QMainWindow):
 
     # -- speed and theme -------------------------------------------------------------
     def set_speed(self, speed: float) -> None:
+        # One of the speed box's choices, the nearest (NaN: 1×): play's interval stays sane.
+        if speed != speed:
+            speed = 1.0
+        index = min(range(len(SPEEDS)), key=lambda i: abs(SPEEDS[i][1] - speed))
+        speed = SPEEDS[index][1]
         self.speed = speed
-        index = next((i for i, (_, s) in enumerate(SPEEDS) if s == speed), 3)
         if self.actions.speed_box.currentIndex() != index:
             self.actions.speed_box.setCurrentIndex(index)
         self.settings.setValue("speed", speed)

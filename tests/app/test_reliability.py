@@ -1,0 +1,206 @@
+"""The window's files and settings: atomic saves, failed loads that change nothing, and a
+settings file whose bad values fall back to their defaults."""
+
+import errno
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+from pagesim.app.gui.settings import SETTINGS, SPEED_VALUES, read_setting
+from pagesim.core import atomic_write as aw
+from pagesim.core.scenario import load_shipped
+from PySide6.QtCore import QByteArray, QSettings
+from PySide6.QtGui import QPixmap
+
+from tests.app.conftest import wait_idle
+
+HEADER = "num_blocks = 8\nblock_size = 4\nnum_heads = 2\nhead_dim = 8\n"
+
+
+@pytest.fixture
+def full_disk(monkeypatch):
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(aw.os, "fsync", full)
+
+
+# -- atomic saves ---------------------------------------------------------------------
+def test_a_failed_save_keeps_the_file_it_would_overwrite(window, tmp_path, full_disk):
+    path = tmp_path / "mine.toml"
+    path.write_text("the old scenario")
+    window.save_scenario(str(path))
+    assert path.read_text() == "the old scenario"
+    assert str(path) in window.last_error and "No space left" in window.last_error
+    assert not [p.name for p in tmp_path.iterdir() if ".tmp" in p.name]
+    assert str(path.resolve()) not in window.actions.recent()
+
+
+def test_a_failed_screenshot_keeps_the_old_picture(window, tmp_path, full_disk):
+    path = tmp_path / "shot.png"
+    path.write_bytes(b"old picture")
+    assert not window.save_screenshot(str(path))
+    assert path.read_bytes() == b"old picture"
+    assert str(path) in window.last_error and "No space left" in window.last_error
+
+
+def test_a_screenshot_is_written_whole(window, tmp_path, monkeypatch):
+    path = tmp_path / "shot.png"
+    assert window.save_screenshot(str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not [p.name for p in tmp_path.iterdir() if ".tmp" in p.name]
+
+
+def test_a_window_that_cannot_be_captured_says_so_not_could_not_write(window, tmp_path, monkeypatch):
+    monkeypatch.setattr(window, "grab", lambda *a: QPixmap())  # what a too-large grab gives
+    path = tmp_path / "huge.png"
+    assert not window.save_screenshot(str(path))
+    assert "could not capture the window" in window.last_error and str(path) in window.last_error
+    assert not path.exists()
+
+
+def test_an_export_failure_names_the_path_and_the_reason(window, qtbot, tmp_path, full_disk):
+    path = tmp_path / "events.jsonl"
+    path.write_text("old log\n")
+    with qtbot.waitSignal(window.controller.errorRaised, timeout=10_000) as blocker:
+        window.controller.export_events(str(path))
+    message = blocker.args[0]
+    assert str(path) in message and "No space left" in message and "event log" in message
+    assert path.read_text() == "old log\n"
+
+
+# -- a failed load changes nothing ------------------------------------------------------
+def test_save_after_a_failed_open_writes_the_current_scenario(window, qtbot, tmp_path):
+    window.actions.scrubber.setValue(3)
+    before = wait_idle(qtbot, window)
+    recent = window.actions.recent()
+    huge = tmp_path / "huge.toml"  # parses; its pool cannot be allocated
+    huge.write_text('name = "Too big"\nnum_blocks = 1000000000\nblock_size = 16\nnum_heads = 8\nhead_dim = 128\n')
+    with qtbot.waitSignal(window.controller.errorRaised, timeout=20_000) as blocker:
+        assert window.open_scenario(str(huge))  # it parsed: the worker is asked to build it
+    wait_idle(qtbot, window)
+    assert str(huge) in blocker.args[0] and "current scenario stays" in blocker.args[0]
+    assert window.controller.scenario.name == before.scenario_name != "Too big"
+    assert window.frame is before or window.frame.position == before.position
+    assert window.actions.recent() == recent  # the failed file did not join Recent
+    saved = tmp_path / "saved.toml"
+    window.save_scenario(str(saved))
+    from pagesim.core.scenario import load_scenario
+
+    again = load_scenario(saved)
+    assert again.name == before.scenario_name and again.config.num_blocks != 1_000_000_000
+    assert again.operations == tuple(before.operations)
+    assert str(huge.resolve()) not in window.actions.recent()
+
+
+def test_a_load_that_goes_through_joins_recent(window, qtbot, tmp_path):
+    path = tmp_path / "ok.toml"
+    path.write_text('name = "ok"\n' + HEADER)
+    assert window.open_scenario(str(path))
+    frame = wait_idle(qtbot, window)
+    qtbot.waitUntil(lambda: window.frame.scenario_name == "ok")
+    assert frame is not None and window.controller.scenario.name == "ok"
+    assert window.actions.recent()[0] == str(path.resolve())
+
+
+# -- settings ---------------------------------------------------------------------------
+BAD_VALUES = {
+    "speed": ["fast", "nan", "inf", "1e-300", 1e308, [1, 2], "-1"],
+    "prompt_len": ["10.5", 10.5, str(10**30), "1e400", ["a"], "ten", 0],
+    "theme": ["purple", 3, ["dark"]],
+    "welcome_at_start": ["maybe", 2],
+    "recent": [5, [1, 2]],
+    "geometry": ["garbage", 12, ["x"]],
+    "windowState": ["garbage", 3.5],
+}
+
+
+@pytest.mark.parametrize("key, bad", [(k, v) for k, vs in BAD_VALUES.items() for v in vs])
+def test_a_bad_setting_falls_back_to_its_default_once_with_a_note(tmp_path, key, bad):
+    settings = QSettings(str(tmp_path / "s.ini"), QSettings.Format.IniFormat)
+    settings.setValue(key, bad)
+    notes = []
+    assert read_setting(settings, key, notes.append) == SETTINGS[key].default
+    assert len(notes) == 1 and key in notes[0]
+    assert read_setting(settings, key, notes.append) == SETTINGS[key].default
+    assert len(notes) == 1  # removed from the file: once
+
+
+def test_good_settings_read_back_from_the_file(tmp_path):
+    path = str(tmp_path / "s.ini")
+    settings = QSettings(path, QSettings.Format.IniFormat)
+    for key, value in (("speed", 0.25), ("prompt_len", 42), ("theme", "light"), ("welcome_at_start", False)):
+        settings.setValue(key, value)
+    settings.setValue("recent", ["/a.toml"])
+    settings.setValue("geometry", QByteArray(b"\x01\x02"))
+    settings.sync()
+    fresh = QSettings(path, QSettings.Format.IniFormat)  # as strings from the INI text
+    notes = []
+    values = {k: read_setting(fresh, k, notes.append) for k in SETTINGS}
+    assert notes == []
+    assert values["speed"] == 0.25 and values["prompt_len"] == 42 and values["theme"] == "light"
+    assert values["welcome_at_start"] is False and values["recent"] == ["/a.toml"]
+    assert bytes(values["geometry"]) == b"\x01\x02"
+
+
+def test_speed_values_are_the_speed_boxs():
+    from pagesim.app.gui.actions import SPEEDS
+
+    assert tuple(s for _, s in SPEEDS) == SPEED_VALUES
+
+
+@pytest.mark.qt_log_ignore("Trying to construct an instance of an invalid type")  # Qt, on @Variant(garbage)
+def test_a_settings_file_full_of_garbage_starts_the_app_with_a_note(qtbot, tmp_path):
+    from pagesim.app.gui.main_window import MainWindow
+
+    path = tmp_path / "garbage.ini"
+    path.write_text(
+        "[General]\nspeed=fast\nprompt_len=10.5\ntheme=purple\nwelcome_at_start=maybe\n"
+        "geometry=not a geometry\nwindowState=@ByteArray(nonsense)\nrecent=@Variant(garbage)\n"
+    )
+    settings = QSettings(str(path), QSettings.Format.IniFormat)
+    window = MainWindow("cpu", settings=settings)
+    qtbot.addWidget(window)
+    try:
+        assert window.speed == 1.0 and window.theme.name == "dark"
+        assert window.actions.prompt_spin.value() == 10
+        assert window.welcome_due is True
+        assert any("speed" in n for n in window.settings_notes)
+        assert "settings: ignored" in window.statusBar().currentMessage()
+        window.show()
+        window.load(load_shipped("seed_demo"))
+        wait_idle(qtbot, window)
+    finally:
+        window.close()
+
+
+@pytest.mark.parametrize("speed", [1e-300, math.nan, math.inf, -math.inf, -3.0, 1e308])
+def test_odd_speeds_never_break_play(make_window, qtbot, speed):
+    window = make_window("seed_demo", speed=speed)
+    assert window.speed in SPEED_VALUES
+    assert 1 <= window.controller.step_interval_ms <= 10_000
+    window.controller.play()
+    qtbot.waitUntil(lambda: window.frame.position == window.frame.length, timeout=30_000)
+    qtbot.waitUntil(lambda: not window.controller.playing, timeout=10_000)
+
+
+# -- the display check ------------------------------------------------------------------
+@pytest.mark.skipif(sys.platform != "linux", reason="X11 and Wayland are Linux's")
+@pytest.mark.parametrize("platform", ["xcb", "wayland"])
+def test_an_explicit_platform_without_its_display_is_a_clear_error(platform, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    env["QT_QPA_PLATFORM"] = platform
+    for extra in ([], ["--screenshot", str(tmp_path / "x.png")]):
+        done = subprocess.run(
+            [sys.executable, "-m", "pagesim.app.cli", "gui", "seed_demo", *extra],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+        assert done.returncode == 2, done.stderr  # not an abort (negative: killed by SIGABRT)
+        lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        assert len(lines) == 1 and f"QT_QPA_PLATFORM={platform}" in lines[0]
+        assert "Traceback" not in done.stderr
