@@ -95,7 +95,7 @@ def test_recomputed_requests_produce_the_same_tokens(cpu_backend):
             for seq_id, seq in sim.sequences.items():
                 tokens[seq_id] = list(seq.token_ids)
             sim.apply(Schedule(1), attend=False)
-        return tokens, sim.scheduler.preemptions
+        return tokens, sim.scheduler.stats.preemptions
 
     roomy, roomy_preemptions = final_tokens(64)
     tight, tight_preemptions = final_tokens(9)
@@ -203,7 +203,7 @@ def test_seeking_back_restores_the_scheduler_and_the_cpu_pool(cpu_backend):
     while not timeline.at_end:
         timeline.forward()
         seen[timeline.position] = state()
-    assert timeline.sim.scheduler.preemptions > 0
+    assert timeline.sim.scheduler.stats.preemptions > 0
     for step in (17, 6, 13, 23):
         timeline.seek(step)
         assert state() == seen[step]
