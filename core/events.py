@@ -1,14 +1,28 @@
 """Immutable events the engine emits; a GUI animates these without reading internals.
 
-Each event says which blocks and sequences it touches (``touched_blocks``, ``touched_seqs``) and
-describes itself in one sentence (``describe()``), so views and captions need no
-type-by-type knowledge. :class:`EventLog` collects them while an operation runs; the
+Each event says which blocks and sequences it touches (``touched_blocks``,
+``touched_seqs``) and narrates itself: ``describe()`` is its one sentence,
+``summarize(events)`` the sentence for several of its kind in one step. That is the only
+narration: a step's caption (:mod:`pagesim.core.captions`) composes these sentences and
+words nothing itself. :class:`EventLog` collects the events while an operation runs; the
 engine drains it once per step (as vLLM's ``take_events()``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def block_list(numbers) -> str:
+    """ "#3, #7, …": the first six block ids, and how many there are when more."""
+    numbers = list(numbers)
+    shown = ", ".join(f"#{b}" for b in numbers[:6])
+    return shown + (f" … ({len(numbers)} in all)" if len(numbers) > 6 else "")
 
 
 class Event:
@@ -38,6 +52,11 @@ class Event:
         """One sentence of what happened."""
         return type(self).__name__
 
+    @classmethod
+    def summarize(cls, events: Sequence[Event]) -> str:
+        """One sentence for several events of this kind in one step."""
+        return "; ".join(e.describe() for e in events)
+
     def status_note(self) -> str | None:
         """A short note worth a status-bar message (what a scheduling decision cost), or None."""
         return None
@@ -51,7 +70,7 @@ class SequenceAdded(Event):
     changes_pool = True
 
     def describe(self) -> str:
-        return f"{self.seq} arrived with {self.num_tokens} prompt tokens"
+        return f"{self.seq} arrived with {plural(self.num_tokens, 'prompt token')}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +83,10 @@ class SequenceForked(Event):
     def describe(self) -> str:
         return f"{self.child} forked from {self.parent}: it shares every block of {self.parent}'s table"
 
+    @classmethod
+    def summarize(cls, events: Sequence[SequenceForked]) -> str:
+        return f"{len(events)} forks share their parents' blocks (ref counts up)"
+
 
 @dataclass(frozen=True, slots=True)
 class SequenceFreed(Event):
@@ -72,7 +95,11 @@ class SequenceFreed(Event):
     changes_pool = True
 
     def describe(self) -> str:
-        return f"{self.seq} finished and was freed"
+        return f"{self.seq} was freed"
+
+    @classmethod
+    def summarize(cls, events: Sequence[SequenceFreed]) -> str:
+        return f"{len(events)} sequences were freed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +114,22 @@ class BlockAllocated(Event):
 
     def describe(self) -> str:
         return f"block {self.block} left the free queue to hold {self.seq}'s logical block {self.logical_index}"
+
+    @classmethod
+    def summarize(cls, events: Sequence[BlockAllocated]) -> str:
+        by_seq: dict[str, list[BlockAllocated]] = {}
+        for e in events:
+            by_seq.setdefault(e.seq, []).append(e)
+        if len(by_seq) > 2:  # a decode step of many: one line for all
+            mapping = ", ".join(f"{seq} L{t[0].logical_index} → #{t[0].block}" for seq, t in list(by_seq.items())[:3])
+            return f"{len(by_seq)} sequences took new blocks from the free queue ({mapping} …)"
+        lines = []
+        for seq, taken in by_seq.items():
+            mapping = ", ".join(f"L{e.logical_index} → #{e.block}" for e in taken[:4]) + (
+                " …" if len(taken) > 4 else ""
+            )
+            lines.append(f"{seq} took {plural(len(taken), 'block')} from the free queue ({mapping})")
+        return "; ".join(lines)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +160,12 @@ class BlockReleased(Event):
     def describe(self) -> str:
         return f"{self.seq} let go of block {self.block}; others still hold it (ref count {self.ref_count})"
 
+    @classmethod
+    def summarize(cls, events: Sequence[BlockReleased]) -> str:
+        return (
+            f"{plural(len(events), 'shared block')} stayed with other holders ({block_list(e.block for e in events)})"
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class BlockFreed(Event):
@@ -129,6 +178,10 @@ class BlockFreed(Event):
 
     def describe(self) -> str:
         return f"block {self.block}'s last holder {self.seq} let go; it joined the free queue"
+
+    @classmethod
+    def summarize(cls, events: Sequence[BlockFreed]) -> str:
+        return f"{plural(len(events), 'block')} joined the free queue ({block_list(e.block for e in events)})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +196,13 @@ class BlockCopied(Event):
     changes_pool = True
 
     def describe(self) -> str:
-        return f"{self.seq} wrote into shared block {self.src}: copy-on-write gave it block {self.dst}"
+        copy = f"copy-on-write gave it block {self.dst} (a copy of its K/V)"
+        return f"{self.seq} wrote into shared block {self.src} → {copy}"
+
+    @classmethod
+    def summarize(cls, events: Sequence[BlockCopied]) -> str:
+        listed = ", ".join(f"{e.seq} #{e.src} → #{e.dst}" for e in events[:3])
+        return f"{len(events)} writes into shared blocks → copy-on-write gave each writer its own copy ({listed} …)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +222,10 @@ class BlockReused(Event):
         return f"prefix-cache hit: {self.seq}'s logical block {self.logical_index} is cached block {self.block}" + (
             " (taken back from the free queue)" if self.was_free else f" (ref count {self.ref_count})"
         )
+
+    @classmethod
+    def summarize(cls, events: Sequence[BlockReused]) -> str:
+        return f"the prefix cache served {plural(len(events), 'block')} ({block_list(e.block for e in events)})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +260,10 @@ class BlockEvicted(Event):
     def describe(self) -> str:
         return f"cached block {self.block} was reallocated: its cached prefix is gone"
 
+    @classmethod
+    def summarize(cls, events: Sequence[BlockEvicted]) -> str:
+        return f"{plural(len(events), 'cached block')} evicted for reuse ({block_list(e.block for e in events)})"
+
 
 @dataclass(frozen=True, slots=True)
 class BlockSwappedOut(Event):
@@ -210,6 +277,10 @@ class BlockSwappedOut(Event):
     def describe(self) -> str:
         return f"block {self.block}'s K/V moved to CPU block {self.cpu_block}"
 
+    @classmethod
+    def summarize(cls, events: Sequence[BlockSwappedOut]) -> str:
+        return f"{plural(len(events), 'block')} swapped out to the CPU pool"
+
 
 @dataclass(frozen=True, slots=True)
 class BlockSwappedIn(Event):
@@ -220,6 +291,10 @@ class BlockSwappedIn(Event):
 
     def describe(self) -> str:
         return f"CPU block {self.cpu_block} came back as block {self.block}"
+
+    @classmethod
+    def summarize(cls, events: Sequence[BlockSwappedIn]) -> str:
+        return f"{plural(len(events), 'block')} swapped back in from the CPU pool"
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,7 +387,27 @@ class TokenWritten(Event):
     changes_pool = True
 
     def describe(self) -> str:
-        return f"{self.seq}'s token {self.position} went to block {self.block}, slot {self.slot}"
+        return f"{self.seq}'s token {self.position} went into block {self.block}, slot {self.slot}"
+
+    @classmethod
+    def summarize(cls, events: Sequence[TokenWritten], room_unknown: Iterable[str] | None = ()) -> str:
+        """Per sequence, or one line for a decode step of many. A sequence not in
+        ``room_unknown`` (None: every sequence is) is said to have had room in its last block."""
+        tokens: dict[str, list[TokenWritten]] = {}
+        for e in events:
+            tokens.setdefault(e.seq, []).append(e)
+        if len(tokens) > 2:
+            return f"a decode step: {len(tokens)} sequences wrote one token each into their last blocks"
+        lines = []
+        for seq, mine in tokens.items():
+            first, last = mine[0], mine[-1]
+            where = f"block {first.block}, slot {first.slot}"
+            if last.block != first.block or last.slot != first.slot:
+                where += f" … block {last.block}, slot {last.slot}"
+            which = f"token {first.position}" if len(mine) == 1 else f"tokens {first.position}–{last.position}"
+            room = "" if room_unknown is None or seq in room_unknown else " (room in its last block: no new block)"
+            lines.append(f"{seq}'s {which} went into {where}{room}")
+        return "; ".join(lines)
 
 
 @dataclass(frozen=True, slots=True)
