@@ -62,6 +62,23 @@ def _fsync_folder(folder: Path) -> None:
 
 
 @contextlib.contextmanager
+def _temporary_beside(target: Path, suffix: str) -> Iterator[str]:
+    """A new temporary file beside ``target`` that replaces it (with ``target``'s mode) when
+    the ``with`` ends cleanly, the body having written and synced it; removed otherwise."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent)
+    os.close(fd)
+    try:
+        yield tmp
+        os.chmod(tmp, _mode_for(target))
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_folder(target.parent)
+
+
+@contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[str]:
     """A temporary path beside ``path`` for a writer that wants a file name (Qt's image
     writers, NumPy's savez): write it inside the ``with``; on a clean exit it is fsynced and
@@ -71,22 +88,13 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
     target, stream = _target(path)
     if stream:
         raise OSError(f"{path} is not a regular file: cannot replace it atomically")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=f".tmp{target.suffix}", dir=target.parent)
-    os.close(fd)
-    try:
+    with _temporary_beside(target, f".tmp{target.suffix}") as tmp:
         yield tmp
         fd = os.open(tmp, os.O_RDWR)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.chmod(tmp, _mode_for(target))
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_folder(target.parent)
 
 
 @contextlib.contextmanager
@@ -102,19 +110,10 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
         with open(target, mode, encoding=encoding) as f:
             yield f
         return
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, mode, encoding=encoding) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, _mode_for(target))
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_folder(target.parent)
+    with _temporary_beside(target, ".tmp") as tmp, open(tmp, mode, encoding=encoding) as f:
+        yield f
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def atomic_write(path: str | os.PathLike, data: str | bytes, encoding: str = "utf-8") -> None:
