@@ -1,7 +1,6 @@
 """The window's files and settings: atomic saves, failed loads that change nothing, and a
 settings file whose bad values fall back to their defaults."""
 
-import errno
 import math
 import os
 import subprocess
@@ -9,7 +8,6 @@ import sys
 
 import pytest
 from pagesim.app.gui.settings import SETTINGS, SPEED_VALUES, read_setting
-from pagesim.core import atomic_write as aw
 from pagesim.core.scenario import load_shipped
 from PySide6.QtCore import QByteArray, QSettings
 from PySide6.QtGui import QPixmap
@@ -17,14 +15,6 @@ from PySide6.QtGui import QPixmap
 from tests.app.conftest import wait_idle
 
 HEADER = "num_blocks = 8\nblock_size = 4\nnum_heads = 2\nhead_dim = 8\n"
-
-
-@pytest.fixture
-def full_disk(monkeypatch):
-    def full(fd):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(aw.os, "fsync", full)
 
 
 # -- atomic saves ---------------------------------------------------------------------

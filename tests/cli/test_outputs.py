@@ -1,7 +1,6 @@
 """The CLI's outputs: written atomically, checked before the work, and every failure to
 write (a full disk, /dev/full, a closed or ASCII-only stdout) one line, never a traceback."""
 
-import errno
 import json
 import os
 import subprocess
@@ -32,16 +31,6 @@ def _one_line_error(text: str) -> str:
     lines = [line for line in text.splitlines() if line.startswith("error:")]
     assert len(lines) == 1, text
     return lines[0]
-
-
-@pytest.fixture
-def full_disk(monkeypatch):
-    """Every atomic write fails as on a full disk (at the fsync before the rename)."""
-
-    def full(fd):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(aw.os, "fsync", full)
 
 
 def test_a_full_disk_for_json_keeps_the_old_report_and_says_so(tmp_path, capsys, full_disk):
