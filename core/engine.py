@@ -34,6 +34,7 @@ from pagesim.core.model_runner import AttentionReport, ModelRunner, RunnerSnapsh
 from pagesim.core.operations import Add, Fork, Free, Grow, Operation, Schedule, Submit
 from pagesim.core.registry import SequenceRegistry
 from pagesim.core.scheduler import Scheduler, SchedulerSnapshot
+from pagesim.core.scheduler_v1 import SchedulerV1
 from pagesim.core.sequence import Sequence, SequenceSnapshot
 from pagesim.core.token_model import check_vocab
 from pagesim.kernels.backend import Backend
@@ -96,7 +97,9 @@ class Simulator:
         self.blocks = BlockManager(config, self.events)
         self.runner = ModelRunner(config, backend, kv_data)
         self.registry = SequenceRegistry(config, self.blocks, self.runner, self.events)
-        self.scheduler = Scheduler(config, self.runner.model, self.blocks, self.registry, self.events)
+        # Submit and Schedule go to vLLM v0's scheduler or v1's (the scenario's ``scheduler``).
+        scheduler = SchedulerV1 if config.scheduler == "v1" else Scheduler
+        self.scheduler = scheduler(config, self.runner.model, self.blocks, self.registry, self.events)
         self.step = 0
         self.last_attention: AttentionReport | None = None
 
@@ -165,6 +168,11 @@ class Simulator:
         """The sequence's K/V as the dense reference holds them (contiguous, from the tokens)."""
         self.sequence(seq_id)
         return self.runner.dense_kv(seq_id)
+
+    def attention_weights(self, seq_id: str) -> tuple[np.ndarray, np.ndarray]:
+        """Softmax weights (num_heads, context_len) of ``seq_id``'s newest token, from its
+        dense K/V, and the physical block each context token was read from."""
+        return self.runner.attention_weights(self.sequence(seq_id))
 
     # -- operations -----------------------------------------------------------------------
     def apply(self, op: Operation, attend: bool = True, record: bool = True) -> StepResult:

@@ -250,6 +250,34 @@ class ModelRunner:
         """The sequence's K/V as the dense reference holds them (contiguous, from the tokens)."""
         return self.dense.view(seq_id)
 
+    def attention_weights(self, seq: Sequence) -> tuple[np.ndarray, np.ndarray]:
+        """Softmax weights (num_heads, context_len) of ``seq``'s newest token over its
+        context, from its dense K/V, and the physical block each context token was read from."""
+        c = self.config
+        keys, _ = self.dense_kv(seq.seq_id)
+        query, _, _ = self.model.qkv([seq.token_ids[-1]], [seq.num_tokens - 1])
+        q = query[0].astype(self.cache.dtype).astype(np.float32)  # (H, D)
+        k = keys.astype(np.float32)  # (T, Hkv, D)
+        kv_of_head = np.arange(c.num_heads) // (c.num_heads // c.num_kv_heads)
+        scores = np.einsum("hd,thd->ht", q, k[:, kv_of_head, :]) / np.sqrt(c.head_dim)
+        scores -= scores.max(axis=1, keepdims=True)
+        weights = np.exp(scores)
+        weights /= weights.sum(axis=1, keepdims=True)
+        token_blocks = np.repeat(np.array(seq.block_table), c.block_size)[: seq.num_tokens]
+        return weights.astype(np.float32), token_blocks
+
+    def cache_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """The paged key and value caches as NumPy arrays (host copies when they live on a GPU)."""
+        return self.backend.to_numpy(self.cache.key_cache), self.backend.to_numpy(self.cache.value_cache)
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend.name
+
+    @property
+    def device(self) -> str:
+        return self.backend.device
+
     def warm_up(self) -> None:
         """Compile (or load from the on-disk cache) the kernel for this cache's dtype."""
         c = self.config

@@ -25,6 +25,43 @@ class SequenceState:
 
 
 @dataclass(frozen=True)
+class AttentionSummary:
+    """The step's attention check over every live sequence, as the views draw it: per
+    sequence (in ``seq_ids``' order) its context, the blocks the kernel read, the max abs
+    error of each head against dense attention and what rounding explains; the verdict."""
+
+    backend: str
+    device: str
+    seq_ids: tuple[str, ...]
+    context_lens: np.ndarray  # (num_seqs,)
+    block_tables: np.ndarray  # (num_seqs, max_blocks): the block-table tensor the kernel read
+    block_size: int
+    head_errors: np.ndarray  # (num_seqs, num_heads)
+    tolerances: np.ndarray  # (num_seqs, num_heads)
+    passed: bool  # every head of every sequence within its rounding bound
+    max_abs_error: float
+    tolerance: float  # the loosest row's bound
+    kernel_seconds: float
+    dense_seconds: float
+
+    @classmethod
+    def of(cls, report: AttentionReport) -> AttentionSummary:
+        return cls(
+            report.backend, report.device, report.seq_ids, report.context_lens, report.block_tables,
+            report.block_size, report.head_errors, report.tolerances, report.passed, report.max_abs_error,
+            report.tolerance, report.kernel_seconds, report.dense_seconds,
+        )  # fmt: skip
+
+    def lookup_of(self, seq_id: str | None) -> tuple[int, ...] | None:
+        """The physical blocks the kernel read for ``seq_id``, in logical order (None: not attended)."""
+        if seq_id not in self.seq_ids:
+            return None
+        row = self.seq_ids.index(seq_id)
+        used = -(-int(self.context_lens[row]) // self.block_size)
+        return tuple(self.block_tables[row, :used].tolist())
+
+
+@dataclass(frozen=True)
 class FocusDetail:
     """The selected sequence's decode step in detail (all heads)."""
 
@@ -34,6 +71,7 @@ class FocusDetail:
     dense: np.ndarray  # (num_heads, head_dim): dense SDPA's
     head_errors: np.ndarray  # (num_heads,)
     head_tolerances: np.ndarray  # (num_heads,): what rounding explains, per head
+    head_passed: np.ndarray  # (num_heads,) bool: the error within its bound
     kv_mismatch: str | None  # None: the K/V read through the table are bit for bit what was written
     weights: np.ndarray  # (num_heads, context_len): softmax over the context
     token_blocks: np.ndarray  # (context_len,): physical block read for each token
@@ -53,11 +91,14 @@ class Frame:
     free_queue: tuple[int, ...]  # free blocks, next allocation first
     sequences: tuple[SequenceState, ...]
     history: tuple[Metrics, ...]  # metrics of steps 1..position
-    result: StepResult | None  # the step that produced this frame (its events)
-    attention: AttentionReport | None
+    attention: AttentionSummary | None  # the current step's attention check
     focus: FocusDetail | None
     backend: str
     device: str
+    # The operation events of the step that produced this frame, to animate; None: the frame
+    # did not come from a step (a seek, an undo, a new focus), and nothing animates.
+    events: tuple[ev.Event, ...] | None = None
+    status_notes: tuple[str, ...] = ()  # what that step's scheduling decisions cost, for the status bar
     operations: tuple = ()  # the timeline's operations (scenario + the user's own)
     # What this frame's step changed, so views can redraw only that; None: anything.
     touched_blocks: frozenset[int] | None = None
@@ -86,6 +127,13 @@ class Frame:
     def sequence(self, seq_id: str) -> SequenceState | None:
         return next((s for s in self.sequences if s.seq_id == seq_id), None)
 
+    def step_lookup(self, seq_id: str | None) -> tuple[int, ...] | None:
+        """The blocks the kernel read for ``seq_id`` in the step that produced this frame, in
+        logical order (None: no such step, or it did not attend ``seq_id``)."""
+        if self.events is None or self.attention is None:
+            return None
+        return self.attention.lookup_of(seq_id)
+
 
 def _cpu_holders(sim: Simulator) -> tuple[tuple[int, tuple[str, ...]], ...]:
     holders: dict[int, list[str]] = {}
@@ -93,24 +141,6 @@ def _cpu_holders(sim: Simulator) -> tuple[tuple[int, tuple[str, ...]], ...]:
         for block in seq.block_table:
             holders.setdefault(block, []).append(seq.seq_id)
     return tuple(sorted((block, tuple(seqs)) for block, seqs in holders.items()))
-
-
-def attention_weights(sim: Simulator, seq_id: str) -> tuple[np.ndarray, np.ndarray]:
-    """Softmax weights (num_heads, context_len) of ``seq_id``'s newest token, from its
-    dense K/V, and the physical block each context token was read from."""
-    seq = sim.sequence(seq_id)
-    c = sim.config
-    keys, _ = sim.dense_kv(seq_id)
-    query, _, _ = sim.runner.model.qkv([seq.token_ids[-1]], [seq.num_tokens - 1])
-    q = query[0].astype(sim.runner.cache.dtype).astype(np.float32)  # (H, D)
-    k = keys.astype(np.float32)  # (T, Hkv, D)
-    kv_of_head = np.arange(c.num_heads) // (c.num_heads // c.num_kv_heads)
-    scores = np.einsum("hd,thd->ht", q, k[:, kv_of_head, :]) / np.sqrt(c.head_dim)
-    scores -= scores.max(axis=1, keepdims=True)
-    weights = np.exp(scores)
-    weights /= weights.sum(axis=1, keepdims=True)
-    token_blocks = np.repeat(np.array(seq.block_table), c.block_size)[: seq.num_tokens]
-    return weights.astype(np.float32), token_blocks
 
 
 def focus_detail(sim: Simulator, seq_id: str | None, unchanged: FocusDetail | None = None) -> FocusDetail | None:
@@ -123,7 +153,7 @@ def focus_detail(sim: Simulator, seq_id: str | None, unchanged: FocusDetail | No
     if unchanged is not None and unchanged.seq_id == seq_id and unchanged.context_len == report.context_lens[row]:
         weights, token_blocks = unchanged.weights, unchanged.token_blocks
     else:
-        weights, token_blocks = attention_weights(sim, seq_id)
+        weights, token_blocks = sim.attention_weights(seq_id)
     return FocusDetail(
         seq_id=seq_id,
         context_len=int(report.context_lens[row]),
@@ -131,6 +161,7 @@ def focus_detail(sim: Simulator, seq_id: str | None, unchanged: FocusDetail | No
         dense=report.dense[row],
         head_errors=report.head_errors[row],
         head_tolerances=report.tolerances[row],
+        head_passed=report.head_errors[row] <= report.tolerances[row],
         kv_mismatch=sim.verify_kv(seq_id),
         weights=weights,
         token_blocks=token_blocks,
@@ -206,11 +237,12 @@ def build_frame(
         free_queue=tuple(sim.pool.free_blocks()),
         sequences=sequences,
         history=history,
-        result=result,
-        attention=sim.last_attention,
+        attention=None if sim.last_attention is None else AttentionSummary.of(sim.last_attention),
         focus=focus_detail(sim, focus_seq, kept_focus),
-        backend=sim.runner.backend.name,
-        device=sim.runner.backend.device,
+        backend=sim.runner.backend_name,
+        device=sim.runner.device,
+        events=None if result is None else result.op_events,
+        status_notes=() if result is None else tuple(n for e in result.op_events if (n := e.status_note())),
         operations=tuple(timeline.operations),
         touched_blocks=touched_blocks,
         touched_sequences=touched_sequences,
@@ -238,125 +270,3 @@ def build_frame(
         note=timeline.note(timeline.position),
         captions=timeline.captions(),
     )
-
-
-KERNEL_CHOICES = {
-    "cpu": "CPU: tile by tile",
-    "cuda-v1": "CUDA v1: warps, groups",
-    "cuda-v2": "CUDA v2: partitions",
-}
-
-
-@dataclass(frozen=True)
-class WalkThrough:
-    """The kernel's work for one (sequence, head) at the current step, stage by stage."""
-
-    seq_id: str
-    head: int
-    kernel: str  # a KERNEL_CHOICES key
-    partition_size: int
-    trace: object  # kernels.trace.KernelTrace
-    kernel_output: np.ndarray  # the kernel's row, as it ran this step
-    dense_output: np.ndarray
-    bound: float  # what rounding explains for this row
-    dense_error: float
-    stage_token: tuple[int, ...]  # the token each stage is about (-1: a merge or the result)
-
-    @property
-    def trace_error(self) -> float:
-        return float(np.abs(self.trace.output - self.kernel_output).max())
-
-    @property
-    def num_stages(self) -> int:
-        return len(self.stage_token)
-
-    def stage_text(self, stage: int) -> str:
-        """One sentence for a stage (written when shown: a long context has thousands)."""
-        trace = self.trace
-        if stage < len(trace.steps):
-            text = _describe_step(trace.steps[stage], self.kernel, split=bool(trace.partitions))
-            return text + _thread_block_note(trace)
-        if stage - len(trace.steps) < len(trace.merges):
-            return _describe_merge(trace.merges[stage - len(trace.steps)])
-        return (
-            f"output: replay vs kernel max |Δ| {self.trace_error:.1e}, kernel vs dense {self.dense_error:.1e} "
-            f"(rounding bound {self.bound:.1e})"
-        )
-
-
-def _thread_block_note(trace) -> str:
-    """Where a CUDA head's thread block sits when it attends several heads of a KV group."""
-    geometry = trace.geometry
-    if geometry is None or geometry.heads_per_block == 1:
-        return ""
-    block = geometry.thread_block_of(trace.head)
-    first = block * geometry.heads_per_block
-    return (
-        f" · thread block {block} attends heads {first}–{first + geometry.heads_per_block - 1} "
-        f"(KV head {trace.kv_head}): one K/V load serves all of them"
-    )
-
-
-def _describe_step(step, kernel: str, split: bool = False) -> str:
-    text = (
-        f"token {step.token}: logical block {step.logical_block} → physical block #{step.physical_block}, "
-        f"slot {step.slot} · score q·k·scale = {step.score:+.3f}"
-    )
-    if step.m_before == float("-inf"):
-        text += f" · first token here: m = {step.m_after:+.3f}"
-    elif step.m_after > step.m_before:
-        text += (
-            f" · new max {step.m_before:+.3f} → {step.m_after:+.3f}: "
-            f"rescale by exp(m_old − m_new) = ×{step.correction:.3f}"
-        )
-    text += f" · ℓ = {step.l_after:.3f}"
-    if step.lane is None and split:
-        text += f" · partition {step.partition}"
-    if step.lane is not None:
-        warp, group, iteration = step.lane
-        text += f" · warp {warp}, thread group {group}, iteration {iteration}"
-        if kernel == "cuda-v2":
-            text += f", partition {step.partition}"
-    return text
-
-
-def _describe_merge(merge) -> str:
-    if merge.stage == "group":
-        return (
-            f"partition {merge.partition}: thread groups {merge.into} and {merge.other} of each warp merge by a "
-            f"xor shuffle (mask {merge.mask}): m = {merge.m:+.3f}, ℓ = {merge.l:.3f}"
-        )
-    if merge.stage == "warp":
-        return (
-            f"partition {merge.partition}: warp {merge.other} joins through shared memory, its ℓ weighted by "
-            f"exp(m_warp − M) to {merge.l:.3f} (M = {merge.m:+.3f})"
-        )
-    return f"reduce: partition {merge.other} weighted by its exp-sum × exp(mᵢ − M) = {merge.l:.4f} (M = {merge.m:+.3f})"
-
-
-def walk_through(sim: Simulator, seq_id: str, head: int, kernel: str, partition_size: int) -> WalkThrough | None:
-    """Replay this step's kernel for ``seq_id``'s query head ``head`` (None if it did not attend)."""
-    from pagesim.kernels.trace import trace_cpu, trace_cuda
-
-    report = sim.last_attention
-    if report is None or seq_id not in report.seq_ids or kernel not in KERNEL_CHOICES:
-        return None
-    row = report.index_of(seq_id)
-    head = min(max(0, head), report.query.shape[1] - 1)
-    backend = sim.runner.backend
-    inputs = (
-        report.query,
-        backend.to_numpy(sim.runner.cache.key_cache),
-        backend.to_numpy(sim.runner.cache.value_cache),
-        report.block_tables,
-        report.context_lens,
-    )
-    if kernel == "cpu":
-        trace = trace_cpu(*inputs, row, head, report.scale)
-    else:
-        trace = trace_cuda(*inputs, row, head, report.scale, kernel[-2:], partition_size)
-    tokens = [step.token for step in trace.steps] + [-1] * (len(trace.merges) + 1)
-    return WalkThrough(
-        seq_id, head, kernel, partition_size, trace, report.output[row, head], report.dense[row, head],
-        float(report.tolerances[row, head]), float(report.head_errors[row, head]), tuple(tokens),
-    )  # fmt: skip

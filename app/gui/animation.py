@@ -39,14 +39,14 @@ def beats_for(
     hit_colour: QColor | None = None,
     evicted_colour: QColor | None = None,
 ) -> list[Beat]:
-    if frame.result is None or speed <= 0:
+    if frame.events is None or speed <= 0:
         return []
     scale = 1.0 / speed
     change = Beat(CHANGE_MS * scale)
     moves = Beat(SWAP_MS * scale)
     cpu_holders = dict(frame.cpu_holders)
     lookups: list[tuple[int, int]] = []  # (logical index, physical block) in access order
-    for event in frame.result.op_events:
+    for event in frame.events:
         if isinstance(event, ev.BlockAllocated | ev.BlockShared):
             change.glows[event.block] = colour_of(event.seq)
         elif isinstance(event, ev.BlockFreed | ev.BlockReleased):
@@ -68,7 +68,7 @@ def beats_for(
         elif isinstance(event, ev.BlockCopied):
             change.arrows.append((event.src, event.dst, colour_of(event.seq)))
             change.glows[event.dst] = colour_of(event.seq)
-    read = frame.result.lookup_of(focus_seq)  # the kernel's walk through the selected table
+    read = frame.step_lookup(focus_seq)  # the kernel's walk through the selected table
     if read is not None:
         lookups = list(enumerate(read))
     beats = [moves] if moves.swaps else []  # the move first, then the pool's new state glows

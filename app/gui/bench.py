@@ -10,7 +10,18 @@ import sys
 import tempfile
 import time
 
+from pagesim.app.benchmarks import machine_info, write_results
+from pagesim.app.gui.main_window import MainWindow
 from pagesim.app.options import bench_json, writable_problem
+from pagesim.core.config import CacheConfig
+from pagesim.core.operations import Add, Grow
+from pagesim.core.scenario import Scenario, load_shipped
+from pagesim.core.timeline import Timeline
+from pagesim.core.walkthrough import KERNEL_CHOICES, walk_through
+from pagesim.kernels.cpu_backend import CpuBackend
+from pagesim.kernels.selection import select_backend
+from PySide6.QtCore import QEventLoop, QSettings
+from PySide6.QtWidgets import QApplication
 
 TARGET_STEP_MS = 16.0
 TARGET_FIRST_FRAME_S = 2.0
@@ -23,9 +34,6 @@ MODEL_SIZES = {"light": (4, 2, 32), "heavy": (8, 2, 64)}
 
 def big_scenario(num_seqs: int, steps: int, size: str = "light"):
     """4096 blocks of 16 slots, ``num_seqs`` live sequences, then decode steps round-robin."""
-    from pagesim.core.config import CacheConfig
-    from pagesim.core.operations import Add, Grow
-    from pagesim.core.scenario import Scenario
 
     heads, kv_heads, head_dim = MODEL_SIZES[size]
     config = CacheConfig(
@@ -60,7 +68,6 @@ def first_frame_seconds() -> float:
 
 
 def time_steps(app, window, scenario, num_seqs: int, steps: int) -> tuple[list[float], object]:
-    from PySide6.QtCore import QEventLoop
 
     def wait_idle() -> None:
         # Sleep in an event loop (not a busy loop) so the worker has the GIL to itself.
@@ -96,10 +103,6 @@ TARGET_TRACE_MS = 50.0
 
 def walkthrough_trace_ms(repeats: int = 5) -> dict[str, float]:
     """What the worker spends replaying the kernel for the walk-through, per kernel."""
-    from pagesim.core.scenario import load_shipped
-    from pagesim.core.timeline import Timeline
-    from pagesim.core.view_model import KERNEL_CHOICES, walk_through
-    from pagesim.kernels.cpu_backend import CpuBackend
 
     timeline = Timeline(load_shipped("long_context"), CpuBackend())
     timeline.seek(3)
@@ -122,11 +125,6 @@ def main(args: argparse.Namespace) -> int:
         return 2
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the app sets it (app/main.py)
-    from pagesim.app.benchmarks import machine_info, write_results
-    from pagesim.app.gui.main_window import MainWindow
-    from pagesim.kernels.selection import select_backend
-    from PySide6.QtCore import QSettings
-    from PySide6.QtWidgets import QApplication
 
     machine = machine_info(select_backend("cpu"))
     print(f"gui: measured on {machine['cpu']} · {machine['cores']} cores · {' '.join(machine['cpu_flags'])}")

@@ -15,7 +15,8 @@ from pagesim.core.operations import Operation
 from pagesim.core.scenario import Scenario
 from pagesim.core.studies.waste import WasteStudy, study
 from pagesim.core.timeline import Timeline
-from pagesim.core.view_model import Frame, build_frame, walk_through
+from pagesim.core.view_model import Frame, build_frame
+from pagesim.core.walkthrough import WalkThrough, walk_through
 from pagesim.kernels.backend import BackendUnavailableError
 from pagesim.kernels.selection import select_backend
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
@@ -142,7 +143,7 @@ class KernelReady:
 
 @dataclass(frozen=True)
 class TraceReady:
-    walk: object  # core.view_model.WalkThrough, or None
+    walk: WalkThrough | None
 
 
 Reply = FrameReply | Loaded | LoadFailed | Failed | Exported | WasteReady | BackendReady | KernelReady | TraceReady

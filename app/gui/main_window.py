@@ -620,11 +620,8 @@ class MainWindow(QMainWindow):
 
     def _announce_scheduler_events(self, frame: Frame) -> None:
         """Preemptions and rejections say what they cost, in the status bar."""
-        if frame.result is None:
-            return
-        notes = [note for event in frame.result.op_events if (note := event.status_note())]
-        if notes:
-            self.statusBar().showMessage(" · ".join(notes), 8000)
+        if frame.status_notes:
+            self.statusBar().showMessage(" · ".join(frame.status_notes), 8000)
 
     def _sync_timeline(self, frame: Frame) -> None:
         self._syncing = True

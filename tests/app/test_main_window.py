@@ -231,7 +231,7 @@ def test_animations_follow_events_and_never_touch_the_model(make_window, qtbot):
     wait_idle(qtbot, window)
     qtbot.keyClick(window, Qt.Key.Key_Right)  # step 7: copy-on-write for A2
     frame = wait_idle(qtbot, window)
-    copied = [e for e in frame.result.events if isinstance(e, ev.BlockCopied)]
+    copied = [e for e in frame.events if isinstance(e, ev.BlockCopied)]
     assert len(copied) == 1
     qtbot.waitUntil(lambda: window.pool_view.items[copied[0].dst].glow is not None, timeout=5_000)
     assert window.pool_view._overlays, "the copy-on-write arrow is drawn"
@@ -348,7 +348,7 @@ def test_scheduler_scenarios_show_their_queues(make_window, qtbot):
 def test_a_preemption_says_what_it_cost(make_window, qtbot):
     window = make_window("preemption_recompute")
     frame = None
-    while frame is None or not any(type(e).__name__ == "RequestPreempted" for e in frame.result.events):
+    while frame is None or not any(type(e).__name__ == "RequestPreempted" for e in frame.events):
         qtbot.keyClick(window, Qt.Key.Key_Right)
         frame = wait_idle(qtbot, window)
         assert frame.position < frame.length, "the scenario should preempt"
@@ -681,7 +681,7 @@ def test_a_swap_flies_its_tiles_between_the_gpu_and_cpu_pools(make_window, qtbot
     qtbot.keyClick(window, Qt.Key.Key_Right)
     frame = wait_idle(qtbot, window)
     kind = ev.BlockSwappedOut if out else ev.BlockSwappedIn
-    swaps = [e for e in frame.result.events if isinstance(e, kind)]
+    swaps = [e for e in frame.events if isinstance(e, kind)]
     assert len(swaps) == 8
     flight = window.swap_flight
     qtbot.waitUntil(lambda: flight.isVisible() and 0.3 < flight.progress < 0.7, timeout=5_000)

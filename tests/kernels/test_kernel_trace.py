@@ -111,7 +111,7 @@ def test_a_thread_block_takes_the_largest_power_of_two_of_its_group_up_to_four(n
 
 
 def test_a_gqa_walk_names_the_thread_block_its_heads_share():
-    from pagesim.core.view_model import WalkThrough
+    from pagesim.core.walkthrough import WalkThrough
     from pagesim.kernels.dtypes import storage_dtype
 
     rng = np.random.default_rng(4)

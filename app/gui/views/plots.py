@@ -302,7 +302,7 @@ class KernelPanel(QWidget):
         self.kernel_curve.setData(dims, focus.output[head])
         self.dense_curve.setData(dims, focus.dense[head])
         error, bound = float(focus.head_errors[head]), float(focus.head_tolerances[head])
-        ok = error <= bound
+        ok = bool(focus.head_passed[head])
         colour = self.theme.good if ok else self.theme.bad
         mark = "✓ match" if ok else "✗ MISMATCH"
         exact = focus.kv_mismatch is None
@@ -343,10 +343,7 @@ class KernelPanel(QWidget):
             x=heads,
             height=np.log10(np.maximum(focus.head_errors, floor)) - np.log10(floor),
             y0=np.log10(floor),
-            brushes=[
-                pg.mkBrush(self.theme.good if e <= t else self.theme.bad)
-                for e, t in zip(focus.head_errors, focus.head_tolerances, strict=True)
-            ],
+            brushes=[pg.mkBrush(self.theme.good if ok else self.theme.bad) for ok in focus.head_passed.tolist()],
         )
         self.tolerance_line.setValue(np.log10(float(focus.head_tolerances.min())))
         self.error_plot.setYRange(np.log10(floor), 0, padding=0.02)  # fixed decades: steps compare

@@ -17,7 +17,7 @@ from pagesim.app.gui.views.plots import (
     _style_plot,
     set_side_label,
 )
-from pagesim.core.view_model import KERNEL_CHOICES, WalkThrough
+from pagesim.core.walkthrough import KERNEL_CHOICES, WalkThrough
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QComboBox,
