@@ -19,14 +19,19 @@ from pathlib import Path
 import numba
 import numpy as np
 import torch
-from pagesim.app.options import bench_json, writable_problem
+from pagesim.app.options import add_bench_options, bench_json, writable_problem
 from pagesim.core.atomic_write import atomic_write
 from pagesim.core.config import CacheConfig
 from pagesim.core.engine import Simulator
 from pagesim.core.errors import PagesimError
-from pagesim.core.operations import Add, Fork, Free, Grow
-from pagesim.core.scenario import Scenario
+from pagesim.core.operations import Add, Fork, Free, Grow, Schedule, Submit
+from pagesim.core.scenario import Scenario, load_shipped
+from pagesim.core.studies.workload import generate
+from pagesim.core.timeline import Timeline
 from pagesim.kernels.backend import Backend, default_scale
+from pagesim.kernels.cpu_backend import CpuBackend
+from pagesim.kernels.cuda_bench import run_cuda_benchmarks
+from pagesim.kernels.dtypes import storage_dtype
 from pagesim.kernels.reference import dense_attention_batched, paged_attention_reference
 from pagesim.kernels.selection import select_backend
 
@@ -120,8 +125,6 @@ def machine_info(backend: Backend) -> dict:
 
 
 def bench_kernel_case(case: KernelCase, backend: Backend, repeats: int, gather_repeats: int) -> dict:
-    from pagesim.kernels.dtypes import storage_dtype
-
     rng = np.random.default_rng(0)
     kv_heads = case.num_kv_heads or case.num_heads
     dtype = storage_dtype(case.dtype)
@@ -235,9 +238,6 @@ def bench_engine_ops(count: int) -> dict:
 def bench_scheduler(count: int) -> dict:
     """A seeded ShareGPT-like workload (Poisson arrivals, a 64-token shared system prompt)
     through the scheduler with prefix caching, memory management only (no K/V, no attention)."""
-    from pagesim.core.operations import Schedule, Submit
-    from pagesim.core.studies.workload import generate
-
     specs = generate("sharegpt", count, rate=40.0, seed=1, shared_prefix=64)
     config = CacheConfig(num_blocks=4096, block_size=16, num_heads=1, head_dim=8, prefix_caching=True, max_num_seqs=256)
     sim = Simulator(config, kv_data=False)
@@ -329,10 +329,6 @@ def memory_case(name: str, snapshot_data: bool) -> dict:
     bytes."""
     import gc
 
-    from pagesim.core.scenario import load_shipped
-    from pagesim.core.timeline import Timeline
-    from pagesim.kernels.cpu_backend import CpuBackend
-
     backend = CpuBackend()
     scenario = load_shipped("stress") if name == "stress" else _long_plus_short()
     # Load the kernels for this dtype (write, copy-on-write, attention), start torch and build
@@ -416,8 +412,6 @@ def run_benchmarks(args: argparse.Namespace) -> int:
         return 2
     backend = select_backend(args.backend)
     if backend.name == "cuda":
-        from pagesim.kernels.cuda_bench import run_cuda_benchmarks
-
         write_results(path, run_cuda_benchmarks(args, backend))
         return 0
     info = machine_info(backend)
@@ -479,8 +473,6 @@ def run_benchmarks(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    from pagesim.app.options import add_bench_options
-
     parser = argparse.ArgumentParser(
         prog="python -m pagesim.app.benchmarks", description="pagesim bench without the CLI"
     )

@@ -7,6 +7,7 @@ import codecs
 import contextlib
 import errno
 import importlib.util
+import json
 import math
 import os
 import sys
@@ -26,7 +27,8 @@ from pagesim.core.atomic_write import atomic_write
 from pagesim.core.errors import PagesimError
 from pagesim.core.events import RequestRejected
 from pagesim.core.scenario import DEFAULT_SCENARIO, load_scenario, shipped_scenarios
-from pagesim.core.studies.workload import DISTRIBUTIONS
+from pagesim.core.studies.waste import CATEGORIES, CATEGORY_LABELS, check_bounded, compare
+from pagesim.core.studies.workload import DISTRIBUTIONS, generate
 from pagesim.core.timeline import Timeline
 from pagesim.kernels.backend import BackendUnavailableError
 from pagesim.kernels.selection import available_backends, select_backend
@@ -214,17 +216,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.gui:
         return cmd_gui_bench(args)
+    # Lazy on purpose: the benchmarks import torch (over a second), which no other command needs.
     from pagesim.app.benchmarks import run_benchmarks
 
     return run_benchmarks(args)
 
 
 def cmd_waste(args: argparse.Namespace) -> int:
-    import json
-
-    from pagesim.core.studies.waste import CATEGORIES, CATEGORY_LABELS, check_bounded, compare
-    from pagesim.core.studies.workload import generate
-
     if args.slots < args.max_len:
         print(
             f"error: --slots {args.slots} is smaller than --max-len {args.max_len}: a contiguous allocator that "
@@ -320,6 +318,7 @@ def cmd_gui(args: argparse.Namespace) -> int:
     if reason := _qt_missing():
         print(f"error: {reason}", file=sys.stderr)
         return 2
+    # Lazy on purpose: only the GUI commands may load Qt (the headless ones never do).
     from pagesim.app.gui.main import main as gui_main
 
     return gui_main(args)
@@ -329,6 +328,7 @@ def cmd_gui_bench(args: argparse.Namespace) -> int:
     if reason := _qt_missing():
         print(f"error: {reason}", file=sys.stderr)
         return 2
+    # Lazy on purpose, as in cmd_gui: Qt loads only for the GUI benchmark.
     from pagesim.app.gui.bench import main as gui_bench_main
 
     return gui_bench_main(args)

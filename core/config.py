@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from pagesim.core.checks import is_count
 from pagesim.kernels.backend import MAX_HEAD_DIM
-from pagesim.kernels.dtypes import STORAGE_DTYPES, tolerance
+from pagesim.kernels.dtypes import STORAGE_DTYPES, storage_dtype, tolerance
 
 DEFAULT_MAX_MODEL_LEN = 2048
 # Longer than any model's context window (the longest are ~10M tokens); past it a value is
@@ -37,6 +37,10 @@ class CacheConfig:
     watermark: float = 0.01
     max_num_seqs: int = 256
     swap_bandwidth_gbs: float = 25.0
+    # Which scheduler runs submit/schedule: "v0" (whole prompts, vLLM v0) or "v1" (one token
+    # budget a step, chunked prefill, vLLM v1); max_num_batched_tokens is v1's budget.
+    scheduler: str = "v0"
+    max_num_batched_tokens: int = 2048
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "num_heads", "num_kv_heads", "head_dim", "max_model_len"):
@@ -77,6 +81,10 @@ class CacheConfig:
             raise ValueError(f"swap_bandwidth_gbs must be a positive, finite number; got {bandwidth!r}")
         if self.preemption == "swap" and self.num_cpu_blocks < 1:
             raise ValueError("preemption = 'swap' needs num_cpu_blocks ≥ 1 (the CPU pool swapped blocks wait in)")
+        if self.scheduler not in ("v0", "v1"):
+            raise ValueError(f"scheduler must be \"v0\" or \"v1\"; got {self.scheduler!r}")
+        if not is_count(self.max_num_batched_tokens):
+            raise ValueError(f"max_num_batched_tokens must be a positive integer; got {self.max_num_batched_tokens!r}")
         if not isinstance(self.prefix_caching, bool):
             raise ValueError(f"prefix_caching must be true or false; got {self.prefix_caching!r}")
 
@@ -87,8 +95,6 @@ class CacheConfig:
     @property
     def block_bytes(self) -> int:
         """Bytes of K and V one block holds."""
-        from pagesim.kernels.dtypes import storage_dtype
-
         return 2 * self.block_size * self.num_kv_heads * self.head_dim * storage_dtype(self.dtype).itemsize
 
     @property

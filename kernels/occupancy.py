@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from pagesim.kernels.geometry import CudaGeometry
 
 MIN_WAVES = 4.0  # below this, v2 is taken if it gives more waves
 
@@ -54,8 +55,6 @@ def bytes_in_flight_per_warp(head_dim: int, itemsize: int) -> int:
     the head slices of K and of V (16 bytes a lane each) of a batch of TOKENS_PER_ITER tokens,
     all issued before the reduction uses any. So a warp holds 2 × batch × tokens_per_warp ×
     head_dim × itemsize bytes in flight."""
-    from pagesim.kernels.trace import CudaGeometry
-
     geometry = CudaGeometry.of(np.dtype(f"f{itemsize}") if itemsize != 2 else np.float16, head_dim)
     return 2 * geometry.batch * geometry.tokens_per_warp * head_dim * itemsize
 

@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from pagesim.core.checks import is_count
-from pagesim.core.studies.workload import RequestSpec
+from pagesim.core.studies.workload import RequestSpec, generate
 
 ALLOCATORS = ("paged", "orca-oracle", "orca-pow2", "orca-max")
 CATEGORIES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
@@ -296,8 +296,6 @@ class WasteStudy:
 
 
 def study(distribution: str, count: int, slots: int, block_size: int, max_len: int) -> WasteStudy:
-    from pagesim.core.studies.workload import generate
-
     workload = generate(distribution, count, rate=2000.0, seed=0, max_len=max_len)
     reports = compare(workload, slots, block_size=block_size, max_len=max_len)
     rows = tuple(AllocatorShares(r.allocator, dict(r.shares), r.peak_batch) for r in reports)
