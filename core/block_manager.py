@@ -25,6 +25,8 @@ from pagesim.core.events import EventLog
 from pagesim.core.prefix_cache import PrefixCache
 from pagesim.core.sequence import Sequence
 
+NULL_BLOCK = 0  # the v1 scheduler's placeholder block (vLLM's null_block): held from the start
+
 
 @dataclass
 class Usage:
@@ -100,6 +102,10 @@ class BlockManager:
         self.config = config
         self.events = events
         self.pool = BlockPool(config.num_blocks)
+        if config.scheduler == "v1":
+            # vLLM v1: block 0 is the null block, never handed out; freed unhashed blocks are reused first.
+            self.pool.uncached_first = True
+            self.pool.allocate_specific([NULL_BLOCK])
         self.cpu_pool: BlockPool | None = None  # created by the first swap out
         self.usage = Usage()
         self._fill = [0] * config.num_blocks  # tokens held by each physical block
@@ -307,6 +313,7 @@ class BlockManager:
             self.events.add(ev.BlockShared, block, child.seq_id, index, ref_count)
 
     def free(self, seq: Sequence) -> None:
+        self.pool.begin_release()
         for block in reversed(seq.block_table):
             self._release(block, seq.seq_id)
         self.usage.count_tokens(seq.num_tokens, None, self.contiguous_reservation)

@@ -52,6 +52,10 @@ class BlockPool:
         # keeps its hash, so evicting one twin leaves the prefix reachable through another.
         self._block_of: dict[int, dict[int, None]] = {}
         self._cached_free = 0  # free blocks that still hold a cached prefix
+        # vLLM v1's order: a freed block without a hash goes to the head of the queue (reused
+        # first), those of one release batch in the order released; hashed ones to the tail.
+        self.uncached_first = False
+        self._front = _NONE  # the last block this batch put at the head
 
     # -- queries -------------------------------------------------------------
     @property
@@ -209,9 +213,17 @@ class BlockPool:
             raise ValueError(f"block {block_id} is already free")
         left = refs[block_id] = refs[block_id] - 1
         if left == 0:
-            self._append_free(block_id)
+            if self.uncached_first and block_id not in self._hash_of:
+                self._insert_front(block_id)
+            else:
+                self._append_free(block_id)
             self._cached_free += block_id in self._hash_of
         return left
+
+    def begin_release(self) -> None:
+        """A new batch of releases (one sequence's table): with ``uncached_first``, its
+        unhashed blocks go to the head ahead of the older free blocks, in the order released."""
+        self._front = _NONE
 
     # -- snapshots -------------------------------------------------------------
     def snapshot(self) -> PoolSnapshot:
@@ -259,6 +271,21 @@ class BlockPool:
         self._ref_counts[block_id] = 1
         self._num_free -= 1
         return block_id
+
+    def _insert_front(self, block_id: int) -> None:
+        after = self._front
+        nxt = self._head if after == _NONE else self._next[after]
+        self._prev[block_id], self._next[block_id] = after, nxt
+        if after == _NONE:
+            self._head = block_id
+        else:
+            self._next[after] = block_id
+        if nxt == _NONE:
+            self._tail = block_id
+        else:
+            self._prev[nxt] = block_id
+        self._front = block_id
+        self._num_free += 1
 
     def _append_free(self, block_id: int) -> None:
         self._prev[block_id], self._next[block_id] = self._tail, _NONE

@@ -82,7 +82,9 @@ class CacheConfig:
         if self.preemption == "swap" and self.num_cpu_blocks < 1:
             raise ValueError("preemption = 'swap' needs num_cpu_blocks ≥ 1 (the CPU pool swapped blocks wait in)")
         if self.scheduler not in ("v0", "v1"):
-            raise ValueError(f"scheduler must be \"v0\" or \"v1\"; got {self.scheduler!r}")
+            raise ValueError(f'scheduler must be "v0" or "v1"; got {self.scheduler!r}')
+        if self.scheduler == "v1" and self.preemption != "recompute":
+            raise ValueError('scheduler = "v1" preempts by recompute only (vLLM v1 has no swap)')
         if not is_count(self.max_num_batched_tokens):
             raise ValueError(f"max_num_batched_tokens must be a positive integer; got {self.max_num_batched_tokens!r}")
         if not isinstance(self.prefix_caching, bool):

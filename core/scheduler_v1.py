@@ -1,0 +1,302 @@
+"""vLLM v1's scheduler: one token budget a step (``max_num_batched_tokens``), spent on the
+running requests first, then on waiting ones; chunked prefill; the step that completes a
+prompt samples the first token, and the newest sampled token is never in the cache (the
+next step computes it). Admission credits prefix-cache hits, also on free cached blocks;
+when a running request cannot get its blocks the newest running request (``running[-1]``,
+possibly itself) is preempted by recompute, and a step that preempted admits nobody.
+``max_num_seqs`` counts requests; n > 1 runs n child requests (``r/s0`` …) that share their
+prompt's full blocks through the prefix cache, as vLLM's parallel-sampling parent does.
+
+Block 0 is the null block and freed blocks go back as vLLM v1's ``BlockPool`` returns them
+(the block manager's v1 mode); a request's sequence holds exactly the tokens computed so far.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+from pagesim.core import events as ev
+from pagesim.core.block_manager import BlockManager
+from pagesim.core.config import CacheConfig
+from pagesim.core.errors import DuplicateSequenceError, InvalidOperationError
+from pagesim.core.events import EventLog
+from pagesim.core.operations import CHILD_SEPARATOR, Schedule, Submit
+from pagesim.core.registry import SequenceRegistry
+from pagesim.core.scheduler import PromptSource
+from pagesim.core.token_model import TokenModel
+
+WAITING, RUNNING, FINISHED, REJECTED = "waiting", "running", "finished", "rejected"
+
+
+@dataclass(slots=True)
+class RequestV1:
+    """One request as vLLM's ``Request``: its tokens (prompt, then samples) and how many of
+    them are computed. A parallel sample is a request of its own, ``name/s<i>``."""
+
+    request: str
+    order: int
+    prompt_len: int
+    max_tokens: int
+    tokens: list[int]  # vLLM's all_token_ids
+    computed: int = 0  # num_computed_tokens: the tokens whose K/V are in the cache
+    status: str = WAITING
+    preemptions: int = 0
+    prefix_hits: list[int] = field(default_factory=list)  # hit tokens at each admission
+    output: tuple[int, ...] | None = None  # prescribed samples (a replayed trace); None: the token model
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def seqs(self) -> list[str]:
+        return [self.request] if self.status == RUNNING else []
+
+    def copy(self) -> RequestV1:
+        return replace(self, tokens=list(self.tokens), prefix_hits=list(self.prefix_hits))
+
+
+@dataclass(frozen=True, slots=True)
+class Scheduled:
+    request: str
+    kind: str  # "new", "resumed" (admitted again after a preemption) or "running"
+    tokens: int
+    computed_before: int
+    prefix_hit_tokens: int | None  # admissions only
+
+
+@dataclass
+class StepV1:
+    """What one step decided: vLLM's ``SchedulerOutput`` and ``update_from_output`` in short."""
+
+    scheduled: list[Scheduled] = field(default_factory=list)  # running ones first, then admissions
+    preempted: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    sampled: dict[str, int] = field(default_factory=dict)
+    free_after_schedule: int = 0
+    free_after_update: int = 0
+    block_tables: dict[str, list[int]] | None = None  # after scheduling, when ``record_tables``
+
+
+@dataclass
+class StatsV1:
+    preemptions: int = 0
+    recomputed_tokens: int = 0
+    finished: int = 0
+    rejected: int = 0
+    swapped_blocks: int = 0  # (v1 never swaps)
+    swap_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class SchedulerV1Snapshot:
+    requests: tuple[RequestV1, ...]
+    waiting: tuple[str, ...]
+    running: tuple[str, ...]
+    stats: StatsV1
+    used: bool
+    last_step: StepV1 | None
+
+
+def refusal_at_submit_v1(op: Submit, config: CacheConfig, prompt_len: int) -> str | None:
+    """What no state of the pool can run: beams (vLLM v1 searches above the engine), or a
+    request whose cached tokens (all but the last sample) outgrow the usable blocks."""
+    if op.beam_width:
+        return 'the v1 scheduler has no beam search (vLLM v1 runs it above the engine): use scheduler = "v0"'
+    usable = config.num_blocks - 1  # block 0 is the null block
+    need = config.blocks_for(prompt_len + op.output_len - 1)
+    if need > usable:
+        return f"{prompt_len} prompt + {op.output_len} output tokens need {need} blocks; {usable} are usable"
+    return None
+
+
+class SchedulerV1:
+    """Above the block manager, as the v0 :class:`~pagesim.core.scheduler.Scheduler`: it
+    reads free blocks and prefix hits there and changes sequences only through the registry."""
+
+    def __init__(
+        self, config: CacheConfig, model: TokenModel, blocks: BlockManager, registry: SequenceRegistry, events: EventLog
+    ) -> None:
+        self.config, self.model, self.blocks, self.registry, self.events = config, model, blocks, registry, events
+        self.used = False
+        self.requests: dict[str, RequestV1] = {}
+        self.waiting: deque[str] = deque()
+        self.running: list[str] = []
+        self.swapped: deque[str] = deque()  # always empty: v1 preempts by recompute only
+        self.stats = StatsV1()
+        self.prompts = PromptSource(model)
+        self.record_tables = False  # keep each step's block tables in last_step (a trace)
+        self.last_step: StepV1 | None = None
+
+    # -- operations ---------------------------------------------------------------------
+    def execute(self, op) -> None:
+        self.used = True
+        if isinstance(op, Submit):
+            self.submit(op)
+        elif isinstance(op, Schedule):
+            self.last_step = None  # (stays None when there is nothing to do)
+            for _ in range(op.steps):
+                if not (self.running or self.waiting) or self.stalled():
+                    break
+                self.step()
+        else:
+            raise InvalidOperationError(f"not a scheduler operation: {op!r}")
+
+    def submit(self, op: Submit, output: tuple[int, ...] | None = None) -> None:
+        """Queue ``op`` (its n samples as n requests); ``output``: the tokens it will sample."""
+        names = [op.request] if op.n == 1 else [f"{op.request}{CHILD_SEPARATOR}s{i}" for i in range(op.n)]
+        if op.request in self.requests or any(name in self.requests for name in names):
+            raise DuplicateSequenceError(op.request, "a request of that name was submitted already")
+        refusal = refusal_at_submit_v1(op, self.config, op.length)
+        prompt = () if refusal else self.prompts.prompt_of(op)
+        self.events.add(ev.RequestSubmitted, op.request, len(prompt) or op.length, op.output_len, op.n)
+        for name in names:
+            state = RequestV1(name, len(self.requests), len(prompt), op.output_len, list(prompt), output=output)
+            self.requests[name] = state
+            if refusal:
+                self._reject(state, refusal)
+            else:
+                self.waiting.append(name)
+
+    def reserving(self, seq_id: str) -> str | None:
+        """The waiting request that will run a sequence named ``seq_id`` when admitted, if any."""
+        return seq_id if seq_id in self.waiting else None
+
+    def stalled(self) -> str | None:
+        """Why the waiting requests can never run, or None: nothing runs, and the head of the
+        queue cannot get its first chunk's blocks (user sequences hold them)."""
+        if self.running or not self.waiting:
+            return None
+        state = self.requests[self.waiting[0]]
+        if self.registry.is_taken(state.request):
+            return None  # the next step rejects it
+        hits, _ = self._first_chunk(state, self.config.max_num_batched_tokens)
+        if self.blocks.can_allocate(len(state.tokens), hits):
+            return None
+        need, free = self.blocks.allocation_need(len(state.tokens), hits), self.blocks.num_free
+        return (
+            f"waiting request {state.request} needs {need} blocks; {free} are free and nothing running will free more"
+        )
+
+    # -- one step -----------------------------------------------------------------------
+    def _first_chunk(self, state: RequestV1, budget: int) -> tuple[list[tuple[int, int]], int]:
+        """Its prefix-cache hits (all but the last token may hit) and the tokens it would
+        hold after this step's chunk: the hits plus up to ``budget`` tokens to compute."""
+        hits = self.blocks.prefix.match(state.tokens) if self.config.prefix_caching else []
+        hit_tokens = len(hits) * self.config.block_size
+        return hits, hit_tokens + min(len(state.tokens) - hit_tokens, budget)
+
+    def step(self) -> StepV1:
+        record = StepV1()
+        self.last_step = record
+        budget, blocks, registry = self.config.max_num_batched_tokens, self.blocks, self.registry
+        # 1. The running requests, in order, each as far as its tokens and the budget go.
+        index = 0
+        while index < len(self.running) and budget > 0:
+            state = self.requests[self.running[index]]
+            tokens = min(len(state.tokens) - state.computed, budget)
+            seq = registry.sequence(state.request)
+            while blocks.append_plan(seq, tokens).blocks_needed > blocks.num_free:
+                victim = self.running.pop()  # the newest running request, maybe this one
+                self._preempt(victim)
+                record.preempted.append(victim)
+                if victim == state.request:
+                    break
+            if state.status != RUNNING:
+                break
+            record.scheduled.append(Scheduled(state.request, "running", tokens, state.computed, None))
+            self._compute(state, tokens)
+            budget -= tokens
+            index += 1
+        # 2. Waiting requests, first come first served, unless this step preempted.
+        while not record.preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            state = self.requests[self.waiting[0]]
+            if registry.is_taken(state.request):
+                self.waiting.popleft()
+                self._reject(state, "a sequence of that name already exists")
+                continue
+            hits, held = self._first_chunk(state, budget)
+            if not blocks.can_allocate(len(state.tokens), hits):  # its whole sequence must fit (vLLM's
+                break  # scheduler_reserve_full_isl), not only this chunk
+            self.waiting.popleft()
+            hit_tokens = len(hits) * self.config.block_size
+            kind = "resumed" if state.preemptions else "new"
+            record.scheduled.append(Scheduled(state.request, kind, held - hit_tokens, hit_tokens, hit_tokens))
+            registry.add(state.request, state.tokens[:held], owner=state.request, vocab_checked=True)
+            state.computed, state.status = held, RUNNING
+            state.prefix_hits.append(hit_tokens)
+            self.running.append(state.request)
+            budget -= held - hit_tokens
+            self.events.add(ev.RequestAdmitted, state.request, (state.request,), kind == "resumed")
+        record.free_after_schedule = blocks.num_free
+        if self.record_tables:
+            record.block_tables = {r: list(registry.sequence(r).block_table) for r in self.running}
+        # 3. The model's answer: a token for each request now computed up to its end.
+        self._sample(record)
+        record.free_after_update = blocks.num_free
+        return record
+
+    def _compute(self, state: RequestV1, tokens: int) -> None:
+        seq = self.registry.sequence(state.request)
+        self.registry.append([seq], [state.tokens[state.computed : state.computed + tokens]])
+        state.computed += tokens
+
+    def _sample(self, record: StepV1) -> None:
+        done = [self.requests[s.request] for s in record.scheduled]
+        done = [state for state in done if state.computed == len(state.tokens)]
+        drawn = [state for state in done if state.output is None]
+        tokens = iter(self.model.next_token_ids([s.request for s in drawn], [len(s.tokens) for s in drawn]))
+        for state in done:
+            token = next(tokens) if state.output is None else state.output[state.num_outputs]
+            state.tokens.append(token)
+            record.sampled[state.request] = token
+            if state.num_outputs >= state.max_tokens:
+                self.registry.free(state.request)
+                self.running.remove(state.request)
+                state.status = FINISHED
+                self.stats.finished += 1
+                record.finished.append(state.request)
+                self.events.add(ev.RequestFinished, state.request, state.num_outputs)
+
+    def _preempt(self, request: str) -> None:
+        state = self.requests[request]
+        held = len(self.registry.sequence(request).block_table)
+        self.registry.free(request)
+        lost, state.computed = state.computed, 0
+        state.status = WAITING
+        state.preemptions += 1
+        self.waiting.appendleft(request)
+        self.stats.preemptions += 1
+        self.stats.recomputed_tokens += lost
+        self.events.add(ev.RequestPreempted, request, "recompute", (request,), held, lost, 0.0)
+
+    def _reject(self, state: RequestV1, reason: str) -> None:
+        state.status = REJECTED
+        self.stats.rejected += 1
+        self.events.add(ev.RequestRejected, state.request, reason)
+
+    # -- state ------------------------------------------------------------------------
+    def counts(self) -> dict[str, int]:
+        st = self.stats
+        return {
+            "waiting": len(self.waiting),
+            "running": len(self.running),
+            "swapped": 0,
+            "finished": st.finished,
+            "rejected": st.rejected,
+            "preemptions": st.preemptions,
+            "recomputed_tokens": st.recomputed_tokens,
+            "swapped_blocks": 0,
+        }
+
+    def snapshot(self) -> SchedulerV1Snapshot:
+        requests = tuple(s.copy() for s in self.requests.values())
+        return SchedulerV1Snapshot(
+            requests, tuple(self.waiting), tuple(self.running), replace(self.stats), self.used, self.last_step
+        )
+
+    def restore(self, snap: SchedulerV1Snapshot) -> None:
+        self.requests = {s.request: s.copy() for s in snap.requests}
+        self.waiting, self.running = deque(snap.waiting), list(snap.running)
+        self.stats, self.used, self.last_step = replace(snap.stats), snap.used, snap.last_step
