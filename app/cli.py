@@ -30,6 +30,7 @@ from pagesim.core.scenario import DEFAULT_SCENARIO, load_scenario, shipped_scena
 from pagesim.core.studies.waste import CATEGORIES, CATEGORY_LABELS, check_bounded, compare
 from pagesim.core.studies.workload import DISTRIBUTIONS, generate
 from pagesim.core.timeline import Timeline
+from pagesim.core.trace import dumps_trace, load_workload, run_workload
 from pagesim.kernels.backend import BackendUnavailableError
 from pagesim.kernels.selection import available_backends, select_backend
 
@@ -101,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
     waste.add_argument("--max-len", type=_max_len, default=2048, help="the model's max length (Orca-Max reserves it)")
     waste.add_argument("--json", type=Path, metavar="PATH", help="write the breakdown here ('-': standard output)")
     waste.add_argument("--per-step", action="store_true", help="with --json: every step's split too")
+
+    trace = sub.add_parser(
+        "trace", help="run a workload of the vLLM v1 traces through the v1 scheduler; write its trace (JSON lines)"
+    )
+    trace.add_argument("workload", type=Path, help="a workload-N.json (config, requests with their output tokens)")
+    trace.add_argument("-o", "--output", type=Path, required=True, metavar="OUT", help="the trace ('-': stdout)")
 
     sub.add_parser("scenarios", help="list the shipped scenarios")
     sub.add_parser("backends", help="list the backends and whether each can run here")
@@ -290,6 +297,22 @@ def cmd_waste(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_trace(args: argparse.Namespace) -> int:
+    if reason := writable_problem(args.output, "--output"):
+        print(f"error: {reason}", file=sys.stderr)
+        return 2
+    text = dumps_trace(run_workload(load_workload(args.workload)))
+    if str(args.output) == "-":
+        sys.stdout.write(text)
+        return 0
+    try:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(args.output, text)
+    except OSError as exc:
+        raise CannotWrite(args.output, "--output", exc) from None
+    return 0
+
+
 def cmd_scenarios(_: argparse.Namespace) -> int:
     for name in sorted(shipped_scenarios()):
         scenario = load_scenario(name)
@@ -438,6 +461,7 @@ def _main(argv: list[str] | None = None) -> int:
         "bench": cmd_bench,
         "scenarios": cmd_scenarios,
         "waste": cmd_waste,
+        "trace": cmd_trace,
         "backends": cmd_backends,
         "gui": cmd_gui,
     }

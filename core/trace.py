@@ -1,0 +1,342 @@
+"""Traces of the v1 scheduler in the format of the vLLM v1 traces: a workload (a config and
+requests with their prescribed output tokens) goes in, one JSON object a line comes out —
+a header, a record per ``schedule()`` + ``update_from_output()`` step (what was scheduled,
+preempted and finished, block tables, samples, free counts, queues, the step's KV events)
+and a summary. :func:`compare_traces` says where two traces differ.
+
+Block hashes are computed as vLLM computes them (SHA-256 over a pickled ``(parent hash,
+token ids, extra keys)`` tuple, published as the low 64 bits) from a fixed root
+(``NONE_HASH`` as vLLM derives it from ``PYTHONHASHSEED=0``). vLLM draws its root at random
+per process unless that variable is set, so two traces' hashes match only up to renaming:
+:func:`compare_traces` checks that one renaming maps every hash of one onto the other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pagesim.core import events as ev
+from pagesim.core.checks import all_ints, is_count, is_int
+from pagesim.core.config import CacheConfig
+from pagesim.core.engine import Simulator
+from pagesim.core.errors import PagesimError
+from pagesim.core.operations import CHILD_SEPARATOR, Schedule, Submit
+from pagesim.core.scenario import read_scenario_text
+from pagesim.core.token_model import VOCAB_SIZE
+
+CONFIG_KEYS = ("num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching")
+DEFAULT_MAX_STEPS = 10_000
+
+
+class WorkloadError(PagesimError):
+    def __init__(self, source: str, message: str) -> None:
+        super().__init__(f"{source}: {message}")
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    id: str
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    output: tuple[int, ...]
+    arrival_step: int
+
+
+@dataclass(frozen=True)
+class Workload:
+    config: dict
+    requests: tuple[TraceRequest, ...]
+    max_steps: int = DEFAULT_MAX_STEPS
+
+    def cache_config(self) -> CacheConfig:
+        c = self.config
+        return CacheConfig(
+            num_blocks=c["num_gpu_blocks"],
+            block_size=c["block_size"],
+            num_heads=1,
+            head_dim=8,  # (memory management only: no K/V)
+            scheduler="v1",
+            max_num_seqs=c["max_num_seqs"],
+            max_num_batched_tokens=c["max_num_batched_tokens"],
+            prefix_caching=c["enable_prefix_caching"],
+        )
+
+
+def _token_list(value, what: str, source: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not value or not all_ints(value) or not all(0 <= t < VOCAB_SIZE for t in value):
+        raise WorkloadError(source, f"{what} must be a non-empty list of token ids in [0, {VOCAB_SIZE})")
+    return tuple(value)
+
+
+def parse_workload(doc, source: str = "<memory>") -> Workload:
+    if (
+        not isinstance(doc, dict)
+        or not isinstance(doc.get("config"), dict)
+        or not isinstance(doc.get("requests"), list)
+    ):
+        raise WorkloadError(source, "a workload is an object with a config object and a requests list")
+    config = doc["config"]
+    for key in CONFIG_KEYS:
+        value = config.get(key)
+        valid = isinstance(value, bool) if key == "enable_prefix_caching" else is_count(value)
+        if not valid:
+            kind = "true or false" if key == "enable_prefix_caching" else "a positive integer"
+            raise WorkloadError(source, f"config.{key} must be {kind}; got {value!r}")
+    max_steps = doc.get("max_steps", DEFAULT_MAX_STEPS)
+    if not is_count(max_steps):
+        raise WorkloadError(source, f"max_steps must be a positive integer; got {max_steps!r}")
+    requests, seen = [], set()
+    for i, raw in enumerate(doc["requests"]):
+        where = f"requests[{i}]"
+        if not isinstance(raw, dict):
+            raise WorkloadError(source, f"{where} must be an object")
+        rid = raw.get("id")
+        if not isinstance(rid, str) or not rid or CHILD_SEPARATOR in rid or rid in seen:
+            raise WorkloadError(source, f"{where}.id must be a new non-empty name without '/'; got {rid!r}")
+        seen.add(rid)
+        count, arrival = raw.get("max_new_tokens"), raw.get("arrival_step", 0)
+        if not is_count(count):
+            raise WorkloadError(source, f"{where}.max_new_tokens must be a positive integer; got {count!r}")
+        if not is_int(arrival) or arrival < 0:
+            raise WorkloadError(source, f"{where}.arrival_step must be an integer ≥ 0; got {arrival!r}")
+        output = _token_list(raw.get("output"), f"{where}.output", source)
+        if len(output) < count:
+            raise WorkloadError(source, f"{where}.output holds {len(output)} tokens; max_new_tokens is {count}")
+        prompt = _token_list(raw.get("prompt"), f"{where}.prompt", source)
+        requests.append(TraceRequest(rid, prompt, count, output, arrival))
+    workload = Workload({k: config[k] for k in CONFIG_KEYS}, tuple(requests), max_steps)
+    try:
+        workload.cache_config()
+    except ValueError as exc:
+        raise WorkloadError(source, f"config: {exc}") from None
+    return workload
+
+
+def load_workload(path: str | Path) -> Workload:
+    source = str(path)
+    text = read_scenario_text(path)  # a regular file of bounded size, in UTF-8
+    try:
+        doc = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise WorkloadError(source, f"not valid JSON: {exc}") from None
+    return parse_workload(doc, source)
+
+
+# -- vLLM's block hashes ------------------------------------------------------------------
+def _sha256(value) -> bytes:
+    return hashlib.sha256(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
+NONE_HASH = _sha256("0")  # what vLLM's init_none_hash makes of PYTHONHASHSEED=0
+
+
+def published(block_hash: bytes) -> int:
+    """A hash as vLLM's KV events publish it (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES): its low 64 bits."""
+    return int.from_bytes(block_hash, "big") & ((1 << 64) - 1)
+
+
+class ChainHashes:
+    """vLLM's chained block hashes of token prefixes, memoised by (parent, block)."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self._memo: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
+
+    def chain(self, tokens: list[int], blocks: int) -> list[bytes]:
+        parent, out, bs = NONE_HASH, [], self.block_size
+        for index in range(blocks):
+            key = (parent, tuple(tokens[index * bs : (index + 1) * bs]))
+            if (value := self._memo.get(key)) is None:
+                value = self._memo[key] = _sha256((parent, key[1], None))
+            out.append(value)
+            parent = value
+        return out
+
+
+# -- running a workload -------------------------------------------------------------------
+def _kv_events(events: Iterable[ev.Event], sim: Simulator, hashes: ChainHashes, held: dict[int, int]) -> list[dict]:
+    """The step's BlockStored / BlockRemoved events as vLLM publishes them. ``held``: each
+    cached block's published hash (kept across steps for the removals)."""
+    out: list[dict] = []
+    bs, pool, requests = hashes.block_size, sim.blocks.pool, sim.scheduler.requests
+    groups: list[list[ev.BlockCached]] = []
+    for event in events:
+        if isinstance(event, ev.BlockCached):
+            if out and out[-1] is None and groups[-1][-1].seq == event.seq:
+                groups[-1].append(event)
+                continue
+            groups.append([event])
+            out.append(None)  # filled in below, once the group is whole
+        elif isinstance(event, ev.BlockEvicted):
+            out.append(
+                {"type": "BlockRemoved", "block_hashes": [held.pop(event.block)], "medium": "GPU", "group_idx": 0}
+            )
+    filled, group_iter = [], iter(groups)
+    for item in out:
+        if item is not None:
+            filled.append(item)
+            continue
+        group = next(group_iter)
+        cached = pool.cached_tokens(group[0].block)
+        if cached is None:
+            raise AssertionError(f"block {group[0].block} was cached and evicted in one step")
+        first = cached[1] // bs
+        tokens = requests[group[0].seq].tokens
+        chain = hashes.chain(tokens, first + len(group))
+        values = [published(h) for h in chain[first:]]
+        held.update((e.block, v) for e, v in zip(group, values, strict=True))
+        stored = {"type": "BlockStored", "block_hashes": values}
+        if first:
+            stored["parent_block_hash"] = published(chain[first - 1])
+        stored |= {
+            "token_ids": list(tokens[first * bs : (first + len(group)) * bs]),
+            "block_size": bs,
+            "medium": "GPU",
+            "extra_keys": [None] * len(group),
+            "group_idx": 0,
+            "kv_cache_spec_kind": "full_attention",
+        }
+        filled.append(stored)
+    return filled
+
+
+KIND_ORDER = {"new": 0, "resumed": 1, "running": 2}
+
+
+def run_workload(workload: Workload) -> list[dict]:
+    """The v1 scheduler's trace of ``workload``: header, one record a step, summary."""
+    config = workload.cache_config()
+    sim = Simulator(config, kv_data=False)
+    scheduler = sim.scheduler
+    scheduler.record_tables = True
+    hashes, held = ChainHashes(config.block_size), {}
+    arriving: dict[int, list[TraceRequest]] = {}
+    for request in workload.requests:
+        arriving.setdefault(request.arrival_step, []).append(request)
+    header = {
+        "kind": "header",
+        "engine": "pagesim.core.scheduler_v1.SchedulerV1",
+        "config": dict(workload.config),
+        "usable_blocks": config.num_blocks - 1,
+        "null_block_id": 0,
+        "kv_events": "capture",
+    }
+    records, finished, admitted, left = [header], {}, {}, len(workload.requests)
+    steps = 0
+    for step in range(workload.max_steps):
+        arrivals = arriving.get(step, [])
+        for request in arrivals:
+            sim.apply(Submit(request.id, request.max_new_tokens, prompt=request.prompt), attend=False)
+            scheduler.requests[request.id].output = request.output
+        left -= len(arrivals)
+        result = sim.apply(Schedule(1), attend=False)
+        done = scheduler.last_step
+        scheduled = sorted(done.scheduled, key=lambda s: KIND_ORDER[s.kind]) if done else []
+        for entry in scheduled:
+            if entry.prefix_hit_tokens is not None:
+                admitted.setdefault(entry.request, []).append(entry.prefix_hit_tokens)
+        for request in done.finished if done else ():
+            finished[request] = {"step": step}
+        free = sim.blocks.num_free
+        records.append(
+            {
+                "kind": "step",
+                "step": step,
+                "arrivals": [r.id for r in arrivals],
+                # (vLLM 0.33 lists a request resumed after preemption among the new ones)
+                "scheduled": [_scheduled(s) for s in scheduled],
+                "total_scheduled_tokens": sum(s.tokens for s in scheduled),
+                # (the traces list preempted and finished requests sorted, as from vLLM's sets)
+                "preempted": sorted(done.preempted) if done else [],
+                "block_tables": done.block_tables if done else {},
+                "sampled": {r: [t] for r, t in done.sampled.items()} if done else {},
+                "finished": sorted(done.finished) if done else [],
+                "free_blocks_after_schedule": done.free_after_schedule if done else free,
+                "free_blocks_after_update": done.free_after_update if done else free,
+                "running": list(scheduler.running),
+                "waiting": list(scheduler.waiting),
+                "kv_events": _kv_events(result.op_events, sim, hashes, held),
+            }
+        )
+        steps = step + 1
+        if not left and not scheduler.running and not scheduler.waiting:
+            break
+    batches = [r["kv_events"] for r in records[1:] if r["kv_events"]]
+    unfinished = [r.id for r in workload.requests if r.id not in finished]
+    summary = {
+        "kind": "summary",
+        "steps": steps,
+        "finished": finished,
+        "admission_prefix_hit_tokens": admitted,
+        "unfinished": unfinished,
+        "captured_event_batches": len(batches),
+        "captured_events": sum(map(len, batches)),
+    }
+    return [*records, summary]
+
+
+def _scheduled(entry) -> dict:
+    out = {"id": entry.request, "kind": "running" if entry.kind == "running" else "new", "tokens": entry.tokens}
+    out["computed_before"] = entry.computed_before
+    if entry.prefix_hit_tokens is not None:
+        out["prefix_hit_tokens"] = entry.prefix_hit_tokens
+    return out
+
+
+def dumps_trace(records: list[dict]) -> str:
+    return "".join(json.dumps(record) + "\n" for record in records)
+
+
+def read_trace(lines: Iterable[str]) -> list[dict]:
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+# -- comparing ----------------------------------------------------------------------------
+def _hash_fields(record: dict) -> Iterable[tuple[str, int]]:
+    events = record.get("kv_events")
+    for i, event in enumerate(events if isinstance(events, list) else ()):
+        for value in event.get("block_hashes", ()):
+            yield f"kv_events[{i}].block_hashes", value
+        if "parent_block_hash" in event:
+            yield f"kv_events[{i}].parent_block_hash", event["parent_block_hash"]
+
+
+def _without_hashes(record: dict) -> dict:
+    out = {k: v for k, v in record.items() if k != "engine"}
+    if isinstance(record.get("kv_events"), list):
+        out["kv_events"] = [
+            {k: v for k, v in e.items() if k not in ("block_hashes", "parent_block_hash")}
+            | {"hashes": len(e.get("block_hashes", ())), "has_parent": "parent_block_hash" in e}
+            for e in record["kv_events"]
+        ]
+    return out
+
+
+def compare_traces(ours: list[dict], theirs: list[dict], exact_hashes: bool = False) -> list[str]:
+    """Where ``ours`` and ``theirs`` differ (empty: they agree), record by record and field
+    by field. Block hashes must be equal with ``exact_hashes``; otherwise one renaming must
+    map each hash of ``theirs`` onto one of ``ours`` and back, everywhere they occur (the
+    same block content under the same parent chain has the same hash, in both)."""
+    problems: list[str] = []
+    if len(ours) != len(theirs):
+        problems.append(f"{len(ours)} records against {len(theirs)}")
+    forward: dict[int, int] = {}
+    backward: dict[int, int] = {}
+    for index, (a, b) in enumerate(zip(ours, theirs, strict=False)):
+        where = f"record {index} ({b.get('kind')} {b.get('step', '')})".rstrip()
+        plain_a, plain_b = _without_hashes(a), _without_hashes(b)
+        for key in sorted(set(plain_a) | set(plain_b)):
+            if plain_a.get(key) != plain_b.get(key):
+                problems.append(f"{where}: {key}: ours {plain_a.get(key)!r}, theirs {plain_b.get(key)!r}")
+        for (field, ha), (_, hb) in zip(_hash_fields(a), _hash_fields(b), strict=False):
+            if exact_hashes:
+                if ha != hb:
+                    problems.append(f"{where}: {field}: ours {ha}, theirs {hb}")
+            elif forward.setdefault(hb, ha) != ha or backward.setdefault(ha, hb) != hb:
+                problems.append(f"{where}: {field}: hash {hb} of theirs is not renamed consistently")
+    return problems

@@ -1,0 +1,54 @@
+"""``pagesim trace WORKLOAD -o OUT``: the v1 scheduler's trace of a workload of the vLLM v1
+traces, in their format; bad input is one line and exit 2."""
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from pagesim.app.cli import main
+from pagesim.core.trace import compare_traces, read_trace
+
+TRACES = Path(__file__).parents[1] / "traces" / "vllm_v1"
+
+
+def test_trace_writes_vllms_trace_of_the_workload(tmp_path):
+    out = tmp_path / "sub" / "trace.jsonl"
+    assert main(["trace", str(TRACES / "workload-3.json"), "-o", str(out)]) == 0
+    with gzip.open(TRACES / "workload-3.vllm.jsonl.gz", "rt", encoding="utf-8") as f:
+        theirs = read_trace(f)
+    assert compare_traces(read_trace(out.read_text().splitlines()), theirs) == []
+
+
+def test_trace_to_stdout(capsys):
+    assert main(["trace", str(TRACES / "workload-8.json"), "-o", "-"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert records[0]["kind"] == "header" and records[-1]["kind"] == "summary"
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "cannot read"),
+        ("{not json", "not valid JSON"),
+        ('{"config": {}, "requests": []}', "config.num_gpu_blocks must be a positive integer"),
+        ("[1, 2]", "a workload is an object"),
+    ],
+)
+def test_a_missing_or_malformed_workload_is_one_line(tmp_path, capsys, content, message):
+    path = tmp_path / "workload.json"
+    if content is not None:
+        path.write_text(content)
+    assert main(["trace", str(path), "-o", str(tmp_path / "out.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and str(path) in err
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_request_without_enough_output_tokens_is_refused(tmp_path, capsys):
+    doc = json.loads((TRACES / "workload-8.json").read_text())
+    doc["requests"][0]["output"] = doc["requests"][0]["output"][:1]
+    path = tmp_path / "short.json"
+    path.write_text(json.dumps(doc))
+    assert main(["trace", str(path), "-o", str(tmp_path / "out.jsonl")]) == 2
+    assert "requests[0].output holds 1 tokens" in capsys.readouterr().err
