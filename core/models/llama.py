@@ -1,0 +1,199 @@
+"""A Llama in plain torch, and the dense reference engine that runs it.
+
+The model is a flat batch of tokens in, hidden states out, as vLLM and nano-vllm write
+their model files: ``forward(token_ids, positions, attention)``. Everything but attention
+is here (embedding, RMSNorm, RoPE, the Q/K/V and output projections, the SwiGLU MLP, the
+final norm, the tied or untied LM head); attention is the caller's ``attention(layer, q,
+k, v)``, with q ``(T, num_heads, head_dim)`` and k, v ``(T, num_kv_heads, head_dim)``
+after RoPE, returning ``(T, num_heads, head_dim)``. The caller owns the K/V cache: a paged
+runner writes k and v into its blocks and calls its paged kernel; :class:`DenseKVCache`
+keeps one contiguous row per layer and calls torch's SDPA — the reference the paged path
+is checked against.
+
+Weights are the loader's fp32 arrays (Q and K rows already in Hugging Face's halves
+layout, so RoPE rotates the first half of each head against the second).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pagesim.core.models.gguf_loader import LlamaConfig
+
+Attention = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    attn_norm: torch.Tensor
+    wqkv: torch.Tensor  # (q + k + v rows, hidden): one matmul for all three
+    wo: torch.Tensor
+    ffn_norm: torch.Tensor
+    w_gate_up: torch.Tensor  # (2 * ffn, hidden)
+    w_down: torch.Tensor
+
+
+class Llama:
+    def __init__(self, config: LlamaConfig, weights: dict[str, np.ndarray]) -> None:
+        self.config = c = config
+
+        def t(name: str) -> torch.Tensor:
+            return torch.from_numpy(weights[name])  # shares the loader's (mapped) memory
+
+        self.embed = t("token_embd.weight")
+        self.norm = t("output_norm.weight")
+        self.lm_head = self.embed if c.tie_embeddings else t("output.weight")
+        self.layers = []
+        for i in range(c.num_layers):
+            p = f"blk.{i}."
+            self.layers.append(
+                LayerWeights(
+                    attn_norm=t(p + "attn_norm.weight"),
+                    wqkv=torch.cat([t(p + "attn_q.weight"), t(p + "attn_k.weight"), t(p + "attn_v.weight")]),
+                    wo=t(p + "attn_output.weight"),
+                    ffn_norm=t(p + "ffn_norm.weight"),
+                    w_gate_up=torch.cat([t(p + "ffn_gate.weight"), t(p + "ffn_up.weight")]),
+                    w_down=t(p + "ffn_down.weight"),
+                )
+            )
+        inv_freq = c.rope_theta ** -(torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim)
+        if "rope_freqs.weight" in weights:  # Llama 3.1+: per-frequency factors (llama.cpp divides by them)
+            inv_freq = inv_freq / torch.from_numpy(weights["rope_freqs.weight"]).double()
+        self.inv_freq = inv_freq.float()
+        self.q_size = c.num_heads * c.head_dim
+        self.kv_size = c.num_kv_heads * c.head_dim
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin, ``(T, 1, head_dim)``, for each token's position."""
+        angles = (positions.float() / self.config.rope_scale)[:, None] * self.inv_freq[None, :]
+        angles = torch.cat((angles, angles), dim=-1)[:, None, :]
+        return angles.cos(), angles.sin()
+
+    @torch.inference_mode()
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, attention: Attention) -> torch.Tensor:
+        """Hidden states ``(T, hidden)`` after the final norm, for a flat batch of tokens."""
+        c = self.config
+        x = self.embed[token_ids]
+        cos, sin = self.rope(positions)
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.attn_norm, c.rms_eps)
+            q, k, v = (h @ layer.wqkv.T).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = q.view(-1, c.num_heads, c.head_dim)
+            k = k.view(-1, c.num_kv_heads, c.head_dim)
+            v = v.view(-1, c.num_kv_heads, c.head_dim)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            o = attention(i, q, k, v)
+            x = x + o.reshape(-1, self.q_size) @ layer.wo.T
+            h = rms_norm(x, layer.ffn_norm, c.rms_eps)
+            gate, up = (h @ layer.w_gate_up.T).chunk(2, dim=-1)
+            x = x + (F.silu(gate) * up) @ layer.w_down.T
+        return rms_norm(x, self.norm, c.rms_eps)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden @ self.lm_head.T
+
+
+class DenseKVCache:
+    """One sequence's K and V, contiguous per layer, and attention over them with torch's
+    SDPA (causal within the new tokens). Use it as a forward's ``attention``."""
+
+    def __init__(self, config: LlamaConfig, capacity: int = 256) -> None:
+        self.config = config
+        self.length = 0  # tokens whose K/V every layer holds
+        shape = (config.num_layers, config.num_kv_heads, capacity, config.head_dim)
+        self.keys = torch.zeros(shape)
+        self.values = torch.zeros(shape)
+
+    def _reserve(self, length: int) -> None:
+        capacity = self.keys.shape[2]
+        if length <= capacity:
+            return
+        grown = max(length, 2 * capacity)
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = old.new_zeros((*old.shape[:2], grown, old.shape[3]))
+            new[:, :, :capacity] = old
+            setattr(self, name, new)
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        new = q.shape[0]
+        start, end = self.length, self.length + new
+        self._reserve(end)
+        self.keys[layer, :, start:end] = k.transpose(0, 1)
+        self.values[layer, :, start:end] = v.transpose(0, 1)
+        if layer == self.config.num_layers - 1:
+            self.length = end
+        # (SDPA on CPU is many times slower on a strided slice than on a contiguous copy)
+        keys = self.keys[layer : layer + 1, :, :end].contiguous()
+        values = self.values[layer : layer + 1, :, :end].contiguous()
+        query = q.transpose(0, 1)[None].contiguous()  # (1, heads, new, head_dim)
+        mask = None
+        if new > 1:  # token j of the new ones sees the cache and new tokens up to j
+            mask = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]
+        out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=True)
+        return out[0].transpose(0, 1)  # (new, heads, head_dim)
+
+
+@dataclass(frozen=True)
+class Generation:
+    prompt_ids: list[int]
+    token_ids: list[int]  # the generated tokens (the stop token included, if one came)
+    logits: torch.Tensor  # (len(token_ids), vocab): the logits each token was chosen from
+    prefill_seconds: float
+    decode_seconds: list[float]  # one per decode step
+
+
+class DenseLlamaEngine:
+    """The dense reference engine: prefill a prompt, then decode greedily one token at a
+    time, each sequence's K/V in one contiguous :class:`DenseKVCache`."""
+
+    def __init__(self, model: Llama) -> None:
+        self.model = model
+
+    def step(self, cache: DenseKVCache, token_ids: Sequence[int]) -> torch.Tensor:
+        """Feed ``token_ids`` after what ``cache`` holds; the last token's logits ``(vocab,)``."""
+        ids = torch.tensor(list(token_ids), dtype=torch.long)
+        positions = torch.arange(cache.length, cache.length + len(ids))
+        hidden = self.model.forward(ids, positions, cache)
+        return self.model.logits(hidden[-1:])[0]
+
+    def generate(
+        self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int] | None = None
+    ) -> Generation:
+        import time
+
+        if not prompt_ids:
+            raise ValueError("an empty prompt")
+        eos = self.model.config.eos_id
+        stop = set(stop_ids if stop_ids is not None else ([] if eos is None else [eos]))
+        cache = DenseKVCache(self.model.config, capacity=len(prompt_ids) + max_new_tokens)
+        started = time.perf_counter()
+        logits = self.step(cache, prompt_ids)
+        prefill = time.perf_counter() - started
+        tokens, rows, steps = [], [], []
+        while len(tokens) < max_new_tokens:
+            token = int(logits.argmax())
+            tokens.append(token)
+            rows.append(logits)
+            if token in stop or len(tokens) == max_new_tokens:
+                break
+            started = time.perf_counter()
+            logits = self.step(cache, [token])
+            steps.append(time.perf_counter() - started)
+        stacked = torch.stack(rows) if rows else torch.empty(0, self.model.config.vocab_size)
+        return Generation(list(prompt_ids), tokens, stacked, prefill, steps)

@@ -1,0 +1,140 @@
+"""The GGUF loader: the config from the metadata, the weights dequantised and cached, the
+cache trusted only when whole, other architectures refused by name."""
+
+import time
+
+import numpy as np
+import pytest
+from pagesim.core.models import ModelFileError, UnsupportedModelError, load_gguf
+from pagesim.core.models.gguf_loader import cache_root
+
+from tests.models import tiny_gguf
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture
+def fresh_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("PAGESIM_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_smollm2_config(smollm):
+    c = smollm.config
+    assert (c.num_layers, c.hidden_size, c.ffn_size) == (30, 576, 1536)
+    assert (c.num_heads, c.num_kv_heads, c.head_dim) == (9, 3, 64)
+    assert c.rope_theta == 100000.0
+    assert c.rms_eps == pytest.approx(1e-5)
+    assert c.vocab_size == 49152
+    assert c.tie_embeddings
+    assert (c.bos_id, c.eos_id) == (1, 2)
+    assert smollm.weights["token_embd.weight"].shape == (49152, 576)
+    assert smollm.weights["blk.0.attn_k.weight"].shape == (3 * 64, 576)
+    assert smollm.weights["blk.29.ffn_down.weight"].shape == (576, 1536)
+    assert all(w.dtype == np.float32 for w in smollm.weights.values())
+
+
+def test_second_load_is_fast_and_bit_identical(smollm, smollm_path):
+    assert smollm.cache_status == "built"
+    started = time.perf_counter()
+    again = load_gguf(smollm_path)
+    seconds = time.perf_counter() - started
+    assert again.cache_status == "hit"
+    assert seconds <= 2.0, f"a cached load took {seconds:.2f} s"
+    assert again.config == smollm.config
+    assert again.weights.keys() == smollm.weights.keys()
+    for name, w in smollm.weights.items():  # the first load's are the dequantiser's own arrays
+        assert np.array_equal(again.weights[name].view(np.uint32), w.view(np.uint32)), name
+    text = "<|im_start|>user\nCafé 2024 ☕<|im_end|>"
+    assert again.tokenizer.encode(text) == smollm.tokenizer.encode(text)
+    assert again.tokenizer.chat_template == smollm.tokenizer.chat_template
+
+
+def test_tiny_llama_weights_read_back_in_hugging_face_layout(fresh_cache, tmp_path):
+    """Q and K rows come back in Hugging Face's order (llama.cpp's permutation undone),
+    quantised tensors as the quantiser's own dequantisation gives them."""
+    path = tmp_path / "tiny.gguf"
+    expected = tiny_gguf.write_llama(path)
+    model = load_gguf(path)
+    assert model.config.num_layers == tiny_gguf.LAYERS and model.config.num_kv_heads == tiny_gguf.KV_HEADS
+    assert model.config.tie_embeddings
+    assert model.weights.keys() == expected.keys()
+    for name, w in expected.items():
+        assert np.array_equal(model.weights[name], w), name
+
+
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        ("flip a weight", "weights checksum mismatch"),
+        ("truncate the weights", "ValueError"),
+        ("garble the manifest", "unreadable manifest"),
+        ("edit the tokenizer", "tokenizer checksum mismatch"),
+    ],
+)
+def test_a_damaged_cache_is_rebuilt_not_trusted(fresh_cache, tmp_path, damage, why):
+    path = tmp_path / "tiny.gguf"
+    expected = tiny_gguf.write_llama(path)
+    first = load_gguf(path)
+    assert first.cache_status == "built"
+    folder = cache_root() / "models" / first.sha256
+    if damage == "flip a weight":
+        data = bytearray((folder / "weights.npy").read_bytes())
+        data[-200] ^= 0x40
+        (folder / "weights.npy").write_bytes(bytes(data))
+    elif damage == "truncate the weights":
+        data = (folder / "weights.npy").read_bytes()
+        (folder / "weights.npy").write_bytes(data[: len(data) // 2])
+    elif damage == "garble the manifest":
+        (folder / "manifest.json").write_text('{"format": 1, "tens')
+    else:
+        text = (folder / "tokenizer.json").read_text()
+        (folder / "tokenizer.json").write_text(text.replace('"Ġthe"', '"Ġthf"'))
+    second = load_gguf(path)
+    assert second.cache_status.startswith("rebuilt (") and why in second.cache_status, second.cache_status
+    for name, w in expected.items():
+        assert np.array_equal(second.weights[name], w), name
+    assert load_gguf(path).cache_status == "hit"  # the rebuilt entry is whole
+
+
+def test_cache_folder_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv("PAGESIM_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root() == tmp_path / "xdg" / "pagesim"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_root() == tmp_path / "home" / ".cache" / "pagesim"
+    monkeypatch.setenv("PAGESIM_CACHE_DIR", str(tmp_path / "mine"))
+    assert cache_root() == tmp_path / "mine"
+
+
+def test_an_unwritable_cache_still_loads(monkeypatch, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("PAGESIM_CACHE_DIR", str(blocker))
+    path = tmp_path / "tiny.gguf"
+    expected = tiny_gguf.write_llama(path)
+    model = load_gguf(path)
+    assert model.cache_status.startswith("not cached (")
+    assert np.array_equal(model.weights["blk.1.attn_q.weight"], expected["blk.1.attn_q.weight"])
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2", "mamba"])
+def test_another_architecture_is_refused_by_name(fresh_cache, tmp_path, arch):
+    path = tmp_path / f"{arch}.gguf"
+    tiny_gguf.write_other_architecture(path, arch)
+    with pytest.raises(UnsupportedModelError, match=f"architecture is '{arch}'") as caught:
+        load_gguf(path)
+    assert caught.value.architecture == arch
+    assert "Llama" in str(caught.value)
+
+
+def test_not_a_gguf_file_is_refused(fresh_cache, tmp_path):
+    path = tmp_path / "notes.gguf"
+    path.write_text("just some text, long enough to look at" * 10)
+    with pytest.raises(ModelFileError, match="not a readable GGUF file"):
+        load_gguf(path)
+    with pytest.raises(ModelFileError, match="No such file"):
+        load_gguf(tmp_path / "missing.gguf")
+    with pytest.raises(ModelFileError, match="not a regular file"):
+        load_gguf(tmp_path)
