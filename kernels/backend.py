@@ -77,6 +77,49 @@ class Backend(ABC):
         scale: float,
     ) -> np.ndarray: ...
 
+    def _paged_prefill(
+        self,
+        query: np.ndarray,
+        key_cache: Any,
+        value_cache: Any,
+        query_starts: np.ndarray,
+        block_tables: np.ndarray,
+        context_lens: np.ndarray,
+        scale: float,
+    ) -> np.ndarray:
+        raise NotImplementedError(f"the {self.name} backend has no paged prefill kernel")
+
+    def paged_prefill(
+        self,
+        query: np.ndarray,
+        key_cache: Any,
+        value_cache: Any,
+        query_starts: np.ndarray,
+        block_tables: np.ndarray,
+        context_lens: np.ndarray,
+        scale: float,
+    ) -> np.ndarray:
+        """Causal attention for the new tokens of every sequence, read through the block table.
+
+        ``query`` (total_query_tokens, num_heads, head_dim) in the cache dtype: the new tokens
+        of every sequence, packed; sequence i's are ``query[query_starts[i]:query_starts[i + 1]]``
+        (``query_starts`` (num_seqs + 1,) int32, vLLM's cu_seqlens_q). ``context_lens``
+        (num_seqs,) int32 counts the tokens in the cache *including* the new ones (already
+        written), so query row j of sequence i sits at position
+        ``context_lens[i] - q_len_i + j`` and attends to positions 0..that one. A sequence
+        with one new token is a decode. Returns (total_query_tokens, num_heads, head_dim)
+        float32 on the host.
+        """
+        block_tables = np.ascontiguousarray(block_tables, dtype=np.int32)
+        context_lens = np.ascontiguousarray(context_lens, dtype=np.int32)
+        query_starts = np.ascontiguousarray(query_starts, dtype=np.int32)
+        validate_prefill_inputs(
+            query, key_cache, value_cache, query_starts, block_tables, context_lens, self.kv_dtype_name
+        )
+        return self._paged_prefill(
+            query, key_cache, value_cache, query_starts, block_tables, context_lens, float(scale)
+        )
+
     def paged_attention(
         self,
         query: np.ndarray,
@@ -142,6 +185,52 @@ def validate_kernel_inputs(
     kv_dtype_name=dtype_name,
 ) -> None:
     """Check shapes, dtypes and every block id a kernel would dereference, on the host."""
+    _validate_cache_and_query(query, key_cache, value_cache, kv_dtype_name, rows="num_seqs")
+    _validate_tables(block_tables, context_lens, query.shape[0], key_cache.shape)
+
+
+def validate_prefill_inputs(
+    query: Any,
+    key_cache: Any,
+    value_cache: Any,
+    query_starts: np.ndarray,
+    block_tables: np.ndarray,
+    context_lens: np.ndarray,
+    kv_dtype_name=dtype_name,
+) -> None:
+    """:func:`validate_kernel_inputs` for a prefill launch: the packed query, and
+    ``query_starts`` splitting it into every sequence's 1..context_len newest tokens."""
+    _validate_cache_and_query(query, key_cache, value_cache, kv_dtype_name, rows="total_query_tokens")
+    if block_tables.ndim != 2:
+        raise KernelInputError(f"block_tables must be (num_seqs, max_blocks); got {block_tables.shape}")
+    num_seqs = block_tables.shape[0]
+    if query_starts.ndim != 1 or query_starts.shape[0] != num_seqs + 1:
+        raise KernelInputError(
+            f"query_starts must be (num_seqs + 1,) = ({num_seqs + 1},) for {num_seqs} block-table rows; "
+            f"got {query_starts.shape}"
+        )
+    if query_starts[0] != 0 or query_starts[-1] != query.shape[0]:
+        raise KernelInputError(
+            f"query_starts must run from 0 to the {query.shape[0]} query tokens; "
+            f"got {query_starts[0]} .. {query_starts[-1]}"
+        )
+    q_lens = np.diff(query_starts.astype(np.int64))
+    if q_lens.size and q_lens.min() < 1:
+        bad = int(np.argmin(q_lens))
+        raise KernelInputError(
+            f"query_starts must increase: sequence {bad} has {q_lens[bad]} query tokens "
+            f"(query_starts[{bad}] = {query_starts[bad]}, query_starts[{bad + 1}] = {query_starts[bad + 1]})"
+        )
+    _validate_tables(block_tables, context_lens, num_seqs, key_cache.shape)
+    if q_lens.size and (q_lens > context_lens).any():
+        bad = int(np.argmax(q_lens > context_lens))
+        raise KernelInputError(
+            f"sequence {bad}: {q_lens[bad]} query tokens but a context of {context_lens[bad]}; "
+            "the context counts the new tokens, so it is at least as long"
+        )
+
+
+def _validate_cache_and_query(query: Any, key_cache: Any, value_cache: Any, kv_dtype_name, rows: str) -> None:
     if key_cache.ndim != 4 or key_cache.shape != value_cache.shape:
         raise KernelInputError(
             "key_cache and value_cache must both be (num_blocks, block_size, num_kv_heads, head_dim); "
@@ -156,14 +245,18 @@ def validate_kernel_inputs(
     for name, array in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
         if not array.flags.c_contiguous:
             raise KernelInputError(f"{name} must be C-contiguous (the kernels index it by its shape)")
-    num_blocks, block_size, num_kv_heads, head_dim = key_cache.shape
+    _, _, num_kv_heads, head_dim = key_cache.shape
     if query.ndim != 3 or query.shape[2] != head_dim:
-        raise KernelInputError(f"query must be (num_seqs, num_heads, {head_dim}); got {tuple(query.shape)}")
-    num_seqs, num_heads, _ = query.shape
+        raise KernelInputError(f"query must be ({rows}, num_heads, {head_dim}); got {tuple(query.shape)}")
+    num_heads = query.shape[1]
     if head_dim < 1 or head_dim > MAX_HEAD_DIM:
         raise KernelInputError(f"head_dim must be in 1..{MAX_HEAD_DIM}; got {head_dim}")
     if num_kv_heads < 1 or num_heads % num_kv_heads:
         raise KernelInputError(f"num_kv_heads ({num_kv_heads}) must divide num_heads ({num_heads})")
+
+
+def _validate_tables(block_tables: np.ndarray, context_lens: np.ndarray, num_seqs: int, cache_shape) -> None:
+    num_blocks, block_size = cache_shape[0], cache_shape[1]
     if block_tables.ndim != 2 or block_tables.shape[0] != num_seqs:
         raise KernelInputError(f"block_tables must be ({num_seqs}, max_blocks); got {block_tables.shape}")
     if context_lens.shape != (num_seqs,):

@@ -1,4 +1,5 @@
-"""The compiled CPU backend: a Numba paged-attention decode kernel.
+"""The compiled CPU backend: a Numba paged-attention decode kernel (the prefill kernel, in
+``cpu_prefill``, builds on this module's helpers).
 
 Numba compiles the kernel below to native code with LLVM (threads over
 (sequence, head) pairs via ``prange``), so the CPU path runs the same loop as the
@@ -285,6 +286,12 @@ class CpuBackend(Backend):
         mapping = np.asarray(block_mapping, dtype=np.int64).reshape(-1, 2)
         key_cache[mapping[:, 1]] = key_cache[mapping[:, 0]]
         value_cache[mapping[:, 1]] = value_cache[mapping[:, 0]]
+
+    def _paged_prefill(self, query, key_cache, value_cache, query_starts, block_tables, context_lens, scale):
+        from pagesim.kernels.cpu_prefill import paged_prefill  # its own module: it builds on this one's helpers
+
+        kind_name = self.kv_dtype_name(key_cache.dtype)
+        return paged_prefill(query, key_cache, value_cache, query_starts, block_tables, context_lens, scale, kind_name)
 
     def _paged_attention(self, query, key_cache, value_cache, block_tables, context_lens, scale):
         kind = _KINDS[self.kv_dtype_name(key_cache.dtype)]

@@ -4,6 +4,9 @@
   ``torch.nn.functional.scaled_dot_product_attention``, computed in fp32.
 - :func:`paged_attention_reference`: the seed article's algorithm: gather every block
   of a sequence into a contiguous buffer, then attend. Correct, and slow by design.
+- :func:`causal_attention` and :func:`paged_prefill_reference`: the prefill kernel's
+  references: causal SDPA of a sequence's newest tokens over its whole context, on K/V
+  gathered from the block table into a contiguous buffer.
 """
 
 from __future__ import annotations
@@ -106,3 +109,50 @@ def dense_attention_rows(query, keys, values, lengths, scale: float) -> torch.Te
     mask = (torch.arange(k.shape[2])[None, :] < lengths[:, None])[:, None, None, :]
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
     return out[:, :, 0, :]
+
+
+def causal_attention(query, keys, values, scale: float) -> torch.Tensor:
+    """Causal attention of a context's last ``q_len`` tokens over contiguous K/V, in fp32.
+
+    ``query`` (q_len, num_heads, head_dim); ``keys``/``values`` (context_len, num_kv_heads,
+    head_dim). Query row j sits at position ``context_len - q_len + j`` and sees positions
+    0..that one: the causal mask aligned bottom-right (SDPA's ``is_causal`` aligns it top-left,
+    which is right only when q_len = context_len). Returns (q_len, num_heads, head_dim) float32.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    q = to_torch(query).float().permute(1, 0, 2)  # (H, q_len, D)
+    k = to_torch(keys).float().permute(1, 0, 2)  # (Hkv, T, D)
+    v = to_torch(values).float().permute(1, 0, 2)
+    q_len, context_len = q.shape[1], k.shape[1]
+    positions = torch.arange(context_len - q_len, context_len, device=q.device)
+    mask = torch.arange(context_len, device=q.device)[None, :] <= positions[:, None]  # (q_len, T)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[0] != k.shape[0])
+    return out.permute(1, 0, 2)
+
+
+def paged_prefill_reference(
+    query, key_cache, value_cache, query_starts, block_tables, context_lens, scale: float
+) -> torch.Tensor:
+    """The prefill kernel's dense reference: each sequence's K/V gathered from the block table
+    into a contiguous buffer, then :func:`causal_attention` for its query rows.
+
+    ``query`` (total_query_tokens, num_heads, head_dim), sequence i's rows
+    ``query[query_starts[i]:query_starts[i + 1]]``; ``context_lens`` count the new tokens.
+    Returns (total_query_tokens, num_heads, head_dim) float32.
+    """
+    import torch
+
+    query, key_cache, value_cache = (to_torch(a) for a in (query, key_cache, value_cache))
+    block_size = key_cache.shape[1]
+    output = torch.empty(query.shape, dtype=torch.float32, device=query.device)
+    for seq, context_len in enumerate(int(n) for n in context_lens):
+        begin, end = int(query_starts[seq]), int(query_starts[seq + 1])
+        positions = torch.arange(context_len, device=key_cache.device)
+        table = torch.as_tensor(np.asarray(block_tables[seq], dtype=np.int64), device=key_cache.device)
+        blocks = table[positions // block_size]
+        keys = key_cache[blocks, positions % block_size]
+        values = value_cache[blocks, positions % block_size]
+        output[begin:end] = causal_attention(query[begin:end], keys, values, scale)
+    return output
