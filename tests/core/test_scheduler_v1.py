@@ -1,0 +1,148 @@
+"""The v1 scheduler (scenario header ``scheduler = "v1"``): vLLM v1's step, one rule at a time."""
+
+import pytest
+from pagesim.core.config import CacheConfig
+from pagesim.core.engine import Simulator
+from pagesim.core.errors import ScenarioError
+from pagesim.core.operations import Add, Schedule, Submit
+from pagesim.core.scenario import parse_scenario
+from pagesim.core.timeline import Timeline
+
+HEADER = "num_blocks = 16\nblock_size = 4\nnum_heads = 2\nhead_dim = 8\n"
+
+
+def v1(kv_data=False, **fields) -> Simulator:
+    shape = {"num_blocks": 16, "block_size": 4, "num_heads": 2, "head_dim": 8, "scheduler": "v1"} | fields
+    return Simulator(CacheConfig(**shape), kv_data=kv_data)
+
+
+def step(sim: Simulator):
+    sim.apply(Schedule(1), attend=False)
+    return sim.scheduler.last_step
+
+
+def test_the_header_chooses_the_scheduler_and_round_trips():
+    assert parse_scenario(HEADER).config.scheduler == "v0"  # absent: v0, as every older file
+    scenario = parse_scenario(HEADER + 'scheduler = "v1"\nmax_num_batched_tokens = 64\n')
+    assert (scenario.config.scheduler, scenario.config.max_num_batched_tokens) == ("v1", 64)
+    assert parse_scenario(scenario.to_toml()).config == scenario.config
+
+
+@pytest.mark.parametrize(
+    "extra, field, message",
+    [
+        ('scheduler = "v2"\n', "scheduler", 'must be "v0" or "v1"'),
+        ('scheduler = "v1"\npreemption = "swap"\nnum_cpu_blocks = 4\n', "scheduler", "recompute only"),
+        ("max_num_batched_tokens = 0\n", "max_num_batched_tokens", "positive integer"),
+    ],
+)
+def test_a_bad_scheduler_header_names_its_field(extra, field, message):
+    with pytest.raises(ScenarioError, match=message) as info:
+        parse_scenario(HEADER + extra, "bad.toml")
+    assert info.value.field == field
+
+
+def test_block_zero_is_the_null_block_and_never_handed_out():
+    sim = v1(num_blocks=6)
+    assert sim.pool.num_free == 5 and not sim.pool.is_free(0)
+    sim.apply(Submit("a", 2, prompt=tuple(range(1, 18))), attend=False)  # 17 tokens: 5 blocks
+    step(sim)
+    assert 0 not in sim.sequence("a").block_table and sim.pool.num_free == 0
+
+
+def test_one_token_budget_running_first_then_waiting_in_chunks():
+    sim = v1(max_num_batched_tokens=8)
+    sim.apply(Submit("a", 3, prompt=tuple(range(1, 11))), attend=False)  # 10 tokens
+    sim.apply(Submit("b", 3, prompt=tuple(range(20, 26))), attend=False)  # 6 tokens
+    first = step(sim)
+    assert [(s.request, s.kind, s.tokens) for s in first.scheduled] == [("a", "new", 8)]
+    assert first.sampled == {}  # a partial prefill samples nothing
+    second = step(sim)
+    # a's last 2 prompt tokens complete its prompt and sample its first token; b gets the rest of the budget
+    assert [(s.request, s.kind, s.tokens) for s in second.scheduled] == [("a", "running", 2), ("b", "new", 6)]
+    assert set(second.sampled) == {"a", "b"}
+    state = sim.scheduler.requests["a"]
+    # the newest sampled token is not in the cache: the next step computes it
+    assert len(state.tokens) == 11 and sim.sequence("a").num_tokens == 10
+
+
+def test_admission_credits_prefix_hits_on_free_cached_blocks():
+    sim = v1(prefix_caching=True)
+    prompt = tuple(range(1, 14))  # 13 tokens: 3 full blocks may hit
+    sim.apply(Submit("a", 1, prompt=prompt), attend=False)
+    step(sim)  # a computes its prompt, samples its only token and finishes: its blocks are free, cached
+    assert sim.scheduler.requests["a"].status == "finished"
+    sim.apply(Submit("b", 1, prompt=prompt), attend=False)
+    admitted = step(sim).scheduled[0]
+    assert (admitted.prefix_hit_tokens, admitted.computed_before, admitted.tokens) == (12, 12, 1)
+
+
+def test_freed_blocks_unhashed_to_the_head_hashed_to_the_tail():
+    sim = v1(num_blocks=8, prefix_caching=True)
+    sim.apply(Submit("a", 1, prompt=tuple(range(1, 11))), attend=False)  # blocks 1, 2 full; 3 partial
+    step(sim)
+    free = sim.pool.free_blocks()
+    assert free[0] == 3 and free[-2:] == [2, 1]  # tail first: the partial block reused first
+
+
+def test_preemption_frees_the_newest_running_and_admits_nobody_that_step():
+    sim = v1(num_blocks=5, max_num_batched_tokens=64)  # 4 usable blocks
+    sim.apply(Submit("a", 6, prompt=tuple(range(1, 8))), attend=False)  # 7 tokens: 2 blocks
+    sim.apply(Submit("b", 6, prompt=tuple(range(10, 17))), attend=False)
+    step(sim)
+    sim.apply(Submit("c", 1, prompt=(5,)), attend=False)
+    record = step(sim)  # a's 8th token fits; b's 8th too; both need a block at the 9th
+    while not record.preempted:
+        record = step(sim)
+    assert record.preempted == ["b"] and all(s.kind == "running" for s in record.scheduled)
+    assert list(sim.scheduler.waiting) == ["b", "c"]  # the preempted request goes first
+    sim.apply(Schedule(100), attend=False)
+    assert {r: s.status for r, s in sim.scheduler.requests.items()} == dict.fromkeys("abc", "finished")
+    assert sim.scheduler.requests["b"].preemptions == 1
+
+
+def test_parallel_samples_are_child_requests_counted_by_max_num_seqs():
+    sim = v1(prefix_caching=True, max_num_seqs=2)
+    sim.apply(Submit("r", 2, prompt=tuple(range(1, 10)), n=3), attend=False)
+    record = step(sim)
+    assert [s.request for s in record.scheduled] == ["r/s0", "r/s1"]
+    assert record.scheduled[1].prefix_hit_tokens == 8  # the first sample's full blocks, cached as scheduled
+    assert list(sim.scheduler.waiting) == ["r/s2"]
+    sim.apply(Schedule(10), attend=False)
+    samples = [sim.scheduler.requests[f"r/s{i}"].tokens[9:] for i in range(3)]
+    assert len({tuple(s) for s in samples}) == 3  # each child samples its own tokens
+
+
+def test_what_can_never_run_is_rejected_at_submission():
+    sim = v1(num_blocks=4)
+    sim.apply(Submit("long", 8, prompt=tuple(range(1, 10))), attend=False)  # 16 cached tokens > 3 blocks
+    sim.apply(Submit("beams", 2, prompt=(1, 2), beam_width=2), attend=False)
+    assert {r: s.status for r, s in sim.scheduler.requests.items()} == {"long": "rejected", "beams": "rejected"}
+
+
+def test_user_blocks_that_starve_the_queue_are_a_stall_not_a_loop():
+    sim = v1(num_blocks=4)
+    sim.apply(Add("mine", 8), attend=False)  # 2 of the 3 usable blocks
+    sim.apply(Submit("a", 2, prompt=tuple(range(1, 8))), attend=False)
+    sim.apply(Schedule(2**31), attend=False)
+    assert "needs 2 blocks; 1 are free" in sim.scheduler.stalled()
+
+
+def test_kv_data_runs_and_matches_dense_attention_through_preemption_and_back(cpu_backend):
+    scenario = parse_scenario(
+        HEADER.replace("16", "6")
+        + 'scheduler = "v1"\nprefix_caching = true\nmax_num_batched_tokens = 6\n'
+        + "".join(
+            f'[[steps]]\nop = "submit"\nrequest = "{r}"\ntokens = 7\nshared_prefix = 4\noutput = 6\n' for r in "abc"
+        )
+        + '[[steps]]\nop = "schedule"\n' * 14
+    )
+    timeline = Timeline(scenario, cpu_backend)
+    results = timeline.run_to_end()
+    assert all(r.attention is None or r.attention.passed for r in results)
+    assert timeline.sim.scheduler.stats.preemptions and timeline.sim.scheduler.stats.finished == 3
+    end = timeline.sim.scheduler.snapshot()
+    timeline.seek(6)
+    assert all(timeline.sim.verify_kv(s) is None for s in timeline.sim.sequences)
+    timeline.seek(len(results))
+    assert timeline.sim.scheduler.snapshot().requests == end.requests
