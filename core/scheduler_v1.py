@@ -278,17 +278,9 @@ class SchedulerV1:
 
     # -- state ------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:
-        st = self.stats
-        return {
-            "waiting": len(self.waiting),
-            "running": len(self.running),
-            "swapped": 0,
-            "finished": st.finished,
-            "rejected": st.rejected,
-            "preemptions": st.preemptions,
-            "recomputed_tokens": st.recomputed_tokens,
-            "swapped_blocks": 0,
-        }
+        st, queues = self.stats, {"waiting": len(self.waiting), "running": len(self.running), "swapped": 0}
+        totals = ("finished", "rejected", "preemptions", "recomputed_tokens", "swapped_blocks")
+        return queues | {name: getattr(st, name) for name in totals}
 
     def snapshot(self) -> SchedulerV1Snapshot:
         requests = tuple(s.copy() for s in self.requests.values())
