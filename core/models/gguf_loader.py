@@ -271,6 +271,8 @@ def read_gguf(path: Path) -> tuple[LlamaConfig, dict[str, np.ndarray], Tokenizer
         except NotImplementedError as e:
             raise ModelFileError(f"{path}: tensor {name}: {e}") from None
         w = np.asarray(w, dtype=np.float32).reshape(shape)
+        if not w.flags.writeable:  # an F32 tensor is a view of the reader's read-only map of the file
+            w = w.copy()
         if name.endswith("attn_q.weight"):
             w = unpermute(w, config.num_heads)
         elif name.endswith("attn_k.weight"):

@@ -39,10 +39,13 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class LayerWeights:
     attn_norm: torch.Tensor
-    wqkv: torch.Tensor  # (q + k + v rows, hidden): one matmul for all three
+    wq: torch.Tensor  # (num_heads * head_dim, hidden), as F.linear takes it
+    wk: torch.Tensor
+    wv: torch.Tensor
     wo: torch.Tensor
     ffn_norm: torch.Tensor
-    w_gate_up: torch.Tensor  # (2 * ffn, hidden)
+    w_gate: torch.Tensor
+    w_up: torch.Tensor
     w_down: torch.Tensor
 
 
@@ -50,8 +53,9 @@ class Llama:
     def __init__(self, config: LlamaConfig, weights: dict[str, np.ndarray]) -> None:
         self.config = c = config
 
-        def t(name: str) -> torch.Tensor:
-            return torch.from_numpy(weights[name])  # shares the loader's (mapped) memory
+        def t(name: str) -> torch.Tensor:  # shares the loader's memory (torch wants it writable)
+            w = weights[name]
+            return torch.from_numpy(w if w.flags.writeable else w.copy())
 
         self.embed = t("token_embd.weight")
         self.norm = t("output_norm.weight")
@@ -62,10 +66,13 @@ class Llama:
             self.layers.append(
                 LayerWeights(
                     attn_norm=t(p + "attn_norm.weight"),
-                    wqkv=torch.cat([t(p + "attn_q.weight"), t(p + "attn_k.weight"), t(p + "attn_v.weight")]),
+                    wq=t(p + "attn_q.weight"),
+                    wk=t(p + "attn_k.weight"),
+                    wv=t(p + "attn_v.weight"),
                     wo=t(p + "attn_output.weight"),
                     ffn_norm=t(p + "ffn_norm.weight"),
-                    w_gate_up=torch.cat([t(p + "ffn_gate.weight"), t(p + "ffn_up.weight")]),
+                    w_gate=t(p + "ffn_gate.weight"),
+                    w_up=t(p + "ffn_up.weight"),
                     w_down=t(p + "ffn_down.weight"),
                 )
             )
@@ -74,7 +81,6 @@ class Llama:
             inv_freq = inv_freq / torch.from_numpy(weights["rope_freqs.weight"]).double()
         self.inv_freq = inv_freq.float()
         self.q_size = c.num_heads * c.head_dim
-        self.kv_size = c.num_kv_heads * c.head_dim
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin, ``(T, 1, head_dim)``, for each token's position."""
@@ -90,22 +96,20 @@ class Llama:
         cos, sin = self.rope(positions)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, c.rms_eps)
-            q, k, v = (h @ layer.wqkv.T).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q = q.view(-1, c.num_heads, c.head_dim)
-            k = k.view(-1, c.num_kv_heads, c.head_dim)
-            v = v.view(-1, c.num_kv_heads, c.head_dim)
+            q = F.linear(h, layer.wq).view(-1, c.num_heads, c.head_dim)
+            k = F.linear(h, layer.wk).view(-1, c.num_kv_heads, c.head_dim)
+            v = F.linear(h, layer.wv).view(-1, c.num_kv_heads, c.head_dim)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
             o = attention(i, q, k, v)
-            x = x + o.reshape(-1, self.q_size) @ layer.wo.T
+            x = x + F.linear(o.reshape(-1, self.q_size), layer.wo)
             h = rms_norm(x, layer.ffn_norm, c.rms_eps)
-            gate, up = (h @ layer.w_gate_up.T).chunk(2, dim=-1)
-            x = x + (F.silu(gate) * up) @ layer.w_down.T
+            x = x + F.linear(F.silu(F.linear(h, layer.w_gate)) * F.linear(h, layer.w_up), layer.w_down)
         return rms_norm(x, self.norm, c.rms_eps)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden @ self.lm_head.T
+        return F.linear(hidden, self.lm_head)
 
 
 class DenseKVCache:

@@ -1,6 +1,7 @@
 import os
 
 import pytest
+import torch
 from pagesim.core.models import DenseLlamaEngine, Llama, ModelFileError, bundled_model_path, load_gguf
 from pagesim.core.models.gguf_loader import CACHE_ENV
 
@@ -40,3 +41,14 @@ def llama(smollm):
 @pytest.fixture(scope="session")
 def engine(llama):
     return DenseLlamaEngine(llama)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """The model's matmuls on one thread. On a two-core machine that other processes share,
+    two OpenMP threads wait on each other and a decode step took ~5x longer (0.3 s, against
+    0.06 s on one thread); with the cores to itself it gains little from the second."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
