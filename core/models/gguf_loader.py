@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import stat
 import time
 import zlib
@@ -79,7 +78,8 @@ class LlamaConfig:
 @dataclass
 class ModelFile:
     """What a load gives: the config, fp32 weights by GGUF tensor name (Q and K rows in
-    Hugging Face's order), the tokenizer, and how the load went."""
+    Hugging Face's order; mapped from the cache on a cache hit, in memory on a first load),
+    the tokenizer, and how the load went (``seconds``: hash, read_gguf, write_cache, total)."""
 
     path: Path
     sha256: str
@@ -179,10 +179,6 @@ def _open_reader(path: Path):
 def _value(reader, key: str, default=None):
     f = reader.fields.get(key)
     return default if f is None else f.contents()
-
-
-def architecture_of(path: str | os.PathLike) -> str:
-    return str(_value(_open_reader(Path(path)), "general.architecture", "unknown"))
 
 
 def _config(reader, path: Path, tensor_names: set[str]) -> LlamaConfig:
@@ -356,9 +352,6 @@ def _read_cache(folder: Path, sha: str):
         raise _StaleCache(f"{type(e).__name__}: {e}") from None
 
 
-_SHA_RE = re.compile(r"[0-9a-f]{64}")
-
-
 def load_gguf(path: str | os.PathLike | None = None, use_cache: bool = True) -> ModelFile:
     """Load a Llama-architecture GGUF file (default: the bundled SmolLM2-135M-Instruct)."""
     started = time.perf_counter()
@@ -371,17 +364,12 @@ def load_gguf(path: str | os.PathLike | None = None, use_cache: bool = True) -> 
         raise ModelFileError(f"{path}: {e.strerror or e}") from None
     seconds["hash"] = time.perf_counter() - started
     folder = cache_root() / "models" / sha
-    assert _SHA_RE.fullmatch(sha)
-    status = "not cached (caching off)"
+    parts, status = None, "not cached (caching off)"
     if use_cache:
         try:
-            parts = _read_cache(folder, sha)
-            status = "hit"
+            parts, status = _read_cache(folder, sha), "hit"
         except _StaleCache as why:
             status = "built" if str(why) == "none" else f"rebuilt ({why})"
-            parts = None
-    else:
-        parts = None
     if parts is None:
         t = time.perf_counter()
         parts = read_gguf(path)
