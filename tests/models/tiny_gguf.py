@@ -70,21 +70,32 @@ def llama_weights(seed: int = 0, vocab: int = 0) -> dict[str, np.ndarray]:
 QTYPE = {"attn_v": gguf.GGMLQuantizationType.Q8_0, "ffn_up": gguf.GGMLQuantizationType.F16}
 
 
-def write_llama(path, arch: str = "llama", tokenizer: str = "gpt2", seed: int = 0) -> dict[str, np.ndarray]:
-    """Write a tiny Llama GGUF; return what a loader should read back (fp32, HF layout)."""
+def write_llama(
+    path,
+    arch: str = "llama",
+    tokenizer: str = "gpt2",
+    seed: int = 0,
+    ffn_metadata: int = FFN,
+    drop: str = "",
+    extra=None,
+) -> dict[str, np.ndarray]:
+    """Write a tiny Llama GGUF; return what a loader should read back (fp32, HF layout).
+    To spoil it: another FFN size in the metadata, a tensor left out (``drop``), more
+    tensors (``extra``, a dict)."""
     if tokenizer == "gpt2":
         tokens, types, merges = byte_level_vocab()
         scores = None
     else:
         tokens, scores, types = spm_vocab()
         merges = None
-    hf = llama_weights(seed, len(tokens))
+    hf = llama_weights(seed, len(tokens)) | (extra or {})
+    hf.pop(drop, None)
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name("tiny test llama")
     writer.add_block_count(LAYERS)
     writer.add_context_length(256)
     writer.add_embedding_length(HIDDEN)
-    writer.add_feed_forward_length(FFN)
+    writer.add_feed_forward_length(ffn_metadata)
     writer.add_head_count(HEADS)
     writer.add_head_count_kv(KV_HEADS)
     writer.add_rope_freq_base(10000.0)
