@@ -58,3 +58,11 @@ class ScenarioError(PagesimError):
         self.source = source
         self.step = step
         self.field = field
+
+
+class TimelineRangeError(PagesimError, IndexError):
+    """A step outside the timeline, or nothing to undo or redo."""
+
+
+class InvalidStudyError(PagesimError, ValueError):
+    """A serving study's workload or pool that cannot be replayed (core.studies)."""

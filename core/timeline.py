@@ -14,6 +14,7 @@ from pagesim.core.errors import (
     PagesimError,
     PoolExhaustedError,
     ScenarioError,
+    TimelineRangeError,
     UnknownSequenceError,
 )
 from pagesim.core.operations import Fork, Operation, Submit
@@ -105,7 +106,7 @@ class Timeline:
     def forward(self) -> StepResult:
         """Apply the next operation. A failing step raises :class:`ScenarioError` and changes nothing."""
         if self.at_end:
-            raise IndexError("already at the last step")
+            raise TimelineRangeError("already at the last step")
         op = self.operations[self.position]
         try:
             result = self.sim.apply(op)
@@ -118,13 +119,13 @@ class Timeline:
 
     def back(self) -> StepResult | None:
         if self.position == 0:
-            raise IndexError("already at the start")
+            raise TimelineRangeError("already at the start")
         self.seek(self.position - 1)
         return self.current
 
     def seek(self, step: int) -> None:
         if not 0 <= step <= self.length:
-            raise IndexError(f"step {step} is outside 0..{self.length}")
+            raise TimelineRangeError(f"step {step} is outside 0..{self.length}")
         if step < self.position:
             # Older snapshots keep no attention report: landing exactly on one, start from
             # the one before, so the target step's attention is recomputed.
@@ -181,7 +182,7 @@ class Timeline:
         """Take back the newest user action: its scripted future returns, and the state is
         the one before the action."""
         if not self._undo:
-            raise IndexError("nothing to undo")
+            raise TimelineRangeError("nothing to undo")
         edit = self._undo.pop()
         self._replace_from(edit.at, list(edit.before))
         self.seek(edit.at)
@@ -191,7 +192,7 @@ class Timeline:
     def redo(self) -> StepResult:
         """Apply again the action :meth:`undo` took back."""
         if not self._redo:
-            raise IndexError("nothing to redo")
+            raise TimelineRangeError("nothing to redo")
         edit = self._redo.pop()
         self._replace_from(edit.at, list(edit.after))
         self.seek(edit.at)

@@ -3,8 +3,8 @@ only sends requests and receives immutable frames by queued signals."""
 
 from __future__ import annotations
 
+import logging
 import time
-import traceback
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +20,8 @@ from pagesim.core.walkthrough import WalkThrough, walk_through
 from pagesim.kernels.backend import BackendUnavailableError
 from pagesim.kernels.selection import select_backend
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
+
+log = logging.getLogger("pagesim.worker")
 
 # Threads and timers the app started; tests assert they are all stopped afterwards.
 LIVE_THREADS: weakref.WeakSet[QThread] = weakref.WeakSet()
@@ -191,12 +193,12 @@ class SimulationWorker(QObject):
             return
         try:
             self._handlers[type(request)](request)
-        except (PagesimError, IndexError, ValueError, OSError) as exc:
+        except PagesimError as exc:  # refused by pagesim itself (state untouched): the user is told why
             full = exc if isinstance(exc, PoolExhaustedError) else exc.__cause__
             shortfall = (full.needed, full.free) if isinstance(full, PoolExhaustedError) else None
             self.replied.emit(Failed(str(exc), shortfall))
-        except Exception as exc:  # a bug: report it rather than kill the worker
-            traceback.print_exc()
+        except Exception as exc:  # anything else is a bug: reported as one, logged whole, the worker lives on
+            log.exception("internal error while handling %s", type(request).__name__)
             self.replied.emit(Failed(f"internal error: {exc!r}"))
 
     def _load(self, scenario: Scenario) -> None:

@@ -24,6 +24,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from pagesim.core.checks import is_count
+from pagesim.core.errors import InvalidStudyError
 from pagesim.core.studies.workload import RequestSpec, generate
 
 ALLOCATORS = ("paged", "orca-oracle", "orca-pow2", "orca-max")
@@ -57,7 +58,7 @@ def check_bounded(workload: list[RequestSpec]) -> None:
     bound = steps_bound(workload)
     if bound > MAX_STEPS:
         last = max(s.arrival for s in workload)
-        raise ValueError(
+        raise InvalidStudyError(
             f"the requests arrive over {last:.3g} s: about {bound:.3g} steps of {STEP_SECONDS * 1e3:.0f} ms to "
             f"replay (at most {MAX_STEPS}); raise the arrival rate or send fewer requests"
         )
@@ -159,19 +160,19 @@ def simulate(
     """Replay ``workload`` (all arrivals honoured, one decode token per running request per
     step) through ``allocator`` and account each slot of a ``pool_slots`` pool."""
     if allocator not in ALLOCATORS:
-        raise ValueError(f"unknown allocator {allocator!r}; expected one of {', '.join(ALLOCATORS)}")
+        raise InvalidStudyError(f"unknown allocator {allocator!r}; expected one of {', '.join(ALLOCATORS)}")
     if not (is_count(pool_slots) and is_count(block_size) and is_count(max_len) and is_count(max_batch)):
-        raise ValueError(
+        raise InvalidStudyError(
             f"pool_slots, block_size, max_len and max_batch must be positive integers; got "
             f"{pool_slots}, {block_size}, {max_len}, {max_batch}"
         )
     if pool_slots < max_len:
-        raise ValueError(f"a pool of {pool_slots} slots cannot hold one max-length ({max_len}) request")
+        raise InvalidStudyError(f"a pool of {pool_slots} slots cannot hold one max-length ({max_len}) request")
     longest = max((s.prompt_len + s.output_len for s in workload), default=0)
     if longest > max_len:
-        raise ValueError(f"a request of {longest} tokens is longer than max_len ({max_len})")
+        raise InvalidStudyError(f"a request of {longest} tokens is longer than max_len ({max_len})")
     if -(-max_len // block_size) > pool_slots // block_size:
-        raise ValueError(
+        raise InvalidStudyError(
             f"a max-length ({max_len}) request needs {-(-max_len // block_size)} blocks of {block_size} slots; "
             f"the pool has {pool_slots // block_size}"
         )

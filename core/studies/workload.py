@@ -14,6 +14,7 @@ import random
 from dataclasses import dataclass
 
 from pagesim.core.checks import is_count
+from pagesim.core.errors import InvalidStudyError
 
 # name -> ((prompt mean, sigma), (output mean, sigma))
 LENGTH_MODELS = {
@@ -59,15 +60,17 @@ def generate(
 ) -> list[RequestSpec]:
     """``count`` requests with Poisson arrivals at ``rate`` per second; prompt + output ≤ max_len."""
     if not is_count(count, 0):
-        raise ValueError(f"count must be a non-negative integer; got {count!r}")
+        raise InvalidStudyError(f"count must be a non-negative integer; got {count!r}")
     if not (isinstance(rate, int | float) and math.isfinite(rate) and rate > 0):
-        raise ValueError(f"rate must be a positive, finite number of arrivals per second; got {rate!r}")
+        raise InvalidStudyError(f"rate must be a positive, finite number of arrivals per second; got {rate!r}")
     if not is_count(max_len):
-        raise ValueError(f"max_len must be a positive integer; got {max_len!r}")
+        raise InvalidStudyError(f"max_len must be a positive integer; got {max_len!r}")
     if distribution not in DISTRIBUTIONS:
-        raise ValueError(f"unknown length distribution {distribution!r}; expected one of {', '.join(DISTRIBUTIONS)}")
+        raise InvalidStudyError(
+            f"unknown length distribution {distribution!r}; expected one of {', '.join(DISTRIBUTIONS)}"
+        )
     if count < 0 or rate <= 0 or max_len < 2:
-        raise ValueError("count must be ≥ 0, rate > 0 and max_len ≥ 2")
+        raise InvalidStudyError("count must be ≥ 0, rate > 0 and max_len ≥ 2")
     rng = random.Random(seed)
     out, clock = [], 0.0
     zipf_upper = min(max_len // 2, 1024)
