@@ -1,19 +1,18 @@
 """The main window's actions, toolbars and menus, and its list of recent files.
 
-The window keeps the layout and its reactions to frames; what each action does is a
-window or controller method, named here, so the keyboard map and the menus can be read
-in one place.
+What each action does is a window, file or controller method, named here, so the
+keyboard map and the menus can be read in one place; the timeline's controls (scrubber,
+step label, which actions are enabled) follow the frames themselves.
 """
 
 from __future__ import annotations
 
 import weakref
-from pathlib import Path
 
 from pagesim.app.gui.palette import THEMES
-from pagesim.app.gui.settings import MAX_RECENT
 from pagesim.app.gui.views.live_text import LiveText
 from pagesim.core.scenario import examples, load_shipped
+from pagesim.core.view_model import Frame
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QAction, QColor, QKeySequence, QPainter, QPolygon
 from PySide6.QtWidgets import QComboBox, QLabel, QSlider, QSpinBox, QStyle, QStyleOptionSlider, QToolBar
@@ -64,6 +63,8 @@ class BranchSlider(QSlider):
 class WindowActions:
     def __init__(self, window) -> None:
         self._window = weakref.ref(window)  # no Python cycle window ↔ actions (see gc_guard)
+        self._frame: Frame | None = None  # the newest frame (the scrubber seeks from it)
+        self._syncing = False  # the scrubber follows a frame: no seek
         self._build_actions()
         self._build_toolbars()
         self._build_menus()
@@ -164,7 +165,7 @@ class WindowActions:
         self.scrubber = BranchSlider(Qt.Orientation.Horizontal)
         self.scrubber.setToolTip("Scrub through the scenario's steps; going back shows exactly the earlier state")
         self.scrubber.setMinimumWidth(120)
-        self.scrubber.valueChanged.connect(w.scrubbed)
+        self.scrubber.valueChanged.connect(self._scrubbed)
         timeline.addWidget(self.scrubber)
         # Its text changes every step: a fixed-size live label, so the toolbar keeps its layout.
         self.step_label = LiveText(lines=1, width_chars=STEP_LABEL_CHARS)
@@ -194,7 +195,7 @@ class WindowActions:
         bar = w.menuBar()
         file_menu = bar.addMenu("&File")
         file_menu.addAction(
-            self._action("Open scenario…", w.open_dialog, QKeySequence.StandardKey.Open, "Open a scenario (TOML)")
+            self._action("Open scenario…", w.files.open_dialog, QKeySequence.StandardKey.Open, "Open a scenario (TOML)")
         )
         self.examples_menu = file_menu.addMenu("Open example")
         self.examples_menu.setToolTipsVisible(True)
@@ -203,7 +204,7 @@ class WindowActions:
         self.recent_menu = file_menu.addMenu("Open recent")
         self.reload_action = self._action(
             "Reload scenario",
-            w.reload_scenario,
+            w.files.reload_scenario,
             "Ctrl+R",
             "Open the scenario again from its file: its script, from step 0",
         )
@@ -211,17 +212,19 @@ class WindowActions:
         file_menu.addAction(
             self._action(
                 "Save scenario as…",
-                w.save_dialog,
+                w.files.save_dialog,
                 QKeySequence.StandardKey.SaveAs,
                 "Save the scenario, with your own actions, as TOML",
             )
         )
         file_menu.addSeparator()
         file_menu.addAction(
-            self._action("Export screenshot…", w.screenshot_dialog, "Ctrl+Shift+P", "Save a PNG of the window")
+            self._action("Export screenshot…", w.files.screenshot_dialog, "Ctrl+Shift+P", "Save a PNG of the window")
         )
         file_menu.addAction(
-            self._action("Export event log…", w.events_dialog, "Ctrl+Shift+E", "Save every event so far as JSON lines")
+            self._action(
+                "Export event log…", w.files.events_dialog, "Ctrl+Shift+E", "Save every event so far as JSON lines"
+            )
         )
         file_menu.addSeparator()
         file_menu.addAction(self._action("Quit", w.close, QKeySequence.StandardKey.Quit, "Quit pagesim"))
@@ -288,21 +291,41 @@ class WindowActions:
                 "What every element means, in vLLM's words",
             )
         )
-        self._rebuild_recent()
+        w.files.attach_recent_menu(self.recent_menu)
 
-    def remember(self, path: str) -> None:
-        w = self.window
-        path = str(Path(path).resolve())
-        recent = [p for p in self.recent() if p != path]
-        w.settings.setValue("recent", [path, *recent][:MAX_RECENT])
-        self._rebuild_recent()
+    # -- the timeline's controls follow the frames -------------------------------------
+    def bind(self, controller) -> None:
+        controller.frameChanged.connect(self.show_frame)
+        controller.playingChanged.connect(self._on_playing)
 
-    def recent(self) -> list[str]:
-        return self.window.setting("recent")
+    def show_frame(self, frame: Frame) -> None:
+        self._frame = frame
+        self._syncing = True
+        self.scrubber.setMaximum(frame.length)
+        self.scrubber.setValue(frame.position)
+        self._syncing = False
+        attention = frame.attention
+        check = ""
+        if attention is not None:
+            check = " · ✓ kernel = dense" if attention.passed else " · ✗ kernel ≠ dense"
+        self.step_label.setText(f"step {frame.position} / {frame.length} · {frame.label}{check}")
+        self.back_action.setEnabled(frame.position > 0)
+        self.start_action.setEnabled(frame.position > 0)
+        self.forward_action.setEnabled(frame.position < frame.length)
+        self.end_action.setEnabled(frame.position < frame.length)
+        self.undo_action.setEnabled(frame.can_undo)
+        self.redo_action.setEnabled(frame.can_redo)
+        self.scrubber.set_branch(frame.branch_step)
+        branch = "" if frame.branch_step is None else f" · your branch from step {frame.branch_step} (marked)"
+        self.scrubber.setToolTip(
+            "Scrub through the scenario's steps; going back shows exactly the earlier state" + branch
+        )
 
-    def _rebuild_recent(self) -> None:
-        w = self.window
-        self.recent_menu.clear()
-        for path in self.recent():
-            self.recent_menu.addAction(Path(path).name, lambda p=path: w.open_scenario(p)).setToolTip(path)
-        self.recent_menu.setEnabled(bool(self.recent()))
+    def _scrubbed(self, value: int) -> None:
+        if not self._syncing and self._frame is not None and value != self._frame.position:
+            self.window.controller.seek(value)
+
+    def _on_playing(self, playing: bool) -> None:
+        self.play_action.setText("Pause" if playing else "Play")
+        icon = QStyle.StandardPixmap.SP_MediaPause if playing else QStyle.StandardPixmap.SP_MediaPlay
+        self.play_action.setIcon(self.window.style().standardIcon(icon))

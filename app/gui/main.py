@@ -128,7 +128,7 @@ def main(args: argparse.Namespace) -> int:
 
     def finish() -> None:
         if window.isVisible():
-            if window.save_screenshot(str(args.screenshot)):
+            if window.files.save_screenshot(str(args.screenshot)):
                 print(f"saved {args.screenshot} at step {window.frame.position}")
             else:
                 print(f"error: --screenshot: {window.last_error}", file=sys.stderr)

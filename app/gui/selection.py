@@ -14,6 +14,10 @@ class Selection:
         self.current: str | None = None
         self._expected: str | None = None
 
+    def bind(self, controller) -> None:
+        """Reconcile with each frame. Bind this before any view: they read ``current``."""
+        controller.frameChanged.connect(self.reconcile)
+
     def expect(self, seq_id: str) -> None:
         """Select ``seq_id`` once a frame shows it (an operation that creates it is on its way)."""
         self._expected = seq_id

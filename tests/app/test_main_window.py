@@ -38,7 +38,7 @@ def assert_pool_matches_frame(window):
 def test_opens_on_the_default_scenario_and_names_the_backend(window):
     assert window.frame.position == 0 and window.frame.length == 17
     assert len(window.pool_view.items) == 24
-    assert "CPU" in window.backend_label.text() and "no CUDA device" in window.backend_label.text()
+    assert "CPU" in window.status.backend_label.text() and "no CUDA device" in window.status.backend_label.text()
     assert "CPU" in window.kernel_panel.backend_label.text()
 
 
@@ -266,12 +266,12 @@ def test_theme_speed_and_recent_files_persist(make_window, settings, qtbot, tmp_
     window.apply_theme("light")
     window.actions.speed_box.setCurrentIndex(4)
     path = tmp_path / "mine.toml"
-    window.save_scenario(str(path))
+    window.files.save_scenario(str(path))
     window.close()
     settings.sync()
     again = make_window(speed=None)
     assert again.theme.name == "light" and again.speed == 2.0
-    assert str(path.resolve()) in again.actions.recent()
+    assert str(path.resolve()) in again.files.recent()
 
 
 def test_save_and_open_keep_the_users_own_actions(window, qtbot, tmp_path):
@@ -281,8 +281,8 @@ def test_save_and_open_keep_the_users_own_actions(window, qtbot, tmp_path):
     window.add_sequence()
     wait_idle(qtbot, window)
     path = tmp_path / "branch.toml"
-    window.save_scenario(str(path))
-    assert window.open_scenario(str(path))
+    window.files.save_scenario(str(path))
+    assert window.files.open_scenario(str(path))
     frame = wait_idle(qtbot, window)
     assert frame.length == 4 and frame.operations[-1].describe() == "add s1 (5 tok)"
 
@@ -290,7 +290,7 @@ def test_save_and_open_keep_the_users_own_actions(window, qtbot, tmp_path):
 def test_opening_a_malformed_scenario_reports_it(window, tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("num_blocks = 4\n")
-    assert not window.open_scenario(str(bad))
+    assert not window.files.open_scenario(str(bad))
     assert "bad.toml" in window.statusBar().currentMessage() and "block_size" in window.statusBar().currentMessage()
 
 
@@ -331,7 +331,7 @@ def test_waste_panel_compares_allocators_off_the_gui_thread(window, qtbot):
     tops = sum(bar.opts["height"] for bar in window.waste_panel.bars)
     np.testing.assert_allclose(tops, 100.0, atol=1e-6)  # each stack is the whole pool
     assert "token states" in window.waste_panel.summary.text()
-    window.open_scenario(str(load_shipped("seed_demo").source))  # another pool: the study is stale
+    window.files.open_scenario(str(load_shipped("seed_demo").source))  # another pool: the study is stale
     wait_idle(qtbot, window)
     assert window.waste_panel.result is None and window.waste_panel.bars == []
     assert "Run a workload" in window.waste_panel.summary.text()
@@ -362,12 +362,12 @@ def test_bad_files_and_unwritable_paths_are_shown_not_raised(window, qtbot, tmp_
     deep = tmp_path / "deep.toml"
     deep.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
     for path, message in ((binary, "not UTF-8"), (deep, "nested too deeply"), (tmp_path, "cannot read")):
-        assert not window.open_scenario(str(path))
+        assert not window.files.open_scenario(str(path))
         assert message in window.last_error
     wait_idle(qtbot, window)
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    window.save_scenario(str(blocker / "under-a-file.toml"))
+    window.files.save_scenario(str(blocker / "under-a-file.toml"))
     assert "could not save" in window.last_error
 
 
@@ -379,13 +379,13 @@ def test_an_action_mid_scenario_can_be_undone_redone_and_reloaded(window, qtbot)
     window.actions.add_action.trigger()  # Add (A): a new sequence, at step 2 of the script
     frame = wait_idle(qtbot, window)
     assert frame.length == 3 and frame.branch_step == 2 and frame.can_undo
-    assert window.actions.scrubber.branch == 2 and "your branch from step 2" in window.scenario_title.full_text
+    assert window.actions.scrubber.branch == 2 and "your branch from step 2" in window.header.scenario_title.full_text
     assert "set aside" in window.statusBar().currentMessage() and "Undo" in window.statusBar().currentMessage()
     window.actions.undo_action.trigger()  # Ctrl+Z
     frame = wait_idle(qtbot, window)
     assert frame.length == length and frame.position == 2 and frame.branch_step is None
     assert window.actions.scrubber.branch is None and window.actions.redo_action.isEnabled()
-    assert "branch" not in window.scenario_title.full_text
+    assert "branch" not in window.header.scenario_title.full_text
     window.actions.redo_action.trigger()  # Ctrl+Shift+Z
     frame = wait_idle(qtbot, window)
     assert frame.length == 3 and frame.position == 3 and len(frame.sequences) == 3
@@ -402,7 +402,7 @@ def test_every_step_has_a_caption_and_the_step_log_follows_the_timeline(window, 
     assert window.step_log.visibleRegion().isEmpty()
     window.step_log_dock.raise_()
     qtbot.waitUntil(lambda: window.step_log.currentRow() == 6, timeout=1000)
-    caption = window.step_caption.toPlainText()
+    caption = window.header.step_caption.toPlainText()
     assert "Step 7" in caption and "copy-on-write gave it block 6" in caption
     assert "A2 writes into a block it shares" in caption  # the scenario's own narration of step 7
     log = window.step_log
@@ -410,7 +410,7 @@ def test_every_step_has_a_caption_and_the_step_log_follows_the_timeline(window, 
     assert "copy-on-write" in log.item(6).text()
     log.itemClicked.emit(log.item(2))  # click the 3rd line: the timeline goes to step 3
     frame = wait_idle(qtbot, window)
-    assert frame.position == 3 and log.currentRow() == 2 and "Step 3" in window.step_caption.toPlainText()
+    assert frame.position == 3 and log.currentRow() == 2 and "Step 3" in window.header.step_caption.toPlainText()
     window.actions.add_action.trigger()  # a branch: the log is the new timeline's
     frame = wait_idle(qtbot, window)
     assert log.count() == frame.length == 4 and "arrived with" in log.item(3).text()
@@ -618,13 +618,13 @@ def test_nothing_is_cut_without_an_ellipsis_at_1024_by_700(make_window, qtbot, n
     # The window fits the size at all: the docks' minimum heights once summed to 713 px.
     assert window.size().toTuple() == (1024, 700)
     assert _truncated_texts(window) == []
-    description = window.scenario_description
+    description = window.header.scenario_description
     if description.text() != description.full_text:  # a long description is elided…
         assert description.text().endswith("…")
         assert description.toolTip().startswith(description.text()[:-1].rstrip())  # …and whole in its tooltip
     # A long title keeps to one line instead of widening the centre (the block-table column
     # keeps its room) or pushing the pool down; cut, it ends in "…" and is whole in its tooltip.
-    title = window.scenario_title
+    title = window.header.scenario_title
     assert title.width() <= window.centralWidget().width()
     assert title.height() < 2 * title.fontMetrics().lineSpacing()
     assert title.text() == title.full_text or (title.text().endswith("…") and title.toolTip() == title.full_text)

@@ -21,24 +21,24 @@ HEADER = "num_blocks = 8\nblock_size = 4\nnum_heads = 2\nhead_dim = 8\n"
 def test_a_failed_save_keeps_the_file_it_would_overwrite(window, tmp_path, full_disk):
     path = tmp_path / "mine.toml"
     path.write_text("the old scenario")
-    window.save_scenario(str(path))
+    window.files.save_scenario(str(path))
     assert path.read_text() == "the old scenario"
     assert str(path) in window.last_error and "No space left" in window.last_error
     assert not [p.name for p in tmp_path.iterdir() if ".tmp" in p.name]
-    assert str(path.resolve()) not in window.actions.recent()
+    assert str(path.resolve()) not in window.files.recent()
 
 
 def test_a_failed_screenshot_keeps_the_old_picture(window, tmp_path, full_disk):
     path = tmp_path / "shot.png"
     path.write_bytes(b"old picture")
-    assert not window.save_screenshot(str(path))
+    assert not window.files.save_screenshot(str(path))
     assert path.read_bytes() == b"old picture"
     assert str(path) in window.last_error and "No space left" in window.last_error
 
 
 def test_a_screenshot_is_written_whole(window, tmp_path, monkeypatch):
     path = tmp_path / "shot.png"
-    assert window.save_screenshot(str(path))
+    assert window.files.save_screenshot(str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not [p.name for p in tmp_path.iterdir() if ".tmp" in p.name]
 
@@ -46,7 +46,7 @@ def test_a_screenshot_is_written_whole(window, tmp_path, monkeypatch):
 def test_a_window_that_cannot_be_captured_says_so_not_could_not_write(window, tmp_path, monkeypatch):
     monkeypatch.setattr(window, "grab", lambda *a: QPixmap())  # what a too-large grab gives
     path = tmp_path / "huge.png"
-    assert not window.save_screenshot(str(path))
+    assert not window.files.save_screenshot(str(path))
     assert "could not capture the window" in window.last_error and str(path) in window.last_error
     assert not path.exists()
 
@@ -65,34 +65,34 @@ def test_an_export_failure_names_the_path_and_the_reason(window, qtbot, tmp_path
 def test_save_after_a_failed_open_writes_the_current_scenario(window, qtbot, tmp_path):
     window.actions.scrubber.setValue(3)
     before = wait_idle(qtbot, window)
-    recent = window.actions.recent()
+    recent = window.files.recent()
     huge = tmp_path / "huge.toml"  # parses; its pool cannot be allocated
     huge.write_text('name = "Too big"\nnum_blocks = 1000000000\nblock_size = 16\nnum_heads = 8\nhead_dim = 128\n')
     with qtbot.waitSignal(window.controller.errorRaised, timeout=20_000) as blocker:
-        assert window.open_scenario(str(huge))  # it parsed: the worker is asked to build it
+        assert window.files.open_scenario(str(huge))  # it parsed: the worker is asked to build it
     wait_idle(qtbot, window)
     assert str(huge) in blocker.args[0] and "current scenario stays" in blocker.args[0]
     assert window.controller.scenario.name == before.scenario_name != "Too big"
     assert window.frame is before or window.frame.position == before.position
-    assert window.actions.recent() == recent  # the failed file did not join Recent
+    assert window.files.recent() == recent  # the failed file did not join Recent
     saved = tmp_path / "saved.toml"
-    window.save_scenario(str(saved))
+    window.files.save_scenario(str(saved))
     from pagesim.core.scenario import load_scenario
 
     again = load_scenario(saved)
     assert again.name == before.scenario_name and again.config.num_blocks != 1_000_000_000
     assert again.operations == tuple(before.operations)
-    assert str(huge.resolve()) not in window.actions.recent()
+    assert str(huge.resolve()) not in window.files.recent()
 
 
 def test_a_load_that_goes_through_joins_recent(window, qtbot, tmp_path):
     path = tmp_path / "ok.toml"
     path.write_text('name = "ok"\n' + HEADER)
-    assert window.open_scenario(str(path))
+    assert window.files.open_scenario(str(path))
     frame = wait_idle(qtbot, window)
     qtbot.waitUntil(lambda: window.frame.scenario_name == "ok")
     assert frame is not None and window.controller.scenario.name == "ok"
-    assert window.actions.recent()[0] == str(path.resolve())
+    assert window.files.recent()[0] == str(path.resolve())
 
 
 # -- settings ---------------------------------------------------------------------------

@@ -18,7 +18,7 @@ def test_nothing_is_traced_while_the_walkthrough_is_hidden(window, qtbot):
     window.controller.traceReady.connect(traced.append)
     window.actions.scrubber.setValue(5)
     wait_idle(qtbot, window)
-    assert not window.walkthrough_open and traced == []
+    assert not window.walkthrough_tab.open and traced == []
 
 
 def test_stages_step_forward_and_back_and_end_at_the_kernels_output(window, qtbot):

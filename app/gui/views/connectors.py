@@ -4,8 +4,10 @@ pool live in different panels), never catching the mouse."""
 
 from __future__ import annotations
 
+from pagesim.app.gui.palette import Theme
 from pagesim.app.gui.views.pool_view import PoolView
 from pagesim.app.gui.views.sequence_view import SequenceView
+from pagesim.core.view_model import Frame
 from PySide6.QtCore import QEvent, QObject, QPoint, QPointF, QRect, Qt
 from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen, QPixmap
 from PySide6.QtWidgets import QWidget
@@ -46,6 +48,30 @@ class TableToPoolLines(QWidget):
         ):
             self.refresh()
         return False
+
+    def bind(self, controller, selection, colours, theme: Theme) -> None:
+        """Follow the controller's frames: lines for ``selection``'s sequence (reconciled
+        with each frame first)."""
+        self._selection, self._colours, self.theme = selection, colours, theme
+        self._frame: Frame | None = None
+        controller.frameChanged.connect(self._on_frame)
+
+    def set_theme(self, theme: Theme) -> None:
+        self.theme = theme
+
+    def _on_frame(self, frame: Frame) -> None:
+        self._frame = frame
+        self.show_selected()
+
+    def show_selected(self, lit: int | None = None) -> None:
+        """Lines for the selected sequence (none when nothing is selected); ``lit``: a logical
+        block to draw bold."""
+        frame, seq_id = self._frame, self._selection.current
+        state = frame.sequence(seq_id) if frame is not None and seq_id else None
+        if state is None:
+            self.show_sequence(None, (), QColor(self.theme.text))
+        else:
+            self.show_sequence(state.seq_id, state.block_table, self._colours(state.seq_id), lit)
 
     def set_enabled(self, enabled: bool) -> None:
         self.enabled = enabled

@@ -269,6 +269,10 @@ class KernelPanel(QWidget):
     def set_backend(self, name: str, device: str) -> None:
         self.backend_label.setText(f"<b>{name.upper()}</b> · {device}")
 
+    def bind(self, controller) -> None:
+        controller.frameChanged.connect(self.show_frame)
+        controller.backendReady.connect(self.set_backend)
+
     def show_frame(self, frame: Frame) -> None:
         previous = self.frame.focus if self.frame is not None else None
         self.frame = frame
@@ -438,6 +442,9 @@ class MemoryPanel(QWidget):
         self.pool_line.setPen(pg.mkPen(theme.muted, width=1, style=Qt.PenStyle.DotLine))
         self.util_curve.setPen(pg.mkPen(UTIL_COLOUR, width=2))
         self.frag_curve.setPen(pg.mkPen(FRAG_COLOUR, width=2))
+
+    def bind(self, controller) -> None:
+        controller.frameChanged.connect(self.show_frame)
 
     def show_frame(self, frame: Frame) -> None:
         self._show_summary(frame)

@@ -273,6 +273,16 @@ class PoolView(QGraphicsView):
         self._user_zoomed = False
         self.fit()
 
+    def bind(self, controller, selection) -> None:
+        """Follow the controller's frames, ``selection``'s blocks highlighted (``selection`` is
+        reconciled with each frame before this view sees it)."""
+        self._selection = selection
+        controller.frameChanged.connect(self._on_frame)
+
+    def _on_frame(self, frame: Frame) -> None:
+        self.clear_refusal()  # an action went through: the refusal is history
+        self.show_frame(frame, self._selection.current)
+
     def show_frame(self, frame: Frame, selected_seq: str | None) -> int:
         """Bring every block item to the frame's state; returns how many changed."""
         if len(self.items) != frame.config.num_blocks or self.block_size != frame.config.block_size:

@@ -44,6 +44,9 @@ class SchedulerView(QWidget):
         self.theme = theme
         self.update()
 
+    def bind(self, controller) -> None:
+        controller.frameChanged.connect(self.show_frame)
+
     def show_frame(self, frame: Frame) -> None:
         self.frame = frame
         self.moved_cpu = set(frame.cpu_moved)

@@ -131,6 +131,16 @@ class SequenceView(QTreeWidget):
         else:
             self.setCurrentItem(item)
 
+    def bind(self, controller, selection) -> None:
+        """Follow the controller's frames, with ``selection``'s sequence selected (``selection``
+        is reconciled with each frame before this view sees it)."""
+        self._selection = selection
+        controller.frameChanged.connect(self._on_frame)
+
+    def _on_frame(self, frame: Frame) -> None:
+        self.show_frame(frame)
+        self.select(self._selection.current)
+
     def show_frame(self, frame: Frame) -> None:
         self._updating = True
         try:

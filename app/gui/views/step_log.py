@@ -22,6 +22,11 @@ class StepLog(QListWidget):
         self._pending: Frame | None = None  # the newest frame while the log is hidden
         self.itemClicked.connect(lambda item: self.seekRequested.emit(self.row(item) + 1))
 
+    def bind(self, controller) -> None:
+        """Follow the controller's frames; a click on a line seeks there."""
+        controller.frameChanged.connect(self.show_frame)
+        self.seekRequested.connect(controller.seek)
+
     def show_frame(self, frame: Frame) -> None:
         """Rewrite only the lines that changed, then select the current step. Off screen
         (behind another tab of its dock) the log waits: :meth:`catch_up` shows the newest

@@ -3,11 +3,14 @@ logical block ⌊t/B⌋ at offset t mod B, which the block table maps to a physi
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from pagesim.app.gui.palette import Theme
+from pagesim.core.view_model import Frame
 from PySide6.QtCore import QRect, QSize, Signal
 from PySide6.QtGui import QColor, QPainter
-from PySide6.QtWidgets import QToolTip, QWidget
+from PySide6.QtWidgets import QLabel, QSizePolicy, QToolTip, QWidget
 
 CELL = 14
 
@@ -32,6 +35,50 @@ class TokenMap(QWidget):
         self.colour = QColor(theme.muted)
         self.setMouseTracking(True)
         self.setToolTip("The selected sequence's tokens: hover one to see where its K/V lives")
+        # A line above the map (the window places it) saying whose tokens these are.
+        self.caption = QLabel()
+        self.caption.setWordWrap(True)
+        # It may not widen the dock as the selection changes (the pool would jump).
+        self.caption.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self._frame: Frame | None = None
+        self._selection = self._colours = self._head = None
+
+    def bind(self, controller, selection, colours, head: Callable[[], int]) -> None:
+        """Follow the controller's frames, showing ``selection``'s sequence (reconciled with
+        each frame first) with the attention weights of query head ``head()``."""
+        self._selection, self._colours, self._head = selection, colours, head
+        controller.frameChanged.connect(self.show_frame)
+
+    def show_frame(self, frame: Frame) -> None:
+        self._frame = frame
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Show the selected sequence of the newest frame (again after a new selection)."""
+        frame = self._frame
+        if frame is None:
+            return
+        seq_id = self._selection.current
+        state = frame.sequence(seq_id) if seq_id else None
+        if state is None:
+            self.show_sequence(None, [], 0, frame.config.block_size)
+            self.caption.setText("Tokens: select a sequence")
+            return
+        weights = None
+        if frame.focus is not None and frame.focus.seq_id == state.seq_id:
+            head = min(self._head(), frame.focus.weights.shape[0] - 1)
+            weights = frame.focus.weights[head]
+        size = frame.config.block_size
+        self.show_sequence(
+            state.seq_id, state.block_table, state.num_tokens, size, weights, self._colours(state.seq_id)
+        )
+        self.caption.setText(
+            f"Tokens of {state.seq_id}: {state.num_tokens}, a shade per block (hover one: where its K/V lives)"
+        )
+        self.caption.setToolTip(
+            f"token t lives in logical block ⌊t/{size}⌋ at offset t mod {size}; "
+            "the block table maps the logical block to a physical one"
+        )
 
     def set_theme(self, theme: Theme) -> None:
         self.theme = theme

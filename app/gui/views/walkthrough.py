@@ -17,10 +17,12 @@ from pagesim.app.gui.views.plots import (
     _style_plot,
     set_side_label,
 )
+from pagesim.core.view_model import Frame
 from pagesim.core.walkthrough import KERNEL_CHOICES, WalkThrough
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QComboBox,
+    QDockWidget,
     QFrame,
     QHBoxLayout,
     QLabel,
@@ -30,6 +32,7 @@ from PySide6.QtWidgets import (
     QSlider,
     QSpinBox,
     QStyle,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -476,3 +479,68 @@ class WalkThroughPanel(QWidget):
             self.timer.stop()
             return
         self.show_stage(max(0, min(last, target)))
+
+
+class WalkThroughTab(QObject):
+    """Whether the walk-through shows, and its replay asked of the worker only then. A tabbed
+    dock's page stays "visible" behind another tab: the dock's visibility and the current tab
+    together say whether it shows. Hidden, it puts out the lookup it lit."""
+
+    def __init__(self, panel: WalkThroughPanel, tabs: QTabWidget, dock: QDockWidget, selection) -> None:
+        super().__init__(panel)
+        self.panel, self.tabs, self.dock = panel, tabs, dock
+        self._selection = selection
+        self._controller = None
+        self.open = False
+        self._dock_shown = False
+        self._frame: Frame | None = None
+        tabs.currentChanged.connect(lambda _: self._shown(self._dock_shown))
+        dock.visibilityChanged.connect(self._dock_visibility)
+        panel.traceRequested.connect(lambda *_: self.request_trace())
+
+    def bind(self, controller) -> None:
+        """Follow the controller's frames (``selection`` reconciled with each first); replays
+        are asked of it and drawn when they come back."""
+        self._controller = controller
+        controller.traceReady.connect(self.panel.show_walk)
+        controller.backendReady.connect(lambda name, _: self.panel.set_default_kernel(name))
+        controller.frameChanged.connect(self._on_frame)
+
+    def _on_frame(self, frame: Frame) -> None:
+        self._frame = frame
+        self.panel.set_heads(frame.config.num_heads)
+        self.request_trace()
+
+    def _dock_visibility(self, shown: bool) -> None:
+        self._dock_shown = shown
+        self._shown(shown)
+
+    def show(self) -> None:
+        """Bring the walk-through to the front."""
+        if not self._dock_shown:
+            self.dock.show()
+            self.dock.raise_()
+        self.tabs.setCurrentWidget(self.panel)
+        self._shown(True)
+
+    def _shown(self, dock_shown: bool) -> None:
+        shown = dock_shown and self.tabs.currentWidget() is self.panel
+        if shown == self.open:
+            return
+        self.open = shown
+        if shown:
+            self.request_trace()
+        else:
+            self.panel.lookupShown.emit("", -1, -1, -1)
+
+    def request_trace(self) -> None:
+        """Replay the kernel for the selected sequence, only while the walk-through shows."""
+        frame = self._frame
+        if not self.open or frame is None or frame.attention is None or self._controller is None:
+            return
+        seq = self._selection.current
+        if seq is None or seq not in frame.attention.seq_ids:
+            self.panel.show_walk(None)
+            return
+        panel = self.panel
+        self._controller.trace_kernel(seq, panel.head_box.value(), panel.kernel, int(panel.partition_box.currentData()))

@@ -1,0 +1,138 @@
+"""The window's files: File → Open, Open recent, Reload, Save as, and the exports (a
+picture of the window, the event log). Scenario files are read and written here, the
+recent ones kept in the settings; a failure is shown, never raised."""
+
+from __future__ import annotations
+
+import weakref
+from pathlib import Path
+
+from pagesim.app.gui.settings import MAX_RECENT
+from pagesim.core.atomic_write import atomic_path, atomic_write
+from pagesim.core.errors import PagesimError
+from pagesim.core.scenario import Scenario, load_scenario, shipped_folder
+from PySide6.QtWidgets import QFileDialog, QMenu
+
+
+class ScenarioFiles:
+    def __init__(self, window) -> None:
+        self._window = weakref.ref(window)  # no Python cycle window ↔ files (see gc_guard)
+        self.recent_menu: QMenu | None = None
+
+    @property
+    def window(self):
+        return self._window()
+
+    def bind(self, controller) -> None:
+        """A load that went through puts its file first in Recent (a failed one never joins)."""
+        controller.loaded.connect(self._loaded)
+
+    def _loaded(self, scenario: Scenario) -> None:
+        if Path(scenario.source).is_file():
+            self.remember(scenario.source)
+
+    # -- scenarios -------------------------------------------------------------------
+    def open_scenario(self, path: str) -> bool:
+        w = self.window
+        try:
+            scenario = load_scenario(path)
+        except (PagesimError, OSError) as exc:
+            w.status.show_error(str(exc))
+            return False
+        w.load(scenario)
+        return True
+
+    def reload_scenario(self) -> None:
+        """The scenario again from its file (or as shipped): its script from step 0, your actions gone."""
+        w = self.window
+        scenario = w.controller.scenario
+        if scenario is None:
+            w.status.show_error("no scenario to reload")
+            return
+        if Path(scenario.source).exists():
+            self.open_scenario(scenario.source)
+        else:
+            w.load(scenario)  # built in memory: its script as it was given
+        w.status.say(f"reloaded {scenario.name}", 5000)
+
+    def save_scenario(self, path: str) -> None:
+        w = self.window
+        if w.controller.scenario is None or w.frame is None:
+            w.status.show_error("nothing to save yet")
+            return
+        # The worker's timeline is the truth; the frame's steps mirror it.
+        scenario = w.controller.scenario.with_operations(w.frame.operations)
+        try:
+            atomic_write(path, scenario.to_toml())
+        except OSError as exc:
+            w.status.show_error(f"could not save {path}: {exc.strerror or exc}")
+            return
+        self.remember(path)
+        w.status.say(f"saved {path}", 6000)
+
+    def open_dialog(self) -> None:
+        # Start among the shipped scenarios (the examples), not wherever the app was launched.
+        start = str(shipped_folder() or "")
+        path, _ = QFileDialog.getOpenFileName(self.window, "Open scenario", start, "Scenarios (*.toml)")
+        if path:
+            self.open_scenario(path)
+
+    def _save_to(self, title: str, default: str, kinds: str, then) -> None:
+        path, _ = QFileDialog.getSaveFileName(self.window, title, default, kinds)
+        if path:
+            then(path)
+
+    def save_dialog(self) -> None:
+        self._save_to("Save scenario", "scenario.toml", "Scenarios (*.toml)", self.save_scenario)
+
+    # -- exports ---------------------------------------------------------------------
+    def save_screenshot(self, path: str) -> bool:
+        """A PNG (or JPEG, BMP: by the suffix) of the window, written atomically. On failure
+        the reason is shown and kept in ``last_error``."""
+        w = self.window
+        w.memory_panel.flush()  # its history redraws a little late while frames stream in
+        picture = w.grab()
+        if picture.isNull():
+            size = w.size()
+            w.status.show_error(
+                f"could not capture the window at {size.width()}×{size.height()} (too large for an image?); "
+                f"{path} was not written"
+            )
+            return False
+        try:
+            with atomic_path(path) as tmp:
+                if not picture.save(tmp, Path(path).suffix.lstrip(".").upper() or "PNG"):
+                    raise OSError(f"the image writer refused it (format {Path(path).suffix or 'none'})")
+        except OSError as exc:
+            w.status.show_error(f"could not write {path}: {exc.strerror or exc}")
+            return False
+        w.status.say(f"saved {path}", 6000)
+        return True
+
+    def screenshot_dialog(self) -> None:
+        self._save_to("Export screenshot", "pagesim.png", "PNG (*.png)", self.save_screenshot)
+
+    def events_dialog(self) -> None:
+        self._save_to("Export event log", "events.jsonl", "JSON lines (*.jsonl)", self.window.controller.export_events)
+
+    # -- recent files ----------------------------------------------------------------
+    def attach_recent_menu(self, menu: QMenu) -> None:
+        self.recent_menu = menu
+        self._rebuild_recent()
+
+    def remember(self, path: str) -> None:
+        path = str(Path(path).resolve())
+        recent = [p for p in self.recent() if p != path]
+        self.window.settings.setValue("recent", [path, *recent][:MAX_RECENT])
+        self._rebuild_recent()
+
+    def recent(self) -> list[str]:
+        return self.window.setting("recent")
+
+    def _rebuild_recent(self) -> None:
+        if self.recent_menu is None:
+            return
+        self.recent_menu.clear()
+        for path in self.recent():
+            self.recent_menu.addAction(Path(path).name, lambda p=path: self.open_scenario(p)).setToolTip(path)
+        self.recent_menu.setEnabled(bool(self.recent()))
