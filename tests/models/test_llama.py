@@ -1,8 +1,12 @@
-"""The Llama and the dense reference engine on SmolLM2-135M-Instruct."""
+"""The Llama and the dense reference engine: on SmolLM2-135M-Instruct, and on a tiny file
+against an independent NumPy forward."""
 
+import numpy as np
 import pytest
 import torch
-from pagesim.core.models import DenseKVCache
+from pagesim.core.models import DenseKVCache, DenseLlamaEngine, Llama, load_gguf
+
+from tests.models import tiny_gguf
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -75,3 +79,60 @@ def test_attention_is_the_callers_call_per_layer(smollm, llama):
     llama.forward(torch.tensor([1, 2, 3]), torch.arange(3), attention)
     q_shape, kv_shape = (3, c.num_heads, c.head_dim), (3, c.num_kv_heads, c.head_dim)
     assert seen == [(i, q_shape, kv_shape, kv_shape) for i in range(c.num_layers)]
+
+
+def llama_cpp_style_logits(w, config, token_ids):
+    """An independent forward in NumPy (float64) on the weights as the GGUF file stores
+    them (``w``: Q and K rows in llama.cpp's order), RoPE rotating adjacent pairs (0, 1),
+    (2, 3), ... as llama.cpp's does; causal attention with each KV head repeated for its
+    group."""
+    c = config
+    n, d = len(token_ids), c.head_dim
+    w = {k: v.astype(np.float64) for k, v in w.items()}
+
+    def norm(x, g):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + c.rms_eps) * g
+
+    def rope_pairs(x):  # (n, heads, d)
+        theta = np.arange(n)[:, None] * c.rope_theta ** (-np.arange(0, d, 2) / d)[None, :]
+        cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+        even, odd = x[..., 0::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., 0::2], out[..., 1::2] = even * cos - odd * sin, even * sin + odd * cos
+        return out
+
+    x = w["token_embd.weight"][token_ids]
+    group = c.num_heads // c.num_kv_heads
+    for i in range(c.num_layers):
+        p = f"blk.{i}."
+        h = norm(x, w[p + "attn_norm.weight"])
+        q = rope_pairs((h @ w[p + "attn_q.weight"].T).reshape(n, -1, d))
+        k = rope_pairs((h @ w[p + "attn_k.weight"].T).reshape(n, -1, d))
+        v = (h @ w[p + "attn_v.weight"].T).reshape(n, -1, d)
+        k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)
+        scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(d) + np.triu(np.full((n, n), -np.inf), 1)
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        x = x + np.einsum("hqk,khd->qhd", probs, v).reshape(n, -1) @ w[p + "attn_output.weight"].T
+        h = norm(x, w[p + "ffn_norm.weight"])
+        gate, up = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
+        x = x + (gate / (1 + np.exp(-gate)) * up) @ w[p + "ffn_down.weight"].T
+    return norm(x, w["output_norm.weight"]) @ w["token_embd.weight"].T
+
+
+def test_tiny_llama_matches_llama_cpps_rope_on_the_stored_weights(monkeypatch, tmp_path):
+    """Undoing the GGUF row order and rotating halves gives what llama.cpp computes from the
+    file as stored, rotating adjacent pairs; norms, SwiGLU and the tied head as well."""
+    monkeypatch.setenv("PAGESIM_CACHE_DIR", str(tmp_path / "cache"))
+    written = tiny_gguf.write_llama(tmp_path / "tiny.gguf")  # Hugging Face's layout
+    stored = dict(written)
+    for i in range(tiny_gguf.LAYERS):  # as llama.cpp's converter reorders them
+        stored[f"blk.{i}.attn_q.weight"] = tiny_gguf.permute(written[f"blk.{i}.attn_q.weight"], tiny_gguf.HEADS)
+        stored[f"blk.{i}.attn_k.weight"] = tiny_gguf.permute(written[f"blk.{i}.attn_k.weight"], tiny_gguf.KV_HEADS)
+    model = load_gguf(tmp_path / "tiny.gguf")
+    ids = [0, 40, 71, 100, 3, 255, 17, 9]
+    llama = Llama(model.config, model.weights)
+    out = DenseLlamaEngine(llama).generate(ids, max_new_tokens=4, stop_ids=[])
+    sequence = ids + out.token_ids[:-1]
+    expected = llama_cpp_style_logits(stored, model.config, sequence)[len(ids) - 1 :]
+    assert np.abs(out.logits.numpy() - expected).max() <= 1e-4
