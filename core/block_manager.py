@@ -151,6 +151,9 @@ class BlockManager:
         evicted: list[int] = []
         if placement is not None:
             blocks = self.pool.allocate_specific(placement, evicted)
+        elif count == 1:  # (once a block of tokens: the pool's single-block path)
+            block, was_cached = self.pool.allocate_one()
+            blocks, evicted = [block], [block] if was_cached else evicted
         else:
             blocks = self.pool.allocate(count, evicted)
         for block in evicted:
@@ -240,37 +243,46 @@ class BlockManager:
         return len(seqs) <= free or self.decode_blocks_needed(seqs) <= free
 
     def append(
-        self, seqs: list[Sequence], token_ids: list[list[int]], skip: int = 0, with_slots: bool = True
+        self, seqs: list[Sequence], token_ids: list[list[int]] | list[int], skip: int = 0, with_slots: bool = True
     ) -> Appended:
         """The one append path (a prompt, a grow, a decode step): ``token_ids[i]`` join
         ``seqs[i]`` with copy-on-write of a shared last block, new blocks at boundaries, the
         fills, the slots (but the first ``skip``, held by prefix hits) and the hashes of
-        blocks that filled up. The caller has checked the blocks needed against the pool.
+        blocks that filled up. ``token_ids`` may instead hold one plain int per sequence: a
+        decode step's one token each. The caller has checked the blocks needed against the pool.
         ``with_slots=False``: no K/V is written, so unless events are on no slot is listed."""
         bs, refs, fill = self.config.block_size, self.pool._ref_counts, self._fill
         emit = self.events.emit if self.events.enabled else None
         list_slots = with_slots or emit is not None
         caching, limit = self.config.prefix_caching, self.config.max_model_len
+        fills_at = bs - 1 if caching else -1  # a token at this offset fills its block (-1: not hashed)
         slots: list[int] = []
         copies: list[tuple[int, int]] = []
+        one_each = bool(token_ids) and type(token_ids[0]) is int
+        added = len(seqs) if one_each else sum(map(len, token_ids))
         for seq, ids in zip(seqs, token_ids, strict=True):
             table, tokens = seq.block_table, seq.token_ids
             start = len(tokens)
-            end = start + len(ids)
             offset = start % bs
             if offset and refs[table[-1]] > 1:
                 copies.append(self._copy_on_write(seq))
-            while len(table) * bs < end:
-                self._new_block(seq)
-            tokens.extend(ids)
-            if end - start == 1 and not skip:  # one token (a decode step): its block and slot are the last
+            if one_each:  # one token: it goes to the last block's next slot
+                end = start + 1
+                if not offset:
+                    self._new_block(seq)
+                tokens.append(ids)
                 block = table[-1]
                 fill[block] += 1
                 if list_slots:
                     slots.append(block * bs + offset)
                     if emit is not None:
-                        emit(ev.TokenWritten(seq.seq_id, start, ids[0], block, offset))
+                        emit(ev.TokenWritten(seq.seq_id, start, ids, block, offset))
+                filled = offset == fills_at
             else:
+                end = start + len(ids)
+                while len(table) * bs < end:
+                    self._new_block(seq)
+                tokens.extend(ids)
                 first = start + skip
                 if list_slots:
                     for position in range(first, end):
@@ -280,11 +292,11 @@ class BlockManager:
                             emit(ev.TokenWritten(seq.seq_id, position, ids[position - start], block, at))
                 for index in range(first // bs, (end - 1) // bs + 1):  # the fills, a block at a time
                     fill[table[index]] += min(index * bs + bs, end) - max(index * bs, first)
+                filled = caching and end // bs != start // bs
             if end > limit:  # past a contiguous reservation's length, the baseline grows too
                 self.usage.contiguous_blocks += self.contiguous_reservation(end) - self.contiguous_reservation(start)
-            if caching and end // bs != start // bs:  # a block filled up
+            if filled:  # a block filled up: hash it for the prefix cache
                 self.prefix.cache_full_blocks(seq)
-        added = sum(map(len, token_ids))
         self.usage.logical_tokens += added
         # (skip < each prompt's length: the last prompt block is never a hit)
         self.usage.slots_filled += added - skip * len(seqs)

@@ -141,7 +141,11 @@ class SequenceRegistry:
         if seq_ids is None:
             seq_ids = [s.seq_id for s in seqs]
         tokens = self.runner.model.next_token_ids(seq_ids, starts)
-        self.append(seqs, [[t] for t in tokens])
+        if not self.runner.kv_data:  # memory management only: the blocks alone
+            self.blocks.append(seqs, tokens, with_slots=False)
+            return
+        done = self.blocks.append(seqs, tokens)
+        self.runner.write_kv(seqs, starts, [[t] for t in tokens], done.slots, done.copies)
 
     def swap_out(self, seq_ids: list[str]) -> int:
         """Move a group's blocks to the CPU pool (shared blocks once) and free them on the GPU."""
