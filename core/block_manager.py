@@ -97,6 +97,51 @@ def holders_from_tables(sequences: Iterable[Sequence]) -> dict[int, dict[str, in
     return holders
 
 
+class CpuBlocks:
+    """The CPU pool that swapped-out blocks wait in, created by the first swap out; one CPU
+    reference per table entry, like the GPU's."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.pool: BlockPool | None = None
+
+    @property
+    def num_free(self) -> int:
+        return self.num_blocks if self.pool is None else self.pool.num_free
+
+    def _ensure(self) -> BlockPool:
+        if self.pool is None:
+            if self.num_blocks < 1:
+                raise InvalidOperationError("preemption by swap needs num_cpu_blocks ≥ 1 in the scenario header")
+            self.pool = BlockPool(self.num_blocks)
+        return self.pool
+
+    def take(self, seqs: list[Sequence], gpu_blocks: list[int]) -> dict[int, int]:
+        """A CPU block for each of ``gpu_blocks`` (the group's, distinct), held by every table entry."""
+        pool = self._ensure()
+        to_cpu = dict(zip(gpu_blocks, pool.allocate(len(gpu_blocks)), strict=True))
+        first_use = set()
+        for block in (b for seq in seqs for b in seq.block_table):
+            if to_cpu[block] in first_use:
+                pool.share(to_cpu[block])
+            first_use.add(to_cpu[block])
+        return to_cpu
+
+    def release(self, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            for block in seq.block_table:
+                self.pool.release(block)
+
+    def snapshot(self) -> PoolSnapshot | None:
+        return None if self.pool is None else self.pool.snapshot()
+
+    def restore(self, snap: PoolSnapshot | None) -> None:
+        if snap is None:
+            self.pool = None
+        else:
+            self._ensure().restore(snap)
+
+
 class BlockManager:
     def __init__(self, config: CacheConfig, events: EventLog) -> None:
         self.config = config
@@ -106,7 +151,7 @@ class BlockManager:
             # vLLM v1: block 0 is the null block, never handed out; freed unhashed blocks are reused first.
             self.pool.uncached_first = True
             self.pool.allocate_specific([NULL_BLOCK])
-        self.cpu_pool: BlockPool | None = None  # created by the first swap out
+        self.cpu = CpuBlocks(config.num_cpu_blocks)
         self.usage = Usage()
         self._fill = [0] * config.num_blocks  # tokens held by each physical block
         # block -> {seq: logical index}: O(1) to drop one holder of a widely shared block.
@@ -132,8 +177,12 @@ class BlockManager:
         return {block: tuple(h.items()) for block, h in self._holders.items()}
 
     @property
+    def cpu_pool(self) -> BlockPool | None:
+        return self.cpu.pool
+
+    @property
     def cpu_free(self) -> int:
-        return self.config.num_cpu_blocks if self.cpu_pool is None else self.cpu_pool.num_free
+        return self.cpu.num_free
 
     def contiguous_reservation(self, num_tokens: int) -> int:
         return self.config.blocks_for(max(self.config.max_model_len, num_tokens))
@@ -204,9 +253,8 @@ class BlockManager:
     def allocate(
         self, seq: Sequence, num_tokens: int, hits: list[tuple[int, int]], placement: list[int] | None = None
     ) -> None:
-        """Give the empty ``seq`` its prefix-cache hits, then fresh blocks (``placement``:
-        exactly these) for the rest of a ``num_tokens`` prompt; the tokens themselves come
-        with :meth:`append`. The caller has checked :meth:`can_allocate`."""
+        """The empty ``seq``'s prefix-cache hits, then fresh blocks (``placement``: these) for the rest
+        of a ``num_tokens`` prompt, whose tokens :meth:`append` adds; :meth:`can_allocate` was checked."""
         for index, (block, h) in enumerate(hits):
             was_free = self.pool.ref_count(block) == 0
             ref_count = self.pool.reuse(block)
@@ -232,8 +280,7 @@ class BlockManager:
         return self.append_plan(seq, num_new).blocks_needed <= self.pool.num_free
 
     def decode_blocks_needed(self, seqs: list[Sequence]) -> int:
-        """Blocks a decode step of ``seqs`` may take: one at each block boundary, one for
-        each shared last block (copy-on-write); an upper bound when siblings share one."""
+        """Blocks a decode step may take: one at each boundary, one per shared last block (an upper bound)."""
         bs, refs = self.config.block_size, self.pool._ref_counts
         return len([q for q in seqs if len(q.token_ids) % bs == 0 or refs[q.block_table[-1]] > 1])
 
@@ -331,31 +378,16 @@ class BlockManager:
         self.usage.count_tokens(seq.num_tokens, None, self.contiguous_reservation)
 
     # -- swapping -----------------------------------------------------------------------------------
-    def _ensure_cpu_pool(self) -> BlockPool:
-        if self.cpu_pool is None:
-            if self.config.num_cpu_blocks < 1:
-                raise InvalidOperationError("preemption by swap needs num_cpu_blocks ≥ 1 in the scenario header")
-            self.cpu_pool = BlockPool(self.config.num_cpu_blocks)
-        return self.cpu_pool
-
     def can_swap_out(self, seqs: list[Sequence]) -> bool:
         return len(distinct_blocks(seqs)) <= self.cpu_free
 
     def swap_out(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
         """Move a group's blocks to the CPU pool (shared blocks once) and free them on the
         GPU; the tables then name CPU blocks. Returns the (gpu, cpu) block pairs to copy."""
-        gpu_blocks = distinct_blocks(seqs)
-        cpu_pool = self._ensure_cpu_pool()
-        cpu_blocks = cpu_pool.allocate(len(gpu_blocks))
-        to_cpu = dict(zip(gpu_blocks, cpu_blocks, strict=True))
+        to_cpu = self.cpu.take(seqs, distinct_blocks(seqs))
         for gpu, cpu in to_cpu.items():
             self.events.add(ev.BlockSwappedOut, gpu, cpu)
-        first_use = set()
         for seq in seqs:
-            for block in seq.block_table:  # one CPU reference per table entry, like the GPU's
-                if to_cpu[block] in first_use:
-                    cpu_pool.share(to_cpu[block])
-                first_use.add(to_cpu[block])
             self.free(seq)
             seq.block_table = [to_cpu[b] for b in seq.block_table]
         return list(to_cpu.items())
@@ -373,9 +405,8 @@ class BlockManager:
             self.events.add(ev.BlockSwappedIn, cpu, gpu)
         bs = self.config.block_size
         placed = set()
+        self.cpu.release(seqs)
         for seq in seqs:
-            for block in seq.block_table:
-                self.cpu_pool.release(block)
             seq.block_table = [to_gpu[b] for b in seq.block_table]
             for index, block in enumerate(seq.block_table):
                 if block in placed:
@@ -396,7 +427,7 @@ class BlockManager:
             block_fill=tuple(self._fill),
             usage=self.usage.copy(),
             prefix_counts=(self.prefix.lookups, self.prefix.hits),
-            cpu_pool=None if self.cpu_pool is None else self.cpu_pool.snapshot(),
+            cpu_pool=self.cpu.snapshot(),
         )
 
     def restore(self, snap: BlockManagerSnapshot, sequences: Iterable[Sequence]) -> None:
@@ -409,7 +440,4 @@ class BlockManager:
         self._holders = holders_from_tables(sequences)
         self.usage = snap.usage.copy()
         self.prefix.lookups, self.prefix.hits = snap.prefix_counts
-        if snap.cpu_pool is None:
-            self.cpu_pool = None
-        else:
-            self._ensure_cpu_pool().restore(snap.cpu_pool)
+        self.cpu.restore(snap.cpu_pool)
