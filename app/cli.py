@@ -129,6 +129,18 @@ class CannotWrite(Exception):
         super().__init__(f"could not write {what} {path}: {exc.strerror or exc}")
 
 
+def write_output(path: Path, text: str, option: str) -> None:
+    """``text`` to ``path`` ('-': standard output), atomically; a failure is a CannotWrite naming ``option``."""
+    if str(path) == "-":
+        sys.stdout.write(text)
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, text)
+    except OSError as exc:
+        raise CannotWrite(path, option, exc) from None
+
+
 def _same_path(a: Path, b: Path) -> bool:
     return os.path.abspath(a) == os.path.abspath(b) or (a.exists() and b.exists() and os.path.samefile(a, b))
 
@@ -285,15 +297,7 @@ def cmd_waste(args: argparse.Namespace) -> int:
     if args.json:
         allocators = [r.as_dict() | ({"per_step": r.per_step} if args.per_step else {}) for r in reports]
         report = {"workload": vars(args) | {"json": str(args.json)}, "allocators": allocators}
-        text = json.dumps(report, indent=2, default=str) + "\n"
-        if to_stdout:
-            sys.stdout.write(text)
-            return 0
-        try:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(args.json, text)
-        except OSError as exc:
-            raise CannotWrite(args.json, "--json", exc) from None
+        write_output(args.json, json.dumps(report, indent=2, default=str) + "\n", "--json")
     return 0
 
 
@@ -301,15 +305,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     if reason := writable_problem(args.output, "--output"):
         print(f"error: {reason}", file=sys.stderr)
         return 2
-    text = dumps_trace(run_workload(load_workload(args.workload)))
-    if str(args.output) == "-":
-        sys.stdout.write(text)
-        return 0
-    try:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(args.output, text)
-    except OSError as exc:
-        raise CannotWrite(args.output, "--output", exc) from None
+    write_output(args.output, dumps_trace(run_workload(load_workload(args.workload))), "--output")
     return 0
 
 
