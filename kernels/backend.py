@@ -284,5 +284,16 @@ def _validate_tables(block_tables: np.ndarray, context_lens: np.ndarray, num_seq
         )
 
 
+def query_tiles(query_starts: np.ndarray, query_tile: int) -> tuple[np.ndarray, np.ndarray]:
+    """A prefill launch's work items: (sequence, first query row) of every tile of
+    ``query_tile`` consecutive query rows of one sequence (each sequence's last may be short)."""
+    starts = np.asarray(query_starts, dtype=np.int64)
+    tiles = -(-np.diff(starts) // query_tile)
+    seqs = np.repeat(np.arange(tiles.size, dtype=np.int64), tiles)
+    first_tile = np.cumsum(tiles) - tiles
+    rows = starts[seqs] + query_tile * (np.arange(seqs.size) - first_tile[seqs])
+    return seqs.astype(np.int32), rows.astype(np.int32)
+
+
 def default_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)

@@ -22,20 +22,10 @@ import math
 
 import numba
 import numpy as np
+from pagesim.kernels.backend import query_tiles
 from pagesim.kernels.cpu_backend import _FASTMATH, _KINDS, TILE_TOKENS, _kernel_view, _load
 
 QUERY_TILE = 16  # query rows a work item attends together (sharing each K/V row it reads)
-
-
-def prefill_work(query_starts: np.ndarray, query_tile: int = QUERY_TILE) -> tuple[np.ndarray, np.ndarray]:
-    """The work items of a launch: (sequence, first query row) of every tile of
-    ``query_tile`` consecutive query rows of one sequence (the last tile of each may be short)."""
-    starts = np.asarray(query_starts, dtype=np.int64)
-    tiles = -(-np.diff(starts) // query_tile)
-    seqs = np.repeat(np.arange(tiles.size, dtype=np.int64), tiles)
-    first_tile = np.cumsum(tiles) - tiles
-    rows = starts[seqs] + query_tile * (np.arange(seqs.size) - first_tile[seqs])
-    return seqs.astype(np.int32), rows.astype(np.int32)
 
 
 @numba.njit(parallel=True, fastmath=_FASTMATH, cache=True, boundscheck=False)
@@ -132,7 +122,7 @@ def _prefill_kernel(
 def paged_prefill(query, key_cache, value_cache, query_starts, block_tables, context_lens, scale, kind_name):
     """Run the kernel on validated host inputs; returns (total_query_tokens, num_heads, head_dim) float32."""
     out = np.empty(query.shape, dtype=np.float32)
-    work_seqs, work_rows = prefill_work(query_starts)
+    work_seqs, work_rows = query_tiles(query_starts, QUERY_TILE)
     if work_seqs.size == 0:
         return out
     # Tiles late in a long prompt see more tokens than early ones: hand the work items out one

@@ -9,7 +9,13 @@ import threading
 from typing import Any
 
 import numpy as np
-from pagesim.kernels.backend import Backend, KernelInputError, validate_kernel_inputs
+from pagesim.kernels.backend import (
+    Backend,
+    KernelInputError,
+    query_tiles,
+    validate_kernel_inputs,
+    validate_prefill_inputs,
+)
 from pagesim.kernels.cuda_build import (
     NUM_THREADS,
     OPTIONS,
@@ -19,6 +25,7 @@ from pagesim.kernels.cuda_build import (
     heads_per_block,
     instantiation_for,
     kernel_source,
+    prefill_query_tile,
 )
 from pagesim.kernels.dtypes import bfloat16, dtype_name, is_bfloat16
 from pagesim.kernels.occupancy import DeviceLimits, KernelResources, LaunchPlan, plan_launch
@@ -279,9 +286,7 @@ class CudaBackend(Backend):
             raise KernelInputError(
                 f"{num_seqs} sequences in one launch; the grid's y dimension holds at most {MAX_GRID_Y}"
             )
-        for name, array in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
-            if self.device_pointer(array) % 16:
-                raise KernelInputError(f"{name} must start on a 16-byte boundary (the kernels load 16 bytes at once)")
+        self._check_alignment(query, key_cache, value_cache)
         max_context = int(lens.max()) if num_seqs else 0
         with self._device:
             return self.launch_paged_attention(
@@ -294,6 +299,69 @@ class CudaBackend(Backend):
                 scale,
                 variant,
             )
+
+    def _check_alignment(self, query, key_cache, value_cache) -> None:
+        for name, array in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
+            if self.device_pointer(array) % 16:
+                raise KernelInputError(f"{name} must start on a 16-byte boundary (the kernels load 16 bytes at once)")
+
+    def _paged_prefill(self, query, key_cache, value_cache, query_starts, block_tables, context_lens, scale):
+        return self.to_numpy(
+            self.paged_prefill_device(query, key_cache, value_cache, query_starts, block_tables, context_lens, scale)
+        )
+
+    def paged_prefill_device(self, query, key_cache, value_cache, query_starts, block_tables, context_lens, scale):
+        """Validate on the host (as :meth:`paged_prefill` does, plus what only the device launch
+        needs), upload the tables and launch. Returns the (total_query_tokens, num_heads,
+        head_dim) float32 output on the device."""
+        query = query if not isinstance(query, np.ndarray) else self.to_device(query)
+        starts = np.ascontiguousarray(query_starts, dtype=np.int32)
+        tables = np.ascontiguousarray(block_tables, dtype=np.int32)
+        lens = np.ascontiguousarray(context_lens, dtype=np.int32)
+        validate_prefill_inputs(query, key_cache, value_cache, starts, tables, lens, self.kv_dtype_name)
+        num_heads = query.shape[1]
+        if num_heads < 1:
+            raise KernelInputError("query must have at least one head")
+        heads = heads_per_block(num_heads, key_cache.shape[2])
+        if num_heads // heads > MAX_GRID_Y:
+            raise KernelInputError(f"{num_heads} query heads: the grid's y dimension holds at most {MAX_GRID_Y} blocks")
+        self._check_alignment(query, key_cache, value_cache)
+        return self.launch_paged_prefill(query, key_cache, value_cache, starts, tables, lens, scale)
+
+    def launch_paged_prefill(self, query, key_cache, value_cache, query_starts, block_tables, context_lens, scale):
+        """The prefill launch on validated inputs: ``query_starts`` on the host (the tiles are
+        cut there), the tables on the host or the device."""
+        xp = self.xp
+        total, num_heads, head_dim = query.shape
+        _, block_size, num_kv_heads, _ = key_cache.shape
+        heads = heads_per_block(num_heads, num_kv_heads)
+        inst, module = self._module_for(key_cache, heads)
+        tile_seqs, tile_rows = query_tiles(query_starts, prefill_query_tile(head_dim, heads))
+        with self._device:
+            if tile_seqs.size == 0:
+                return xp.zeros((total, num_heads, head_dim), dtype=xp.float32)  # no zero-sized grid
+            out = xp.empty((total, num_heads, head_dim), dtype=xp.float32)
+            module.get_function(inst.names["prefill"])(
+                (tile_seqs.size, num_heads // heads),
+                (NUM_THREADS,),
+                (
+                    out,
+                    xp.ascontiguousarray(query),
+                    key_cache,
+                    value_cache,
+                    xp.asarray(np.ascontiguousarray(query_starts, dtype=np.int32)),
+                    xp.asarray(tile_seqs),
+                    xp.asarray(tile_rows),
+                    xp.asarray(block_tables),
+                    xp.asarray(context_lens),
+                    np.float32(scale),
+                    np.int32(num_heads),
+                    np.int32(num_kv_heads),
+                    np.int32(block_size),
+                    np.int32(block_tables.shape[1]),
+                ),
+            )
+            return out
 
     def launch_paged_attention(
         self, query, key_cache, value_cache, tables, lens, max_context: int, scale: float, variant=None

@@ -39,6 +39,8 @@ def _source_constant(name: str) -> int:
 PARTITION_SIZE = _source_constant("PARTITION_SIZE")  # tokens per v2 partition
 NUM_THREADS = _source_constant("NUM_THREADS")  # threads per thread block
 TOKENS_PER_ITER = _source_constant("TOKENS_PER_ITER")  # tokens a thread group loads before using any
+PREFILL_MAX_QUERY_TILE = _source_constant("PREFILL_MAX_QUERY_TILE")
+PREFILL_PAIR_ELEMS = _source_constant("PREFILL_PAIR_ELEMS")
 OPTIONS = ("--std=c++17",)
 ARCHES = ("sm_80", "sm_90")
 
@@ -62,6 +64,13 @@ def heads_per_block(num_heads: int, num_kv_heads: int) -> int:
     return max(h for h in HEADS_PER_BLOCK if group % h == 0)
 
 
+def prefill_query_tile(head_dim: int, heads: int) -> int:
+    """Query rows a prefill thread block attends (the .cu's ``prefill_query_tile``): up to
+    PREFILL_MAX_QUERY_TILE, fewer for wide heads, so that the block's (row, head) pairs times
+    head_dim stay within PREFILL_PAIR_ELEMS (its accumulators' registers and its queries' shared memory)."""
+    return max(1, min(PREFILL_MAX_QUERY_TILE, PREFILL_PAIR_ELEMS // (head_dim * heads)))
+
+
 def check_head_dim(head_dim: int) -> None:
     if head_dim % 8 or not 8 <= head_dim <= 256:
         raise ValueError(f"the CUDA kernels take head_dim a multiple of 8 in 8..256; got {head_dim}")
@@ -82,6 +91,7 @@ class Instantiation:
             "v1": f"pagesim::paged_attention_v1<{k}, {d}, {b}, {h}>",
             "v2": f"pagesim::paged_attention_v2<{k}, {d}, {b}, {h}>",
             "reduce": f"pagesim::paged_attention_v2_reduce<{d}>",
+            "prefill": f"pagesim::paged_prefill<{k}, {d}, {h}>",
             "write": f"pagesim::reshape_and_cache<{ctype}>",
             "copy": f"pagesim::copy_blocks<{ctype}>",
         }
@@ -268,6 +278,7 @@ def nvcc_usage(instantiations: list[Instantiation], arch: str) -> tuple[list[Res
     if nvcc is None:
         raise CompileError("nvcc not found")
     lines = [kernel_source()]
+    prefills = set()  # one prefill kernel serves every block size
     for inst in instantiations:
         t = STORAGE_CTYPE[inst.kind]
         n = inst.names
@@ -279,6 +290,12 @@ def nvcc_usage(instantiations: list[Instantiation], arch: str) -> tuple[list[Res
             f"template __global__ void {n['v2']}(float*, float*, float*, const {t}*, const {t}*, const {t}*, "
             "const int*, const int*, float, int, int, int, int, int);"
         )
+        if n["prefill"] not in prefills:
+            prefills.add(n["prefill"])
+            lines.append(
+                f"template __global__ void {n['prefill']}(float*, const {t}*, const {t}*, const {t}*, const int*, "
+                "const int*, const int*, const int*, const int*, float, int, int, int, int);"
+            )
     with tempfile.TemporaryDirectory() as folder:
         src = Path(folder) / "instantiations.cu"
         src.write_text("\n".join(lines) + "\n", encoding="utf-8")

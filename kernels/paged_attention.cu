@@ -1,4 +1,5 @@
-// pagesim: paged-attention decode kernels, the KV-cache write and the block copy.
+// pagesim: paged-attention decode kernels, the paged prefill kernel, the KV-cache write and the
+// block copy.
 //
 // Reimplemented from the ideas of vLLM's csrc/attention and the seed article's outline:
 // one thread block per (sequence, up to 4 query heads of one KV group) [v1] or per (those
@@ -75,6 +76,7 @@ __device__ __forceinline__ void load_vec(const typename Storage<KIND>::type* p, 
 
 __host__ __device__ constexpr int next_pow2(int x) { return x <= 1 ? 1 : 2 * next_pow2((x + 1) / 2); }
 __host__ __device__ constexpr int min_int(int a, int b) { return a < b ? a : b; }
+__host__ __device__ constexpr int max_int(int a, int b) { return a > b ? a : b; }
 
 // Thread-group geometry: a group of GROUP lanes reads one token's head slice with
 // 16-byte loads, so a warp reads TOKENS_PER_WARP tokens at once.
@@ -370,6 +372,169 @@ __global__ void __launch_bounds__(NUM_THREADS)
     for (int p = 0; p < partitions; ++p)
       a += partial_out[(row * max_partitions + p) * HEAD_DIM + d] * sums[p] * __expf(maxes[p] - global_max);
     out[row * HEAD_DIM + d] = a * inv_total;
+  }
+}
+
+// Prefill: causal attention of every sequence's new tokens (the packed query rows
+// query_starts[seq] .. query_starts[seq + 1]) over the sequence's cache, their own K/V already
+// written; row j of a sequence with q_len new tokens sits at position context_len - q_len + j and
+// sees positions 0..that one. A thread block attends one tile of up to PREFILL query rows of one
+// sequence for HEADS query heads of one KV group. For each tile of KV tokens (in order, up to the
+// tile's last row's position) its threads load the KV head's K and V rows with 16-byte loads
+// through the block table, widened once into shared memory, and every (query row, head) pair of
+// the block uses them: the scores of the tokens its row sees, one online-softmax rescale per KV
+// tile, and the accumulator, whose (pair, dim) elements each thread keeps in registers. Barriers
+// are reached by the whole block (its loops' bounds are the block's own), no shuffles.
+constexpr int PREFILL_MAX_QUERY_TILE = 16;  // query rows a thread block attends, at most
+constexpr int PREFILL_PAIR_ELEMS = 2048;  // (query row, head) pairs × HEAD_DIM: the accumulators and s_q
+constexpr int PREFILL_KV_ELEMS = 2048;  // KV tile tokens × HEAD_DIM (K and V in fp32 in shared memory)
+constexpr int PREFILL_MAX_KV_TILE = 32;
+
+// Query rows a thread block attends for HEADS heads of HEAD_DIM (the launch code's tiles match).
+__host__ __device__ constexpr int prefill_query_tile(int head_dim, int heads) {
+  return max_int(1, min_int(PREFILL_MAX_QUERY_TILE, PREFILL_PAIR_ELEMS / (head_dim * heads)));
+}
+__host__ __device__ constexpr int prefill_kv_tile(int head_dim) {
+  return min_int(PREFILL_MAX_KV_TILE, PREFILL_KV_ELEMS / head_dim);
+}
+
+// grid (number of query tiles, num_heads / HEADS); tile x is rows tile_rows[x] .. of sequence
+// tile_seqs[x], at most prefill_query_tile(HEAD_DIM, HEADS) of them.
+template <int KIND, int HEAD_DIM, int HEADS>
+__global__ void __launch_bounds__(NUM_THREADS)
+    paged_prefill(float* __restrict__ out, const typename Storage<KIND>::type* __restrict__ query,
+                  const typename Storage<KIND>::type* __restrict__ key_cache,
+                  const typename Storage<KIND>::type* __restrict__ value_cache, const int* __restrict__ query_starts,
+                  const int* __restrict__ tile_seqs, const int* __restrict__ tile_rows,
+                  const int* __restrict__ block_tables, const int* __restrict__ context_lens, float scale,
+                  int num_heads, int num_kv_heads, int block_size, int max_blocks_per_seq) {
+  constexpr int VEC = Vec<KIND>::N;
+  constexpr int CHUNKS = HEAD_DIM / VEC;
+  constexpr int QUERY_TILE = prefill_query_tile(HEAD_DIM, HEADS);
+  constexpr int KV_TILE = prefill_kv_tile(HEAD_DIM);
+  constexpr int PAIRS = QUERY_TILE * HEADS;  // pair = row in the tile * HEADS + head in the block
+  constexpr int K_STRIDE = HEAD_DIM + 1;  // padded: threads scoring consecutive tokens read distinct banks
+  constexpr int ACC = (PAIRS * HEAD_DIM + NUM_THREADS - 1) / NUM_THREADS;  // (pair, dim) elements a thread owns
+  static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM <= 256, "head_dim must be a multiple of 8, at most 256");
+
+  __shared__ float s_q[PAIRS][HEAD_DIM];  // the tile's queries, scaled
+  __shared__ float s_k[KV_TILE][K_STRIDE];
+  __shared__ float s_v[KV_TILE][HEAD_DIM];
+  __shared__ float s_p[PAIRS][KV_TILE];  // scores, then exp(score - max)
+  __shared__ float s_max[PAIRS], s_sum[PAIRS], s_correction[PAIRS];
+
+  const int tid = threadIdx.x;
+  const int seq = tile_seqs[blockIdx.x], row0 = tile_rows[blockIdx.x];
+  const int q_begin = query_starts[seq], q_end = query_starts[seq + 1];
+  const int rows = min_int(QUERY_TILE, q_end - row0);
+  // Row i of the tile sits at position first_pos + i; the last row sees kv_len tokens.
+  const int first_pos = context_lens[seq] - (q_end - q_begin) + (row0 - q_begin);
+  const int kv_len = first_pos + rows;
+  const int first_head = blockIdx.y * HEADS, group = num_heads / num_kv_heads;
+  const int kv_head = first_head / group;  // the block's heads are consecutive, within one group
+  const int* block_table = block_tables + static_cast<long long>(seq) * max_blocks_per_seq;
+  const long long token_stride = static_cast<long long>(num_kv_heads) * HEAD_DIM;
+
+  for (int c = tid; c < PAIRS * CHUNKS; c += NUM_THREADS) {
+    const int pair = c / CHUNKS, chunk = c % CHUNKS;
+    const int i = pair / HEADS, h = pair % HEADS;
+    float f[VEC];
+    if (i < rows) {
+      load_vec<KIND>(query + (static_cast<long long>(row0 + i) * num_heads + first_head + h) * HEAD_DIM + chunk * VEC,
+                     f);
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) f[e] = 0.f;
+    }
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) s_q[pair][chunk * VEC + e] = f[e] * scale;
+  }
+  for (int pair = tid; pair < PAIRS; pair += NUM_THREADS) {
+    s_max[pair] = negative_infinity();
+    s_sum[pair] = 0.f;
+  }
+  float acc[ACC];
+#pragma unroll
+  for (int k = 0; k < ACC; ++k) acc[k] = 0.f;
+
+  for (int kv0 = 0; kv0 < kv_len; kv0 += KV_TILE) {
+    const int tokens = min_int(KV_TILE, kv_len - kv0);
+    // The KV head's K and V rows of positions kv0 .. kv0 + tokens, through the block table.
+    for (int c = tid; c < tokens * CHUNKS; c += NUM_THREADS) {
+      const int t = c / CHUNKS, chunk = c % CHUNKS;
+      const int pos = kv0 + t;
+      const long long physical = static_cast<long long>(block_table[pos / block_size]);
+      const long long base = (physical * block_size + pos % block_size) * token_stride +
+                             static_cast<long long>(kv_head) * HEAD_DIM + chunk * VEC;
+      float kf[VEC], vf[VEC];
+      load_vec<KIND>(key_cache + base, kf);
+      load_vec<KIND>(value_cache + base, vf);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        s_k[t][chunk * VEC + e] = kf[e];
+        s_v[t][chunk * VEC + e] = vf[e];
+      }
+    }
+    __syncthreads();  // the tile's K/V (and, the first time, the queries and states) are in place
+    // Scores of the tokens each pair's row sees (causal: token position ≤ the row's).
+    for (int e = tid; e < PAIRS * KV_TILE; e += NUM_THREADS) {
+      const int pair = e / KV_TILE, t = e % KV_TILE;
+      const int seen = min_int(tokens, first_pos + pair / HEADS + 1 - kv0);
+      if (pair / HEADS < rows && t < seen) {
+        float s = 0.f;
+#pragma unroll 8
+        for (int d = 0; d < HEAD_DIM; ++d) s += s_q[pair][d] * s_k[t][d];
+        s_p[pair][t] = s;
+      }
+    }
+    __syncthreads();
+    // The online softmax: one thread a pair rescales its state once for the whole KV tile.
+    for (int pair = tid; pair < PAIRS; pair += NUM_THREADS) {
+      const int seen = min_int(tokens, first_pos + pair / HEADS + 1 - kv0);
+      float correction = 1.f;
+      if (pair / HEADS < rows && seen > 0) {
+        float tile_max = s_max[pair];
+        for (int t = 0; t < seen; ++t) tile_max = fmaxf(tile_max, s_p[pair][t]);
+        correction = __expf(s_max[pair] - tile_max);  // 0 while the max is still -inf
+        float sum = s_sum[pair] * correction;
+        for (int t = 0; t < seen; ++t) {
+          const float p = __expf(s_p[pair][t] - tile_max);
+          s_p[pair][t] = p;
+          sum += p;
+        }
+        s_sum[pair] = sum;
+        s_max[pair] = tile_max;
+      }
+      s_correction[pair] = correction;
+    }
+    __syncthreads();
+    // The accumulators: thread tid owns elements tid, tid + NUM_THREADS, ... of the (pair, dim) grid.
+#pragma unroll
+    for (int k = 0; k < ACC; ++k) {
+      const int e = tid + k * NUM_THREADS;
+      if (e < PAIRS * HEAD_DIM) {
+        const int pair = e / HEAD_DIM, d = e % HEAD_DIM;
+        const int seen = min_int(tokens, first_pos + pair / HEADS + 1 - kv0);
+        if (pair / HEADS < rows && seen > 0) {
+          float a = acc[k] * s_correction[pair];
+          for (int t = 0; t < seen; ++t) a += s_p[pair][t] * s_v[t][d];
+          acc[k] = a;
+        }
+      }
+    }
+    __syncthreads();  // before the next KV tile overwrites s_k, s_v and s_p
+  }
+
+#pragma unroll
+  for (int k = 0; k < ACC; ++k) {
+    const int e = tid + k * NUM_THREADS;
+    const int pair = e / HEAD_DIM, d = e % HEAD_DIM;
+    const int i = pair / HEADS, h = pair % HEADS;
+    if (e < PAIRS * HEAD_DIM && i < rows) {
+      const float total = s_sum[pair];
+      out[(static_cast<long long>(row0 + i) * num_heads + first_head + h) * HEAD_DIM + d] =
+          total > 0.f ? acc[k] / total : 0.f;
+    }
   }
 }
 

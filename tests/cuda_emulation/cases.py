@@ -1,5 +1,5 @@
-"""Inputs for the emulated kernels, a float64 dense reference and the error model that
-sets the tolerance."""
+"""Inputs for the emulated kernels (decode and prefill), a float64 dense reference and the
+error model that sets the tolerance."""
 
 from __future__ import annotations
 
@@ -98,16 +98,21 @@ def dense_reference(case: Case) -> tuple[np.ndarray, np.ndarray]:
         keys, values = gathered(case, s)
         for h in range(num_heads):
             kv = h // group
-            q = q_all[s, h].astype(np.float64)
-            scores = keys[:, kv] @ q
-            weights = np.exp(scores - scores.max())
-            out[s, h] = weights @ values[:, kv] / weights.sum()
-            score_mass = np.abs(keys[:, kv] * q).sum(axis=1).max()
-            spread = scores.max() - scores.min()
-            v_max = np.abs(values[:, kv]).max()
-            rounding = 2 * (LAMBDA * math.sqrt(head_dim) * score_mass + spread + 2) + 2 * LAMBDA * math.sqrt(n) + 8
-            tol[s, h] = v_max * U32 * rounding
+            out[s, h], tol[s, h] = _attend(q_all[s, h].astype(np.float64), keys[:, kv], values[:, kv])
     return out, tol
+
+
+def _attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, float]:
+    """One query head over (L, head_dim) float64 K/V: the output and its rounding bound."""
+    head_dim, n = q.shape[0], keys.shape[0]
+    scores = keys @ q
+    weights = np.exp(scores - scores.max())
+    out = weights @ values / weights.sum()
+    score_mass = np.abs(keys * q).sum(axis=1).max()
+    spread = scores.max() - scores.min()
+    v_max = np.abs(values).max()
+    rounding = 2 * (LAMBDA * math.sqrt(head_dim) * score_mass + spread + 2) + 2 * LAMBDA * math.sqrt(n) + 8
+    return out, v_max * U32 * rounding
 
 
 def mismatches(got: np.ndarray, case: Case, label: str) -> list[str]:
@@ -136,3 +141,83 @@ def error_ratio(got: np.ndarray, case: Case) -> float:
     live = tol > 0
     err = np.abs(got - expected).max(axis=2)
     return float((err[live] / tol[live]).max()) if live.any() else 0.0
+
+
+# -- prefill -------------------------------------------------------------------------------
+@dataclass
+class PrefillCase:
+    query: np.ndarray  # (total_query_tokens, num_heads, head_dim), storage dtype
+    key_cache: np.ndarray
+    value_cache: np.ndarray
+    query_starts: np.ndarray  # (num_seqs + 1,) int32
+    block_tables: np.ndarray
+    context_lens: np.ndarray  # counting the new tokens
+    scale: float
+
+    @property
+    def args(self):
+        return self.query, self.key_cache, self.value_cache, self.query_starts, self.block_tables, self.context_lens
+
+    def positions(self) -> np.ndarray:
+        """Every query row's position in its sequence, and its sequence: (2, total) int."""
+        q_lens = np.diff(self.query_starts)
+        seqs = np.repeat(np.arange(q_lens.size), q_lens)
+        rows = np.arange(self.query.shape[0])
+        return np.stack([self.context_lens[seqs] - q_lens[seqs] + rows - self.query_starts[seqs], seqs])
+
+
+def make_prefill_case(rng, *, seqs, block_size, num_heads, num_kv_heads, head_dim, dtype, spare=2) -> PrefillCase:
+    """``seqs``: (context_len, q_len) per sequence, the q_len newest tokens being the queries.
+    The cache as :func:`make_case` lays it out (every slot no kernel may read is NaN)."""
+    base = make_case(
+        rng, context_lens=[c for c, _ in seqs], block_size=block_size, num_heads=num_heads,
+        num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, spare=spare,
+    )  # fmt: skip
+    starts = np.concatenate([[0], np.cumsum([q for _, q in seqs])]).astype(np.int32)
+    query = rng.standard_normal((int(starts[-1]), num_heads, head_dim), dtype=np.float32).astype(base.query.dtype)
+    return PrefillCase(
+        query, base.key_cache, base.value_cache, starts, base.block_tables, base.context_lens, base.scale
+    )
+
+
+def prefill_reference(case: PrefillCase) -> tuple[np.ndarray, np.ndarray]:
+    """float64 causal attention of every query row over positions 0..its own, and the
+    bound of :func:`dense_reference` per (row, head) with L the row's position + 1."""
+    total, num_heads, head_dim = case.query.shape
+    group = num_heads // case.key_cache.shape[2]
+    out = np.zeros((total, num_heads, head_dim))
+    tol = np.zeros((total, num_heads))
+    q_all = case.query.astype(np.float32) * np.float32(case.scale)
+    as_decode = Case(case.query, case.key_cache, case.value_cache, case.block_tables, case.context_lens, case.scale)
+    positions, seqs = case.positions()
+    gathered_seqs = {}
+    for r in range(total):
+        s = int(seqs[r])
+        if s not in gathered_seqs:
+            gathered_seqs[s] = gathered(as_decode, s)
+        keys, values = gathered_seqs[s]
+        seen = int(positions[r]) + 1
+        for h in range(num_heads):
+            kv = h // group
+            out[r, h], tol[r, h] = _attend(q_all[r, h].astype(np.float64), keys[:seen, kv], values[:seen, kv])
+    return out, tol
+
+
+def prefill_mismatches(got: np.ndarray, case: PrefillCase, label: str) -> list[str]:
+    """:func:`mismatches` for a prefill launch: rows not finite or outside the bound, described."""
+    expected, tol = prefill_reference(case)
+    positions, seqs = case.positions()
+    if not np.isfinite(got).all():
+        rows = sorted({(int(r), int(h)) for r, h, _ in np.argwhere(~np.isfinite(got))})
+        where = [(int(seqs[r]), int(positions[r])) for r, _ in rows[:4]]
+        return [f"{label}: non-finite output in (row, head) {rows[:4]} ((sequence, position) {where})"]
+    err = np.abs(got - expected).max(axis=2)
+    bad = np.argwhere(err > tol)
+    if not bad.size:
+        return []
+    r, h = (int(v) for v in bad[0])
+    s = int(seqs[r])
+    return [
+        f"{label}: {len(bad)} rows off, e.g. row {r} (seq {s}, position {int(positions[r])} of a context of "
+        f"{int(case.context_lens[s])}) head {h}: error {err[r, h]:.3g} > tolerance {tol[r, h]:.3g}"
+    ]

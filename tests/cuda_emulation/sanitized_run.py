@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.cuda_emulation.cases import make_case, mismatches
+from tests.cuda_emulation.cases import make_case, make_prefill_case, mismatches, prefill_mismatches
 from tests.cuda_emulation.emulator import EmulatedCudaBackend, EmulatedModule, EmulationError
 
 # (dtype, head_dim, block_size, context lengths, (num_heads, num_kv_heads)): fast and
@@ -30,13 +30,22 @@ SUBSET = [
     ("bfloat16", 64, 5, [5, 513], (2, 2)),
 ]
 
+# The prefill kernel: (dtype, head_dim, block_size, (context_len, q_len) per sequence, heads):
+# decodes, a whole prompt over several query and KV tiles, a chunk starting mid-block after a
+# cached prefix, a chunk crossing a query tile; thread blocks of 1 (GQA 3), 2 and 4 query heads.
+PREFILL_SUBSET = [
+    ("float16", 64, 16, [(1, 1), (17, 1), (40, 40), (61, 37), (130, 17)], (9, 3)),
+    ("bfloat16", 24, 3, [(2, 2), (4, 1), (40, 40), (41, 37)], (8, 2)),
+    ("float32", 128, 7, [(7, 1), (33, 33), (47, 37)], (4, 2)),
+]
+
 
 def module_names() -> list[str]:
-    """The kernels SUBSET launches (a sanitized build of every variant takes minutes)."""
+    """The kernels SUBSET and PREFILL_SUBSET launch (a sanitized build of every variant takes minutes)."""
     from pagesim.kernels.cuda_build import heads_per_block, instantiation_for
 
     names = set()
-    for dtype, head_dim, block_size, _, (num_heads, num_kv_heads) in SUBSET:
+    for dtype, head_dim, block_size, _, (num_heads, num_kv_heads) in SUBSET + PREFILL_SUBSET:
         inst = instantiation_for(dtype, head_dim, block_size, heads_per_block(num_heads, num_kv_heads))
         names.update(inst.names.values())
     return sorted(names)
@@ -69,6 +78,22 @@ def main(library: str) -> int:
         keys = np.zeros((3, *kc.shape[2:]), case.key_cache.dtype)
         backend.write_kv(kc, vc, slots, keys, keys)
         backend.copy_blocks(kc, vc, np.array([[0, kc.shape[0] - 1]]))
+    for dtype, head_dim, block_size, seqs, (num_heads, num_kv_heads) in PREFILL_SUBSET:
+        rng = np.random.default_rng([head_dim, block_size, 1])
+        case = make_prefill_case(
+            rng, seqs=seqs, block_size=block_size, num_heads=num_heads, num_kv_heads=num_kv_heads,
+            head_dim=head_dim, dtype=dtype, spare=0,
+        )  # fmt: skip
+        q, kc, vc = (backend.to_device(a) for a in (case.query, case.key_cache, case.value_cache))
+        label = f"prefill {dtype} d={head_dim} bs={block_size} heads={num_heads}/{num_kv_heads}"
+        try:
+            got = backend.paged_prefill_device(q, kc, vc, *case.args[3:], case.scale)
+            found = prefill_mismatches(got, case, label)
+        except EmulationError as exc:
+            found = [f"{label}: emulation error: {exc}"]
+        problems += found
+        count += 1
+        print(f"{label}: {'ok' if not found else found[0]}", flush=True)
     failed = len(problems)
     print(f"{count - failed} passed, {failed} failed")
     return 1 if failed else 0

@@ -41,7 +41,7 @@ def test_every_kernel_assembles_for_a_real_gpu(nvrtc_build, arch, capsys):
         assert u.shared_bytes <= 48 * 1024
     # The fast paths the benchmark targets must not spill, with one head a block or a GQA group's 2 or 4.
     for inst in [Instantiation(kind, d, 16, heads) for kind, d in ((1, 128), (2, 128), (1, 64)) for heads in (1, 2, 4)]:
-        for role in ("v1", "v2"):
+        for role in ("v1", "v2", "prefill"):
             u = entries[lowered[inst.names[role]]]
             assert u.spill_stores == u.spill_loads == 0, f"{inst.names[role]} spills on {arch}"
     with capsys.disabled():
@@ -54,8 +54,9 @@ def test_every_kernel_assembles_for_a_real_gpu(nvrtc_build, arch, capsys):
 def test_nvcc_builds_the_same_source():
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not installed; the NVRTC checks above cover the same source")
-    usage, _ = nvcc_usage(representative_instantiations()[:6], "sm_90")
-    assert len(usage) == 12
+    insts = representative_instantiations()[:6]
+    usage, _ = nvcc_usage(insts, "sm_90")
+    assert len(usage) == 2 * len(insts) + len({inst.names["prefill"] for inst in insts})  # v1, v2; prefill
 
 
 def test_a_compile_error_names_the_source_file(monkeypatch):
@@ -88,9 +89,21 @@ def test_the_backends_own_module_compiles(dtype, head_dim):
     inst = instantiation_for(dtype, head_dim, 16)
     names = inst.module_names()
     variants = (1 + len(cuda_build.FAST_BLOCK_SIZES)) * len(cuda_build.HEADS_PER_BLOCK)
-    assert len(names) == 2 * variants + 3  # v1 and v2 per variant, reduce, write, copy
+    # v1 and v2 per variant, prefill per heads-per-block (its block size is read at run time), reduce, write, copy
+    assert len(names) == 2 * variants + len(cuda_build.HEADS_PER_BLOCK) + 3
     ptx, lowered = nvrtc_ptx(names)
     assert set(lowered) == set(names) and all(lowered[n] in ptx for n in names)
+
+
+def test_prefill_query_tiles_keep_a_thread_blocks_pairs_within_its_budget():
+    from pagesim.kernels.cuda_build import PREFILL_MAX_QUERY_TILE, PREFILL_PAIR_ELEMS, prefill_query_tile
+
+    assert prefill_query_tile(64, 1) == PREFILL_MAX_QUERY_TILE
+    for head_dim in (8, 24, 64, 128, 200, 256):
+        for heads in cuda_build.HEADS_PER_BLOCK:
+            tile = prefill_query_tile(head_dim, heads)
+            assert 1 <= tile <= PREFILL_MAX_QUERY_TILE
+            assert tile * heads * head_dim <= PREFILL_PAIR_ELEMS or tile == 1
 
 
 def test_ptxas_is_chosen_to_match_nvrtc(monkeypatch):

@@ -6,8 +6,8 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from pagesim.kernels.backend import KernelInputError, default_scale
-from pagesim.kernels.cpu_prefill import QUERY_TILE, prefill_work
+from pagesim.kernels.backend import KernelInputError, default_scale, query_tiles
+from pagesim.kernels.cpu_prefill import QUERY_TILE
 from pagesim.kernels.dtypes import storage_dtype
 from pagesim.kernels.reference import causal_attention, paged_prefill_reference
 
@@ -141,7 +141,7 @@ def test_prefill_reads_through_the_table(cpu_backend):
 
 def test_the_work_items_cover_every_query_row_once():
     starts = np.array([0, 1, 1 + QUERY_TILE, 1 + 3 * QUERY_TILE + 5, 1 + 3 * QUERY_TILE + 6], np.int32)
-    seqs, rows = prefill_work(starts)
+    seqs, rows = query_tiles(starts, QUERY_TILE)
     covered = []
     for s, r in zip(seqs, rows, strict=True):
         assert starts[s] <= r < starts[s + 1]
