@@ -96,6 +96,43 @@ MUTATIONS = [
         "      out_max[h * stat_stride] = global_max;\n      out_sum[h * stat_stride] = total;",
         "      out_max[h] = global_max;\n      out_sum[h] = total;",
     ),
+    # The prefill kernel.
+    Mutation(
+        "prefill: causal mask off by one (each row also sees the next position)",
+        "first_pos + pair / HEADS + 1 - kv0",
+        "first_pos + pair / HEADS + 2 - kv0",
+        count=3,
+    ),
+    Mutation(
+        "prefill: query rows placed from position 0 (the cached prefix before a chunk ignored)",
+        "const int first_pos = context_lens[seq] - (q_end - q_begin) + (row0 - q_begin);",
+        "const int first_pos = row0 - q_begin;",
+    ),
+    Mutation(
+        "prefill: wrong GQA head mapping (head % num_kv_heads)",
+        "const int kv_head = first_head / group;",
+        "const int kv_head = first_head % num_kv_heads;",
+    ),
+    Mutation(
+        "prefill: softmax rescale dropped (accumulators not multiplied by exp(m_old − m_new))",
+        "float a = acc[k] * s_correction[pair];",
+        "float a = acc[k];",
+    ),
+    Mutation(
+        "prefill: no barrier between loading a K/V tile and scoring it",
+        "    __syncthreads();  // the tile's K/V (and, the first time, the queries and states) are in place\n",
+        "",
+    ),
+    Mutation(
+        "prefill: a sequence's last query tile taken as full (rows past its queries)",
+        "const int rows = min_int(QUERY_TILE, q_end - row0);",
+        "const int rows = QUERY_TILE;",
+    ),
+    Mutation(
+        "prefill: every head of a GQA thread block reads the first head's query",
+        "load_vec<KIND>(query + (static_cast<long long>(row0 + i) * num_heads + first_head + h) * HEAD_DIM",
+        "load_vec<KIND>(query + (static_cast<long long>(row0 + i) * num_heads + first_head) * HEAD_DIM",
+    ),
 ]
 
 
