@@ -124,8 +124,31 @@ class Timeline:
         return self.current
 
     def seek(self, step: int) -> None:
+        """Go to ``step``. A step on the way that cannot be applied (an operation the pool
+        cannot hold) stops the seek at the step before it, a whole state with its attention
+        check as a seek there would give, and raises :class:`ScenarioError` naming it."""
         if not 0 <= step <= self.length:
             raise TimelineRangeError(f"step {step} is outside 0..{self.length}")
+        try:
+            self._replay_to(step)
+        except PagesimError as exc:
+            op = self.operations[self.position]
+            self._settle()
+            raise ScenarioError(
+                self.scenario.source, f"{op.describe()}: {exc}", self.position + 1, _field_at_fault(op, exc)
+            ) from exc
+
+    def _settle(self) -> None:
+        """A seek stopped short: the step it stopped on gets the attention check it skipped."""
+        if self.position == 0 or self.sim.last_attention is not None:
+            return
+        cached = self._results.get(self.position)
+        if cached is not None and cached.attention is not None:
+            self.sim.last_attention = cached.attention
+        else:
+            self.sim.last_attention = self.sim.runner.attend(list(self.sim.sequences.values()))
+
+    def _replay_to(self, step: int) -> None:
         if step < self.position:
             # Older snapshots keep no attention report: landing exactly on one, start from
             # the one before, so the target step's attention is recomputed.

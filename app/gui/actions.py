@@ -297,6 +297,14 @@ class WindowActions:
     def bind(self, controller) -> None:
         controller.frameChanged.connect(self.show_frame)
         controller.playingChanged.connect(self._on_playing)
+        controller.errorRaised.connect(lambda _: self._follow_frame())
+
+    def _follow_frame(self) -> None:
+        """A refused request: the scrubber goes back to the step shown, if it was moved."""
+        if self._frame is not None and self.scrubber.value() != self._frame.position:
+            self._syncing = True
+            self.scrubber.setValue(self._frame.position)
+            self._syncing = False
 
     def show_frame(self, frame: Frame) -> None:
         self._frame = frame

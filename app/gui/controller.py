@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pagesim.app.report import write_event_log
-from pagesim.core.errors import PagesimError, PoolExhaustedError
+from pagesim.core.errors import PagesimError, PoolExhaustedError, ScenarioError
 from pagesim.core.operations import Operation
 from pagesim.core.scenario import Scenario
 from pagesim.core.studies.waste import WasteStudy, study
@@ -103,6 +103,16 @@ class Failed:
 
 
 @dataclass(frozen=True)
+class Stopped:
+    """The answer to a seek that could not reach its step: the frame of the step the
+    timeline is on (the window shows it, so the two agree) and why it stopped there."""
+
+    frame: Frame
+    message: str
+    shortfall: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
 class Loaded:
     """The answer to a Load that went through: the new timeline's first frame."""
 
@@ -148,7 +158,18 @@ class TraceReady:
     walk: WalkThrough | None
 
 
-Reply = FrameReply | Loaded | LoadFailed | Failed | Exported | WasteReady | BackendReady | KernelReady | TraceReady
+Reply = (
+    FrameReply
+    | Stopped
+    | Loaded
+    | LoadFailed
+    | Failed
+    | Exported
+    | WasteReady
+    | BackendReady
+    | KernelReady
+    | TraceReady
+)
 
 
 class SimulationWorker(QObject):
@@ -194,9 +215,7 @@ class SimulationWorker(QObject):
         try:
             self._handlers[type(request)](request)
         except PagesimError as exc:  # refused by pagesim itself (state untouched): the user is told why
-            full = exc if isinstance(exc, PoolExhaustedError) else exc.__cause__
-            shortfall = (full.needed, full.free) if isinstance(full, PoolExhaustedError) else None
-            self.replied.emit(Failed(str(exc), shortfall))
+            self.replied.emit(Failed(str(exc), _shortfall(exc)))
         except Exception as exc:  # anything else is a bug: reported as one, logged whole, the worker lives on
             log.exception("internal error while handling %s", type(request).__name__)
             self.replied.emit(Failed(f"internal error: {exc!r}"))
@@ -231,12 +250,21 @@ class SimulationWorker(QObject):
         self._emit()
 
     def _seek(self, request: Seek) -> None:
-        # One step forward from here is an ordinary step: animate its events.
-        if request.step == self._timeline.position + 1:
-            self._emit(self._timeline.forward())
-        else:
-            self._timeline.seek(request.step)
-            self._emit()
+        """A step on the way that cannot be applied stops the seek on the step before it;
+        the answer is then that step's frame and the reason (the scrubber was already moved:
+        the window must be told where the engine really is)."""
+        timeline = self._timeline
+        try:
+            # One step forward from here is an ordinary step: animate its events.
+            if request.step == timeline.position + 1:
+                self._emit(timeline.forward())
+            else:
+                timeline.seek(request.step)
+                self._emit()
+        except ScenarioError as exc:  # a step that cannot be applied (a step out of range is a plain refusal)
+            self._frame = build_frame(timeline, self._focus, None, self._frame)
+            message = f"{exc} — stopped at step {timeline.position}"
+            self.replied.emit(Stopped(self._frame, message, _shortfall(exc)))
 
     def _set_focus(self, request: Focus) -> None:
         self._focus = request.seq_id or None
@@ -260,6 +288,12 @@ class SimulationWorker(QObject):
             self.replied.emit(Failed(f"could not export the event log to {request.path}: {exc.strerror or exc}"))
             return
         self.replied.emit(Exported(f"wrote {count} events of {steps} steps to {request.path}"))
+
+
+def _shortfall(exc: PagesimError) -> tuple[int, int] | None:
+    """(blocks needed, blocks free) if ``exc`` is, or wraps, a full pool."""
+    full = exc if isinstance(exc, PoolExhaustedError) else exc.__cause__
+    return (full.needed, full.free) if isinstance(full, PoolExhaustedError) else None
 
 
 class SimulationController(QObject):
@@ -404,6 +438,10 @@ class SimulationController(QObject):
             self.kernel_ready = False  # until the new dtype's kernel is ready
             self.loaded.emit(reply.scenario)
             reply = FrameReply(reply.frame)
+        if isinstance(reply, Stopped):  # the frame where the seek stopped, then why
+            self.frame = reply.frame
+            self.frameChanged.emit(reply.frame)
+            reply = Failed(reply.message, reply.shortfall)
         if isinstance(reply, LoadFailed):
             self.errorRaised.emit(reply.message)
         elif isinstance(reply, FrameReply):

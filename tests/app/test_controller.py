@@ -86,3 +86,26 @@ def test_views_follow_the_controllers_frames_on_their_own(qtbot):
         assert log.count() == controller.frame.length and log.currentRow() == 2
     finally:
         controller.shutdown()
+
+
+def test_a_seek_that_stops_short_answers_with_the_frame_where_it_stopped(qtbot):
+    from pagesim.app.gui.controller import Stopped
+    from pagesim.core.scenario import parse_scenario
+
+    scenario = parse_scenario(
+        "num_blocks = 4\nblock_size = 2\nnum_heads = 1\nhead_dim = 8\n"
+        '[[steps]]\nop = "add"\nseq = "a"\ntokens = 3\n'
+        '[[steps]]\nop = "grow"\nseq = "a"\ntokens = 50\n'
+        '[[steps]]\nop = "grow"\nseq = "a"\n',
+        "tight.toml",
+    )
+    worker = SimulationWorker("cpu")
+    worker.replies = []
+    worker.replied.connect(worker.replies.append)
+    worker.handle(Load(scenario))
+    for start, target in ((1, 2), (0, 3)):  # onto the failing step (one forward), and past it (a replay)
+        worker.handle(Seek(start))
+        reply = _answer(worker, Seek(target))
+        assert isinstance(reply, Stopped) and reply.frame.position == worker._timeline.position == 1
+        assert "step 2" in reply.message and reply.message.endswith("stopped at step 1")
+        assert reply.shortfall is not None and reply.shortfall[0] > reply.shortfall[1]

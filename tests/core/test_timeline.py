@@ -67,6 +67,28 @@ def test_a_failing_scenario_step_names_its_step_and_field(cpu_backend):
     assert state_fingerprint(timeline.sim) == before
 
 
+def test_a_seek_past_a_failing_step_stops_on_the_step_before_it_and_names_it(cpu_backend):
+    scenario = parse_scenario(
+        "num_blocks = 4\nblock_size = 2\nnum_heads = 1\nhead_dim = 8\n"
+        '[[steps]]\nop = "add"\nseq = "a"\ntokens = 3\n'
+        '[[steps]]\nop = "grow"\nseq = "a"\n'
+        '[[steps]]\nop = "grow"\nseq = "a"\ntokens = 50\n'
+        '[[steps]]\nop = "grow"\nseq = "a"\n',
+        "tight.toml",
+    )
+    timeline = Timeline(scenario, cpu_backend)
+    reference = Timeline(scenario, cpu_backend)
+    reference.seek(2)
+    for start in (0, 1, 2):  # from before the step, replaying the ones between, or from just before it
+        timeline.seek(start)
+        with pytest.raises(ScenarioError, match=r"tight.toml, step 3, field 'tokens': grow a \+50: KV-cache pool"):
+            timeline.seek(4)
+        assert timeline.position == 2 and state_fingerprint(timeline.sim) == state_fingerprint(reference.sim)
+        report = timeline.sim.last_attention  # the step it stopped on has its check, as a seek there gives
+        assert report is not None and report.passed and set(report.seq_ids) == {"a"}
+        timeline.seek(0)
+
+
 def test_every_step_reached_by_seeking_has_its_attention_check(cpu_backend):
     timeline = Timeline(load_shipped("default"), cpu_backend, snapshot_every=4)
     timeline.seek(12)  # steps 1..11 replayed without attention on the way
