@@ -297,9 +297,17 @@ class MainWindow(QMainWindow):
         else:
             self.status.say(f"block {block} is free", 4000)
 
+    def _context_menu(self) -> QMenu:
+        """A right-click menu: parented to the window (its style and palette) and deleted
+        once it closes, with its submenus and actions, so right-clicks leave nothing behind
+        (an action it triggers runs before the deletion: that waits for the event loop)."""
+        menu = QMenu(self)
+        menu.aboutToHide.connect(menu.deleteLater)
+        return menu
+
     def _sequence_menu(self, seq_id: str, global_pos) -> None:
         self.select_sequence(seq_id)
-        menu = QMenu(self)
+        menu = self._context_menu()
         a = self.actions
         for action in (a.grow_action, a.grow_n_action, a.fork_action, a.free_action):
             menu.addAction(action)
@@ -307,7 +315,7 @@ class MainWindow(QMainWindow):
 
     def _block_menu(self, block: int, global_pos) -> None:
         holders = self.frame.holders.get(block, ()) if self.frame else ()
-        menu = QMenu(self)
+        menu = self._context_menu()
         if not holders:
             menu.addAction(f"Block {block}: free").setEnabled(False)
         for seq, index in holders:

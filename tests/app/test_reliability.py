@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import shiboken6
 from pagesim.app.gui.settings import SETTINGS, SPEED_VALUES, read_setting
 from pagesim.core.scenario import load_shipped
 from PySide6.QtCore import QByteArray, QSettings
@@ -93,6 +94,105 @@ def test_a_load_that_goes_through_joins_recent(window, qtbot, tmp_path):
     qtbot.waitUntil(lambda: window.frame.scenario_name == "ok")
     assert frame is not None and window.controller.scenario.name == "ok"
     assert window.files.recent()[0] == str(path.resolve())
+
+
+# -- a seek that fails shows where it stopped ---------------------------------------------
+# Step 3 asks for more blocks than the pool has: replaying it fails.
+FAILING_STEP = (
+    'name = "tight"\nnum_blocks = 4\nblock_size = 2\nnum_heads = 1\nhead_dim = 8\n'
+    '[[steps]]\nop = "add"\nseq = "a"\ntokens = 3\n'
+    '[[steps]]\nop = "grow"\nseq = "a"\n'
+    '[[steps]]\nop = "grow"\nseq = "a"\ntokens = 50\n'
+    '[[steps]]\nop = "grow"\nseq = "a"\n'
+)
+
+
+def engine_position(window) -> int:
+    return window.controller._worker._timeline.position  # read while the worker is idle
+
+
+@pytest.mark.parametrize("start", [0, 2], ids=["scrub-past-it", "scrub-onto-it"])
+def test_a_seek_onto_a_failing_step_lands_the_window_and_the_engine_on_the_step_before(window, qtbot, tmp_path, start):
+    path = tmp_path / "tight.toml"
+    path.write_text(FAILING_STEP)
+    assert window.files.open_scenario(str(path))
+    qtbot.waitUntil(lambda: window.frame.scenario_name == "tight" and window.controller.pending == 0)
+    window.actions.scrubber.setValue(start)
+    wait_idle(qtbot, window)
+    with qtbot.waitSignal(window.controller.errorRaised, timeout=10_000) as blocker:
+        window.actions.scrubber.setValue(4 if start == 0 else 3)
+    frame = wait_idle(qtbot, window)
+    assert engine_position(window) == frame.position == window.actions.scrubber.value() == 2
+    assert frame.sequence("a").num_tokens == 4 and frame.attention is not None and frame.attention.passed
+    assert window.actions.step_label.text().startswith("step 2 / 4")
+    message = window.statusBar().currentMessage()
+    assert message == f"⚠ {blocker.args[0]}"
+    assert "step 3" in message and "grow a +50" in message and "stopped at step 2" in message
+    assert window.pool_view.refusal is not None  # the pool shows the shortfall, as for an action
+    # The next action branches from the state shown.
+    window.actions.grow_spin.setValue(1)
+    window.select_sequence("a")
+    window.grow_selected(1)
+    frame = wait_idle(qtbot, window)
+    assert engine_position(window) == frame.position == window.actions.scrubber.value() == 3
+    assert frame.sequence("a").num_tokens == 5
+
+
+def test_a_refused_request_puts_a_moved_scrubber_back(window, qtbot):
+    wait_idle(qtbot, window)
+    window.actions._frame = window.frame
+    window.actions.scrubber.blockSignals(True)
+    window.actions.scrubber.setValue(5)  # moved, and its seek lost
+    window.actions.scrubber.blockSignals(False)
+    window.controller.errorRaised.emit("refused")
+    assert window.actions.scrubber.value() == window.frame.position == 0
+
+
+# -- context menus do not pile up --------------------------------------------------------
+OFFSCREEN_POPUP = "This plugin does not support"  # a popup grabs the keyboard and raises itself; offscreen cannot
+
+
+@pytest.mark.qt_log_ignore(OFFSCREEN_POPUP)
+def test_right_clicks_leave_no_menus_behind(window, qtbot):
+    from PySide6.QtCore import QPoint
+    from PySide6.QtWidgets import QApplication, QMenu
+
+    window.actions.scrubber.setValue(3)
+    frame = wait_idle(qtbot, window)
+    before = len(window.findChildren(QMenu))
+    view, pool = window.sequence_view, window.pool_view
+    held = frame.sequences[0].block_table[0]
+    free = next(b for b in range(len(pool.items)) if b not in frame.holders)
+    for n in range(60):
+        if n % 3 == 0:
+            rect = view.visualItemRect(view.topLevelItem(0))
+            view.customContextMenuRequested.emit(rect.center())
+        else:
+            block = held if n % 3 == 1 else free
+            pool.blockContextMenu.emit(block, QPoint(10, 10))
+        menu = QApplication.activePopupWidget()
+        assert isinstance(menu, QMenu) and menu.actions()
+        menu.close()
+        qtbot.wait(1)  # deleteLater runs
+    assert len(window.findChildren(QMenu)) <= before + 1
+
+
+@pytest.mark.qt_log_ignore(OFFSCREEN_POPUP)
+def test_a_context_menus_action_still_runs_though_the_menu_goes(window, qtbot):
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QApplication
+
+    window.actions.scrubber.setValue(3)
+    frame = wait_idle(qtbot, window)
+    view = window.sequence_view
+    seq = frame.sequences[0]
+    view.customContextMenuRequested.emit(view.visualItemRect(view.topLevelItem(0)).center())
+    menu = QApplication.activePopupWidget()
+    where = menu.actionGeometry(window.actions.grow_action).center()
+    qtbot.mouseClick(menu, Qt.MouseButton.LeftButton, pos=where)
+    frame = wait_idle(qtbot, window)
+    assert frame.sequence(seq.seq_id).num_tokens == seq.num_tokens + 1
+    qtbot.waitUntil(lambda: not shiboken6.isValid(menu))
 
 
 # -- settings ---------------------------------------------------------------------------
