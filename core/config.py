@@ -41,6 +41,10 @@ class CacheConfig:
     # budget a step, chunked prefill, vLLM v1); max_num_batched_tokens is v1's budget.
     scheduler: str = "v0"
     max_num_batched_tokens: int = 2048
+    # The model the runner runs: "synthetic" (the seeded token model), "smollm2-135m" (the
+    # bundled SmolLM2-135M-Instruct) or a path to a Llama-architecture .gguf file. A real
+    # model sets the heads and head dim (core.models.catalog.config_for_model fills them in).
+    model: str = "synthetic"
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "num_heads", "num_kv_heads", "head_dim", "max_model_len"):
@@ -87,6 +91,8 @@ class CacheConfig:
             raise ValueError('scheduler = "v1" preempts by recompute only (vLLM v1 has no swap)')
         if not is_count(self.max_num_batched_tokens):
             raise ValueError(f"max_num_batched_tokens must be a positive integer; got {self.max_num_batched_tokens!r}")
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ValueError(f'model must be "synthetic", "smollm2-135m" or a path to a .gguf file; got {self.model!r}')
         if not isinstance(self.prefix_caching, bool):
             raise ValueError(f"prefix_caching must be true or false; got {self.prefix_caching!r}")
 

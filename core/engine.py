@@ -30,13 +30,13 @@ from pagesim.core.errors import (
 )
 from pagesim.core.events import EventLog
 from pagesim.core.metrics import Metrics
-from pagesim.core.model_runner import AttentionReport, ModelRunner, RunnerSnapshot, check_memory
+from pagesim.core.model_runner import AttentionReport, RunnerSnapshot
 from pagesim.core.operations import Add, Fork, Free, Grow, Operation, Schedule, Submit
 from pagesim.core.registry import SequenceRegistry
+from pagesim.core.runners import make_runner
 from pagesim.core.scheduler import Scheduler, SchedulerSnapshot
 from pagesim.core.scheduler_v1 import SchedulerV1
 from pagesim.core.sequence import Sequence, SequenceSnapshot
-from pagesim.core.token_model import check_vocab
 from pagesim.kernels.backend import Backend
 from pagesim.kernels.selection import select_backend
 
@@ -92,10 +92,9 @@ class Simulator:
         self.config = config
         self.kv_data = kv_data
         backend = backend or select_backend("auto" if kv_data else "cpu")
-        check_memory(config, backend, kv_data)
+        self.runner = make_runner(config, backend, kv_data)  # refuses caches that cannot fit first
         self.events = EventLog()
         self.blocks = BlockManager(config, self.events)
-        self.runner = ModelRunner(config, backend, kv_data)
         self.registry = SequenceRegistry(config, self.blocks, self.runner, self.events)
         # Submit and Schedule go to vLLM v0's scheduler or v1's (the scenario's ``scheduler``).
         scheduler = SchedulerV1 if config.scheduler == "v1" else Scheduler
@@ -231,11 +230,15 @@ class Simulator:
         needed = self.blocks.append_plan(seq, op.length).blocks_needed  # before generating the tokens
         if needed > self.blocks.num_free:
             raise PoolExhaustedError(needed, self.blocks.num_free, f"grow {op.seq} by {op.length}")
+        if op.token_ids is None and self.runner.model.samples_from_logits:
+            for _ in range(op.num_tokens):  # a real model: each token from the last one's logits
+                self.registry.decode([seq])
+            return
         if op.token_ids is not None:
             token_ids = list(op.token_ids)
         else:
             token_ids = self.runner.model.token_ids(op.seq, seq.num_tokens, op.num_tokens)
-        check_vocab(token_ids, "token_ids")
+        self.runner.model.check_vocab(token_ids, "token_ids")
         self.registry.append([seq], [token_ids])
 
     def _fork(self, op: Fork) -> None:

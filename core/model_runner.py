@@ -24,6 +24,7 @@ from pagesim.core.config import CacheConfig
 from pagesim.core.dense_check import DenseCheck, DenseCheckSnapshot, RowStack
 from pagesim.core.errors import OutOfMemoryError
 from pagesim.core.kv_cache import CacheCheckpoint, PagedKVCache, SwapSpace
+from pagesim.core.language_model import LanguageModel
 from pagesim.core.sequence import Sequence
 from pagesim.core.token_model import TokenModel
 from pagesim.kernels.backend import Backend, default_scale, host_memory_available
@@ -121,10 +122,11 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def check_memory(config: CacheConfig, backend: Backend, kv_data: bool) -> None:
-    """Refuse a configuration whose caches cannot fit, before allocating any of them."""
+def check_memory(config: CacheConfig, backend: Backend, kv_data: bool, num_layers: int = 1) -> None:
+    """Refuse a configuration whose caches cannot fit, before allocating any of them
+    (``num_layers``: a real model's caches, one per layer, with one block table)."""
     itemsize = storage_dtype(config.dtype).itemsize
-    per_block = 2 * config.block_size * config.num_kv_heads * config.head_dim * itemsize  # K and V
+    per_block = 2 * config.block_size * config.num_kv_heads * config.head_dim * itemsize * num_layers  # K and V
     kv = config.num_blocks * per_block if kv_data else 0
     host = (config.num_blocks + config.num_cpu_blocks) * BOOKKEEPING_BYTES_PER_BLOCK
     host += config.num_cpu_blocks * per_block if kv_data else 0  # the swap space, on the host
@@ -148,11 +150,16 @@ QKV_PIECE_TOKENS = 64  # tokens the token model projects at once
 
 
 class ModelRunner:
-    def __init__(self, config: CacheConfig, backend: Backend, kv_data: bool = True) -> None:
+    def __init__(
+        self, config: CacheConfig, backend: Backend, kv_data: bool = True, model: LanguageModel | None = None
+    ) -> None:
+        """``model``: what turns tokens into the next tokens (default: the synthetic token
+        model, whose ``qkv`` this runner's K/V come from; a subclass with a real model
+        computes its K/V otherwise)."""
         self.config = config
         self.backend = backend
         self.kv_data = kv_data
-        self.model = TokenModel(config)
+        self.model: LanguageModel = model if model is not None else TokenModel(config)
         self.cache = PagedKVCache(config, backend) if kv_data else None
         self.swap_space = SwapSpace(config, self.cache.dtype) if kv_data else None
         # Dense attention's working memory: at most half the pool's bytes per SDPA call.

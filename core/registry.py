@@ -22,7 +22,6 @@ from pagesim.core.errors import (
 from pagesim.core.events import EventLog
 from pagesim.core.model_runner import ModelRunner
 from pagesim.core.sequence import Sequence
-from pagesim.core.token_model import check_vocab
 
 
 class SequenceRegistry:
@@ -78,7 +77,7 @@ class SequenceRegistry:
         blocks (``placement``: exactly these), then the tokens' K/V."""
         self.check_new_id(seq_id)
         if not vocab_checked:
-            check_vocab(token_ids, "prompt")
+            self.runner.model.check_vocab(token_ids, "prompt")
         c, blocks = self.config, self.blocks
         caching = c.prefix_caching and placement is None
         hits = blocks.prefix.match(token_ids) if caching else []

@@ -21,10 +21,10 @@ from pagesim.core.block_manager import BlockManager
 from pagesim.core.config import CacheConfig
 from pagesim.core.errors import DuplicateSequenceError, InvalidOperationError
 from pagesim.core.events import EventLog
+from pagesim.core.language_model import LanguageModel
 from pagesim.core.operations import CHILD_SEPARATOR, Schedule, Submit
 from pagesim.core.registry import SequenceRegistry
 from pagesim.core.scheduler import PromptSource
-from pagesim.core.token_model import TokenModel
 
 WAITING, RUNNING, FINISHED, REJECTED = "waiting", "running", "finished", "rejected"
 
@@ -116,7 +116,12 @@ class SchedulerV1:
     reads free blocks and prefix hits there and changes sequences only through the registry."""
 
     def __init__(
-        self, config: CacheConfig, model: TokenModel, blocks: BlockManager, registry: SequenceRegistry, events: EventLog
+        self,
+        config: CacheConfig,
+        model: LanguageModel,
+        blocks: BlockManager,
+        registry: SequenceRegistry,
+        events: EventLog,
     ) -> None:
         self.config, self.model, self.blocks, self.registry, self.events = config, model, blocks, registry, events
         self.used = False

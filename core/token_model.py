@@ -14,7 +14,8 @@ from typing import ClassVar
 
 import numpy as np
 from pagesim.core.config import CacheConfig
-from pagesim.core.errors import InvalidOperationError
+from pagesim.core.language_model import SYNTHETIC
+from pagesim.core.language_model import check_vocab as _check_vocab
 
 VOCAB_SIZE = 32_000
 MODEL_DIM = 64
@@ -138,6 +139,12 @@ class _RotaryTable:
 
 
 class TokenModel:
+    """The synthetic model (a :class:`~pagesim.core.language_model.LanguageModel`)."""
+
+    name = SYNTHETIC
+    vocab_size = VOCAB_SIZE
+    samples_from_logits = False
+
     def __init__(self, config: CacheConfig) -> None:
         self.config = config
         self._stream_of: dict[str, int] = {}  # a sequence's hash state after (seed, crc)
@@ -168,6 +175,9 @@ class TokenModel:
                     stream_of[s] = _mix(self.config.seed, zlib.crc32(s.encode()))
             z = np.fromiter(map(stream_of.get, seq_ids), np.uint64, n)
         return _mix_array_from(z, np.fromiter(positions, np.uint64, n)).tolist()
+
+    def check_vocab(self, token_ids, field: str) -> None:
+        _check_vocab(token_ids, field, VOCAB_SIZE)
 
     # -- projections -------------------------------------------------------------
     # Bit-exact determinism matters: a token's K/V must not depend on what else was in
@@ -205,8 +215,5 @@ class TokenModel:
 
 
 def check_vocab(token_ids, field: str) -> None:
-    """Refuse token ids outside the vocabulary, naming the field."""
-    if not token_ids or (min(token_ids) >= 0 and max(token_ids) < VOCAB_SIZE):
-        return
-    bad = next(t for t in token_ids if not 0 <= t < VOCAB_SIZE)
-    raise InvalidOperationError(f"{field}: token id {bad} is outside the vocabulary [0, {VOCAB_SIZE})")
+    """Refuse token ids outside the synthetic vocabulary, naming the field."""
+    _check_vocab(token_ids, field, VOCAB_SIZE)

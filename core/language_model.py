@@ -1,0 +1,44 @@
+"""What the engine asks of a model, whichever it is: the synthetic token model (seeded
+projections, token ids from a hash) or a real language model run by the Llama runner.
+
+The registry, the engine and the schedulers talk to this interface only: the ids of a
+prompt given as a count (``token_ids``), the next token of each sequence in a decode step
+(``next_token_ids``: a hash for the synthetic model, the sequence's last logits for a real
+one) and the vocabulary's bounds. How K/V are computed and cached is the runner's business.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from pagesim.core.errors import InvalidOperationError
+
+SYNTHETIC = "synthetic"
+
+
+class LanguageModel(Protocol):
+    name: str  # "synthetic", or the real model's name
+    vocab_size: int
+    # True: next tokens come from the sequence's logits, so a grow by N decodes N steps
+    # one token at a time (each token's logits are needed for the next one).
+    samples_from_logits: bool
+
+    def token_ids(self, seq_id: str, start: int, count: int) -> list[int]:
+        """Filler ids for a prompt given as a count: stable across runs."""
+        ...
+
+    def next_token_ids(self, seq_ids: list[str], positions: list[int]) -> list[int]:
+        """One token per sequence (a decode step)."""
+        ...
+
+    def check_vocab(self, token_ids, field: str) -> None:
+        """Refuse ids outside the vocabulary, naming the field."""
+        ...
+
+
+def check_vocab(token_ids, field: str, vocab_size: int) -> None:
+    """Refuse token ids outside ``[0, vocab_size)``, naming the field."""
+    if not token_ids or (min(token_ids) >= 0 and max(token_ids) < vocab_size):
+        return
+    bad = next(t for t in token_ids if not 0 <= t < vocab_size)
+    raise InvalidOperationError(f"{field}: token id {bad} is outside the vocabulary [0, {vocab_size})")
