@@ -31,7 +31,7 @@ lint: $(STAMP)
 test: lint
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest
 
-# Plant typical kernel bugs in paged_attention.cu one at a time; each must be caught (~2 min).
+# Plant typical kernel bugs in paged_attention.cu one at a time; each must be caught (~9 min on 2 busy cores).
 verify-kernels: $(STAMP)
 	$(BIN)/python -m tests.cuda_emulation.mutations --out build/kernel-mutations.md
 
