@@ -1,5 +1,8 @@
 """Which runner runs a configuration's model: the synthetic token model's
-:class:`~pagesim.core.model_runner.ModelRunner`."""
+:class:`~pagesim.core.model_runner.ModelRunner`, or, for a real model
+(``config.model`` is ``"smollm2-135m"`` or a ``.gguf`` path), the
+:class:`~pagesim.core.llama_runner.LlamaRunner`: the model's weights, one paged cache per
+layer with one block table for all, and the dense engine it is checked against."""
 
 from __future__ import annotations
 
@@ -13,4 +16,7 @@ def make_runner(config: CacheConfig, backend: Backend, kv_data: bool = True) -> 
     if config.model == SYNTHETIC:
         check_memory(config, backend, kv_data)
         return ModelRunner(config, backend, kv_data)
-    raise ValueError(f"model {config.model!r}: only the synthetic model runs in the engine so far")
+    # Lazy on purpose: torch and the model file load only when a scenario names a real model.
+    from pagesim.core.llama_runner import LlamaRunner
+
+    return LlamaRunner.for_config(config, backend, kv_data)

@@ -52,3 +52,16 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def one_kernel_thread():
+    """The paged kernels on one thread too: a decode launch over a few short sequences is
+    microseconds of work, and waking Numba's threads on a shared two-core machine cost
+    ~8 ms a launch (60 launches a step)."""
+    import numba
+
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    yield
+    numba.set_num_threads(threads)

@@ -1,0 +1,127 @@
+"""A real language model behind the engine's model interface, and the dense engine the
+paged runner is checked against.
+
+:class:`LlamaModel` is what the registry and the schedulers ask for tokens: a decode
+step's next token of each sequence comes from that sequence's last logits (greedy), which
+the :class:`~pagesim.core.llama_runner.LlamaRunner` leaves here after each forward.
+:class:`DenseReference` runs the same model beside it with each sequence's K/V in one
+contiguous row per layer and torch's SDPA (the model's :class:`DenseLlamaEngine`), fed
+the same tokens; :class:`LogitsCheck` is one sequence's paged logits against dense's.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import torch
+from pagesim.core.errors import InvalidOperationError
+from pagesim.core.language_model import check_vocab
+from pagesim.core.models import DenseKVCache, DenseLlamaEngine, Llama, ModelFile
+from pagesim.core.token_model import _mix
+
+# Paged and dense logits both come from fp32 arithmetic in different orders, through 30
+# layers: SmolLM2's differ by ~5e-5 at most (logits of magnitude ~20). A wrong block, a stale slot
+# or a missed copy-on-write moves them by far more than this.
+LOGITS_TOLERANCE = 1e-3
+
+
+class LlamaModel:
+    """A real model as the engine sees it (a :class:`~pagesim.core.language_model.LanguageModel`)."""
+
+    samples_from_logits = True
+
+    def __init__(self, file: ModelFile, seed: int = 0) -> None:
+        self.file = file
+        self.name = file.config.name or file.path.name
+        self.vocab_size = file.config.vocab_size
+        self.tokenizer = file.tokenizer
+        self.llama = Llama(file.config, file.weights)
+        self.seed = seed
+        self.logits: dict[str, torch.Tensor] = {}  # each sequence's last logits, the paged path's
+
+    def token_ids(self, seq_id: str, start: int, count: int) -> list[int]:
+        """Filler ids for a prompt given as a count (a hash, as the synthetic model's)."""
+        crc = zlib.crc32(seq_id.encode())
+        return [_mix(self.seed, crc, p) % self.vocab_size for p in range(start, start + count)]
+
+    def next_token_ids(self, seq_ids: list[str], positions: list[int]) -> list[int]:
+        """Each sequence's greedy next token: the argmax of its last logits."""
+        out = []
+        for seq_id in seq_ids:
+            logits = self.logits.get(seq_id)
+            if logits is None:
+                raise InvalidOperationError(f"sequence {seq_id!r} has no logits yet: none of its tokens was computed")
+            out.append(int(logits.argmax()))
+        return out
+
+    def check_vocab(self, token_ids, field: str) -> None:
+        check_vocab(token_ids, field, self.vocab_size)
+
+
+@dataclass(frozen=True)
+class LogitsCheck:
+    """One sequence's logits after a forward: the paged path's against the dense engine's."""
+
+    seq_id: str
+    position: int  # the position of the token whose logits these are
+    max_abs_diff: float
+    tolerance: float
+    paged_token: int  # each side's greedy choice
+    dense_token: int
+
+    @property
+    def passed(self) -> bool:
+        return self.max_abs_diff <= self.tolerance and self.paged_token == self.dense_token
+
+
+def clone_cache(cache: DenseKVCache, extra: int = 16) -> DenseKVCache:
+    """A copy of ``cache``'s rows (room for ``extra`` more tokens before it grows)."""
+    copy = DenseKVCache(cache.config, capacity=cache.length + extra)
+    n = cache.length
+    copy.keys[:, :, :n] = cache.keys[:, :, :n]
+    copy.values[:, :, :n] = cache.values[:, :, :n]
+    copy.length = n
+    return copy
+
+
+class DenseReference:
+    """The dense engine beside the paged one: every sequence's K/V in its own contiguous
+    :class:`DenseKVCache` (never the pool), its newest logits."""
+
+    def __init__(self, llama: Llama) -> None:
+        self.engine = DenseLlamaEngine(llama)
+        self.caches: dict[str, DenseKVCache] = {}
+        self.logits: dict[str, torch.Tensor] = {}
+
+    def add(self, seq_id: str) -> None:
+        self.caches[seq_id] = DenseKVCache(self.engine.model.config, capacity=64)
+
+    def fork(self, parent: str, child: str) -> None:
+        self.caches[child] = clone_cache(self.caches[parent])
+        if parent in self.logits:
+            self.logits[child] = self.logits[parent]
+
+    def free(self, seq_id: str) -> None:
+        self.caches.pop(seq_id, None)
+        self.logits.pop(seq_id, None)
+
+    def feed(self, seq_id: str, token_ids: list[int]) -> torch.Tensor:
+        """``token_ids`` after what the sequence holds; its new last logits."""
+        logits = self.engine.step(self.caches[seq_id], token_ids)
+        self.logits[seq_id] = logits
+        return logits
+
+    def snapshot(self) -> tuple[dict[str, DenseKVCache], dict[str, torch.Tensor]]:
+        return {s: clone_cache(c, 0) for s, c in self.caches.items()}, dict(self.logits)
+
+    def restore(self, snap: tuple[dict[str, DenseKVCache], dict[str, torch.Tensor]] | None) -> None:
+        if snap is None:
+            self.caches, self.logits = {}, {}
+        else:
+            self.caches, self.logits = {s: clone_cache(c) for s, c in snap[0].items()}, dict(snap[1])
+
+    def compare(self, seq_id: str, position: int, paged: torch.Tensor) -> LogitsCheck:
+        dense = self.logits[seq_id]
+        diff = float((paged - dense).abs().max())
+        return LogitsCheck(seq_id, position, diff, LOGITS_TOLERANCE, int(paged.argmax()), int(dense.argmax()))

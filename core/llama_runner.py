@@ -1,0 +1,258 @@
+"""The runner for a real language model: its weights, one paged KV cache per layer with
+one block table for all (vLLM's layout, ``(num_layers, num_blocks, block_size,
+num_kv_heads, head_dim)`` as one cache per layer), and the dense engine it is checked
+against.
+
+Each forward (a prompt, a chunk of one, a grow, a decode step of many sequences, the
+recompute after preemption) runs the model over the new tokens only. In every layer the
+new tokens' K/V go to the slots the block manager gave (``reshape_and_cache``), then
+attention reads the cache through the block tables: the backend's paged decode kernel
+when every sequence has one new token, its paged prefill kernel otherwise (causal over the
+cached prefix and the chunk), so a prefix-cache hit skips computing the hit tokens.
+Copy-on-write copies and swaps move every layer's block. Each sequence's last logits go
+to the model (:class:`~pagesim.core.llama_model.LlamaModel`), whose argmax is the next
+token of a decode step.
+
+Two checks, each step: the dense engine (:class:`~pagesim.core.llama_model.DenseReference`,
+contiguous K/V per layer, SDPA) is fed the same tokens and its logits are held to the
+paged ones (``logits_checks``: within ``LOGITS_TOLERANCE`` and the same greedy token); and,
+as for the synthetic model, the last layer's paged decode attention of every sequence's
+newest token against dense SDPA on the same stored K/V (:meth:`attend`, the report the
+app and ``pagesim run`` show).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+from pagesim.core.blocks import BlockPool
+from pagesim.core.config import CacheConfig
+from pagesim.core.errors import InvalidOperationError
+from pagesim.core.kv_cache import CacheCheckpoint, PagedKVCache, SwapSpace
+from pagesim.core.llama_model import DenseReference, LlamaModel, LogitsCheck
+from pagesim.core.model_runner import ModelRunner, RunnerSnapshot, check_memory
+from pagesim.core.models import DenseKVCache, ModelFile
+from pagesim.core.models.catalog import SHAPE_FIELDS, check_shapes, load_model
+from pagesim.core.sequence import Sequence
+from pagesim.kernels.backend import Backend, default_scale
+
+
+@dataclass(frozen=True)
+class LlamaRunnerSnapshot(RunnerSnapshot):
+    layers: tuple[CacheCheckpoint | None, ...] | None = None  # every layer's but the checked one (its is ``cache``)
+    layer_swaps: tuple | None = None
+    logits: tuple[tuple[str, torch.Tensor], ...] = ()
+    reference: tuple | None = None  # the dense engine's rows and logits
+
+    def without_data(self) -> LlamaRunnerSnapshot:
+        return replace(super().without_data(), layers=None, layer_swaps=None, reference=None)
+
+
+def padded_tables(seqs: list[Sequence]) -> np.ndarray:
+    width = max(1, max(len(s.block_table) for s in seqs))
+    tables = np.zeros((len(seqs), width), np.int32)
+    for row, seq in enumerate(seqs):
+        tables[row, : len(seq.block_table)] = seq.block_table
+    return tables
+
+
+class LlamaRunner(ModelRunner):
+    @classmethod
+    def for_config(cls, config: CacheConfig, backend: Backend, kv_data: bool = True) -> LlamaRunner:
+        return cls(config, backend, load_model(config.model), kv_data)
+
+    def __init__(self, config: CacheConfig, backend: Backend, file: ModelFile, kv_data: bool = True) -> None:
+        if not kv_data:
+            raise InvalidOperationError("a real model needs its K/V: memory-only runs use the synthetic model")
+        check_shapes({f: getattr(config, f) for f in SHAPE_FIELDS}, file.config, config.model)
+        num_layers = file.config.num_layers
+        check_memory(config, backend, True, num_layers)
+        model = LlamaModel(file, config.seed)
+        super().__init__(config, backend, True, model=model)
+        self.model: LlamaModel = model
+        self.llama = model.llama
+        self.check_layer = num_layers - 1  # the layer whose decode attention the report shows
+        others = range(num_layers - 1)
+        self.caches = [PagedKVCache(config, backend) for _ in others] + [self.cache]
+        self.swaps = [SwapSpace(config, self.cache.dtype) for _ in others] + [self.swap_space]
+        self.reference = DenseReference(self.llama)
+        self.scale = default_scale(config.head_dim)
+        self.logits_checks: list[LogitsCheck] = []  # the last forward's, one per sequence computed
+        self.paged_seconds = self.dense_seconds = 0.0  # the last forward's, each side's
+        self.computed_tokens = 0  # how many tokens the last forward ran (prefix hits are not run)
+
+    # -- a sequence's rows ------------------------------------------------------------------
+    def add_sequence(self, seq_id: str) -> None:
+        super().add_sequence(seq_id)
+        self.reference.add(seq_id)
+
+    def fork_sequence(self, parent: str, child: str) -> None:
+        super().fork_sequence(parent, child)
+        self.reference.fork(parent, child)
+        if parent in self.model.logits:
+            self.model.logits[child] = self.model.logits[parent]
+
+    def free_sequence(self, seq_id: str) -> None:
+        super().free_sequence(seq_id)
+        self.reference.free(seq_id)
+        self.model.logits.pop(seq_id, None)
+
+    # -- the forward ----------------------------------------------------------------------------
+    def write_kv(self, seqs, starts, token_ids, slots, copies, skip: int = 0) -> None:
+        """Copy-on-write copies in every layer, then one forward over the new tokens of
+        every sequence (but the first ``skip`` of each: prefix-cache hits, whose K/V every
+        layer's blocks already hold), attention through the block tables; then the dense
+        engine on the same tokens, and the two sides' logits compared."""
+        for src, dst in copies:  # before the writes: the new token goes into the copy
+            for cache in self.caches:
+                cache.copy_block(src, dst)
+        rows = zip(seqs, starts, token_ids, strict=True)
+        computed = [(seq, start, ids) for seq, start, ids in rows if len(ids) > skip]
+        self.logits_checks = []
+        self.computed_tokens = sum(len(ids) - skip for _, _, ids in computed)
+        started = time.perf_counter()
+        if computed:
+            self._forward(computed, np.array(slots, np.int64), skip)
+        self.paged_seconds = time.perf_counter() - started
+        started = time.perf_counter()
+        for seq, start, ids in zip(seqs, starts, token_ids, strict=True):
+            if len(ids) <= skip:
+                continue
+            self.reference.feed(seq.seq_id, list(ids))
+            paged = self.model.logits[seq.seq_id]
+            self.logits_checks.append(self.reference.compare(seq.seq_id, start + len(ids) - 1, paged))
+        self.dense_seconds = time.perf_counter() - started
+
+    def _forward(self, computed, slot_array: np.ndarray, skip: int) -> None:
+        seqs = [seq for seq, _, _ in computed]
+        q_lens = [len(ids) - skip for _, _, ids in computed]
+        flat = [t for _, _, ids in computed for t in ids[skip:]]
+        positions = np.concatenate([np.arange(start + skip, start + len(ids)) for _, start, ids in computed])
+        query_starts = np.array([0, *itertools.accumulate(q_lens)], np.int32)
+        context_lens = np.array([start + len(ids) for _, start, ids in computed], np.int32)
+        tables = padded_tables(seqs)
+        decode = max(q_lens) == 1
+        backend, dtype, check, scale = self.backend, self.cache.dtype, self.check_layer, self.scale
+        seen: dict[str, np.ndarray] = {}
+
+        def attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            cache = self.caches[layer]
+            keys, values = k.numpy().astype(dtype, copy=False), v.numpy().astype(dtype, copy=False)
+            cache.write(slot_array, keys, values)
+            query = backend.to_device(np.ascontiguousarray(q.numpy().astype(dtype, copy=False)))
+            if decode:
+                out = backend.paged_attention(query, cache.key_cache, cache.value_cache, tables, context_lens, scale)
+            else:
+                out = backend.paged_prefill(
+                    query, cache.key_cache, cache.value_cache, query_starts, tables, context_lens, scale
+                )
+            if layer == check:
+                seen.update(q=q.numpy().copy(), k=keys.copy(), v=values.copy())
+            return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32))
+
+        hidden = self.llama.forward(torch.tensor(flat, dtype=torch.long), torch.from_numpy(positions), attention)
+        logits = self.llama.logits(hidden[torch.from_numpy(query_starts[1:].astype(np.int64) - 1)])
+        for i, (seq, start, _) in enumerate(computed):
+            seq_id, lo, hi = seq.seq_id, int(query_starts[i]), int(query_starts[i + 1])
+            self.model.logits[seq_id] = logits[i].clone()
+            if skip and start == 0:  # the hit tokens' K/V, for the dense check's row: from the pool
+                hit_k, hit_v = self.cache.read_sequence(seq.block_table, skip)
+                self.dense.append(seq_id, hit_k, hit_v)
+            self.dense.append(seq_id, seen["k"][lo:hi], seen["v"][lo:hi])
+            self._last_query[seq_id] = seen["q"][hi - 1].copy()
+
+    # -- swapping and inspection -------------------------------------------------------------------
+    def swap_out(self, pairs: list[tuple[int, int]]) -> None:
+        for cache, swap in zip(self.caches, self.swaps, strict=True):
+            swap.swap_out(self.backend, cache, pairs)
+
+    def swap_in(self, pairs: list[tuple[int, int]]) -> None:
+        for cache, swap in zip(self.caches, self.swaps, strict=True):
+            swap.swap_in(self.backend, cache, pairs)
+
+    def attention_weights(self, seq: Sequence) -> tuple[np.ndarray, np.ndarray]:
+        """Softmax weights (num_heads, context_len) of ``seq``'s newest token in the checked
+        layer, from its dense K/V, and the physical block each context token was read from."""
+        c = self.config
+        keys, _ = self.dense_kv(seq.seq_id)
+        q = self._last_query[seq.seq_id].astype(self.cache.dtype).astype(np.float32)
+        kv_of_head = np.arange(c.num_heads) // (c.num_heads // c.num_kv_heads)
+        scores = np.einsum("hd,thd->ht", q, keys.astype(np.float32)[:, kv_of_head, :]) * self.scale
+        weights = np.exp(scores - scores.max(axis=1, keepdims=True))
+        weights /= weights.sum(axis=1, keepdims=True)
+        token_blocks = np.repeat(np.array(seq.block_table), c.block_size)[: seq.num_tokens]
+        return weights.astype(np.float32), token_blocks
+
+    # -- snapshots -----------------------------------------------------------------------------------
+    def snapshot(self, live_blocks: Iterable[int], with_data: bool = True) -> LlamaRunnerSnapshot:
+        live = set(live_blocks)
+        base = super().snapshot(live, with_data)
+        layers = swaps = reference = None
+        if with_data:
+            layers = tuple(c.snapshot(live) for c in self.caches[:-1])
+            swaps = tuple(s.snapshot() for s in self.swaps[:-1])
+            reference = self.reference.snapshot()
+        logits = tuple(self.model.logits.items())
+        return LlamaRunnerSnapshot(
+            **{f: getattr(base, f) for f in ("cache", "swap_space", "dense", "last_query")},
+            layers=layers,
+            layer_swaps=swaps,
+            logits=logits,
+            reference=reference,
+        )
+
+    def can_restore(self, snap: LlamaRunnerSnapshot) -> bool:
+        if snap.layers is None:
+            return True
+        layers_ok = all(c.can_restore(p) for c, p in zip(self.caches[:-1], snap.layers, strict=True))
+        return super().can_restore(snap) and layers_ok
+
+    def restore(
+        self, snap: LlamaRunnerSnapshot, sequences: Iterable[Sequence], swapped: Iterable[Sequence], pool: BlockPool
+    ) -> None:
+        self.model.logits = dict(snap.logits)
+        if snap.cache is not None:
+            for cache, swap, point, data in zip(self.caches, self.swaps, snap.layers, snap.layer_swaps, strict=False):
+                cache.restore(point)
+                swap.restore(data)
+            self.reference.restore(snap.reference)
+        super().restore(snap, sequences, swapped, pool)  # the checked layer's (or a rebuild of every layer)
+        self.logits_checks = []
+
+    def rebuild_kv(self, sequences: list[Sequence], swapped: list[Sequence], pool: BlockPool) -> None:
+        """Every sequence's K/V in every layer recomputed from its tokens by the dense engine
+        (within rounding of what the paged forwards wrote), into its blocks or its swapped
+        blocks; the dense rows and logits with them. Free blocks that only the prefix cache
+        holds are not recomputed (no sequence names their prefix)."""
+        for cache in self.caches[:-1]:
+            cache.forget_checkpoint()
+        self.reference.restore(None)
+        bs, dtype = self.config.block_size, self.cache.dtype
+        for seqs, where in ((sequences, "gpu"), (swapped, "cpu")):
+            for seq in seqs:
+                self.reference.add(seq.seq_id)
+                if not seq.token_ids:
+                    self.dense.rebuild_row(seq.seq_id, None, None)
+                    continue
+                logits = self.reference.feed(seq.seq_id, list(seq.token_ids))
+                self.model.logits.setdefault(seq.seq_id, logits)
+                rows: DenseKVCache = self.reference.caches[seq.seq_id]
+                n = seq.num_tokens
+                keys = rows.keys[:, :, :n].transpose(1, 2).numpy().astype(dtype)  # (layers, n, kv, d)
+                values = rows.values[:, :, :n].transpose(1, 2).numpy().astype(dtype)
+                for layer, (cache, swap) in enumerate(zip(self.caches, self.swaps, strict=True)):
+                    if where == "gpu":
+                        slots = np.array([seq.block_table[p // bs] * bs + p % bs for p in range(n)], np.int64)
+                        cache.write(slots, keys[layer], values[layer])
+                    else:
+                        blocks = {
+                            b: (keys[layer, i * bs : (i + 1) * bs], values[layer, i * bs : (i + 1) * bs])
+                            for i, b in enumerate(seq.block_table)
+                        }
+                        swap.rebuild(blocks, bs)
+                self.dense.rebuild_row(seq.seq_id, keys[self.check_layer], values[self.check_layer])

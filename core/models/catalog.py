@@ -1,0 +1,70 @@
+"""Which model a name means, loaded once per process: ``"smollm2-135m"`` (the bundled
+SmolLM2-135M-Instruct) or a path to a Llama-architecture ``.gguf`` file; and the cache
+configuration's shape fields a model sets (heads, KV heads, head dim), which a scenario
+header may repeat but not contradict."""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+from pagesim.core.config import CacheConfig
+from pagesim.core.models.gguf_loader import LlamaConfig, ModelFile, ModelFileError, bundled_model_path, load_gguf
+
+BUNDLED_NAME = "smollm2-135m"
+SHAPE_FIELDS = ("num_heads", "num_kv_heads", "head_dim")
+
+
+class ModelMismatchError(ModelFileError):
+    """A configuration field that contradicts the model (``field`` names it)."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def model_path(name: str) -> Path:
+    if name == BUNDLED_NAME:
+        return bundled_model_path()
+    if name.lower().endswith(".gguf"):
+        return Path(name).expanduser()
+    raise ModelFileError(f'model must be "synthetic", "{BUNDLED_NAME}" or a path to a .gguf file; got {name!r}')
+
+
+@functools.lru_cache(maxsize=2)
+def _load(path: str, cache_dir: str | None, stamp: tuple[int, int]) -> ModelFile:
+    return load_gguf(path)
+
+
+def load_model(name: str) -> ModelFile:
+    """The model ``name`` means, loaded (and cached in this process: a scenario's parse and
+    its runner share one load; a file changed on disk is loaded again)."""
+    path = model_path(name)
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise ModelFileError(f"{path}: {e.strerror or e}") from None
+    return _load(str(path.resolve()), os.environ.get("PAGESIM_CACHE_DIR"), (st.st_mtime_ns, st.st_size))
+
+
+def model_shapes(config: LlamaConfig) -> dict[str, int]:
+    return {"num_heads": config.num_heads, "num_kv_heads": config.num_kv_heads, "head_dim": config.head_dim}
+
+
+def check_shapes(given: dict, config: LlamaConfig, name: str) -> None:
+    """Refuse a shape field in ``given`` that contradicts the model, naming it."""
+    for field, value in model_shapes(config).items():
+        if given.get(field) is not None and given[field] != value:
+            raise ModelMismatchError(
+                f"{field} = {given[field]!r} contradicts the model {name!r}, which has {field} = {value} "
+                "(leave it out: the model sets it)",
+                field,
+            )
+
+
+def config_for_model(name: str, num_blocks: int, block_size: int, **fields) -> CacheConfig:
+    """A cache configuration for model ``name``: its heads and head dim from the model."""
+    model = load_model(name)
+    check_shapes(fields, model.config, name)
+    return CacheConfig(num_blocks, block_size, model=name, **(fields | model_shapes(model.config)))
