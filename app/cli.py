@@ -26,6 +26,7 @@ from pagesim.app.report import (
 from pagesim.core.atomic_write import atomic_write
 from pagesim.core.errors import PagesimError
 from pagesim.core.events import RequestRejected
+from pagesim.core.language_model import BUNDLED_MODEL
 from pagesim.core.scenario import DEFAULT_SCENARIO, load_scenario, shipped_scenarios
 from pagesim.core.studies.waste import CATEGORIES, CATEGORY_LABELS, check_bounded, compare
 from pagesim.core.studies.workload import DISTRIBUTIONS, generate
@@ -108,6 +109,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     trace.add_argument("workload", type=Path, help="a workload-N.json (config, requests with their output tokens)")
     trace.add_argument("-o", "--output", type=Path, required=True, metavar="OUT", help="the trace ('-': stdout)")
+
+    gen = sub.add_parser("generate", help="generate text with a real model inside the paged engine, checked vs dense")
+    gen.add_argument("prompt", help="the prompt text")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template (a user turn)")
+    gen.add_argument("--max-tokens", type=_positive_int, default=64, metavar="N", help="tokens to generate at most")
+    gen.add_argument("--model", default=BUNDLED_MODEL, metavar="M", help=f'"{BUNDLED_MODEL}" or a .gguf path')
+    gen.add_argument("--block-size", type=_positive_int, default=16, metavar="B", help="token slots per KV block")
+    gen.add_argument("--json", type=Path, metavar="OUT", help="write tokens, text and verdicts here ('-': stdout)")
+    add_backend_option(gen)
 
     sub.add_parser("scenarios", help="list the shipped scenarios")
     sub.add_parser("backends", help="list the backends and whether each can run here")
@@ -309,6 +319,13 @@ def cmd_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+    # Lazy on purpose: generating loads torch and the model, which no other headless command needs.
+    from pagesim.app.generate import cmd_generate as run_generate
+
+    return run_generate(args)
+
+
 def cmd_scenarios(_: argparse.Namespace) -> int:
     for name in sorted(shipped_scenarios()):
         scenario = load_scenario(name)
@@ -458,6 +475,7 @@ def _main(argv: list[str] | None = None) -> int:
         "scenarios": cmd_scenarios,
         "waste": cmd_waste,
         "trace": cmd_trace,
+        "generate": cmd_generate,
         "backends": cmd_backends,
         "gui": cmd_gui,
     }

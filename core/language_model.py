@@ -14,6 +14,7 @@ from typing import Protocol
 from pagesim.core.errors import InvalidOperationError
 
 SYNTHETIC = "synthetic"
+BUNDLED_MODEL = "smollm2-135m"  # SmolLM2-135M-Instruct, installed with pagesim (core.models.catalog)
 
 
 class LanguageModel(Protocol):

@@ -27,6 +27,7 @@ from pathlib import Path
 from pagesim.core.checks import all_ints, is_int
 from pagesim.core.config import CacheConfig
 from pagesim.core.errors import InvalidOperationError, PagesimError, ScenarioError
+from pagesim.core.language_model import SYNTHETIC
 from pagesim.core.operations import Add, Fork, Free, Grow, Operation, Schedule, Submit
 
 HEADER_FIELDS = {f.name for f in fields(CacheConfig)}
@@ -215,13 +216,14 @@ def parse_scenario(text: str, source: str = "<memory>") -> Scenario:
         raise ScenarioError(
             source, f"unknown header field (allowed: {', '.join(sorted(HEADER_FIELDS))})", None, unknown[0]
         )
+    header = {k: v for k, v in doc.items() if k in HEADER_FIELDS}
+    tokenizer = _real_model(header, source)  # None: the synthetic model
     for name in REQUIRED_HEADER:
-        if name not in doc:
+        if name not in header:
             raise ScenarioError(source, "missing from the header", None, name)
     for name in TEXT_FIELDS:
         if not isinstance(doc.get(name, ""), str):
             raise ScenarioError(source, "must be a string", None, name)
-    header = {k: v for k, v in doc.items() if k in HEADER_FIELDS}
     try:
         config = CacheConfig(**header)
     except ValueError as exc:
@@ -240,6 +242,11 @@ def parse_scenario(text: str, source: str = "<memory>") -> Scenario:
             notes.append(" ".join(note.split()))
         else:
             notes.append("")
+        if isinstance(raw, dict) and isinstance(raw.get("prompt"), str):
+            if tokenizer is None:
+                needs = 'prompt = "text" needs a real model in the header (model = "smollm2-135m")'
+                raise ScenarioError(source, needs, number, "prompt")
+            raw = dict(raw, prompt=tokenizer.encode(raw["prompt"]))
         try:
             operations.append(parse_step(raw, source, number))
         except ScenarioError:
@@ -248,6 +255,30 @@ def parse_scenario(text: str, source: str = "<memory>") -> Scenario:
             raise ScenarioError(source, str(exc), number) from None
     name = doc.get("name") or Path(source).stem
     return Scenario(name, doc.get("description", ""), config, tuple(operations), source, tuple(notes))
+
+
+def _real_model(header: dict, source: str):
+    """For ``model = "smollm2-135m"`` or ``"PATH.gguf"`` (a relative path is looked up
+    beside the scenario file first): load it, fill in the shape fields it sets (refusing
+    one that contradicts it, by name) and return its tokenizer. None for the synthetic model."""
+    name = header.get("model", SYNTHETIC)
+    if not isinstance(name, str) or name == SYNTHETIC:
+        return None
+    # Lazy on purpose: torch and the model file load only for a scenario that names a real model.
+    from pagesim.core.models.catalog import ModelMismatchError, check_shapes, load_model, model_shapes
+
+    beside = Path(source).parent / name
+    if name.lower().endswith(".gguf") and not Path(name).is_absolute() and beside.is_file():
+        name = header["model"] = str(beside)
+    try:
+        model = load_model(name)
+        check_shapes(header, model.config, name)
+    except ModelMismatchError as exc:
+        raise ScenarioError(source, str(exc), None, exc.field) from None
+    except PagesimError as exc:
+        raise ScenarioError(source, str(exc), None, "model") from None
+    header.update(model_shapes(model.config))
+    return model.tokenizer
 
 
 MAX_SCENARIO_BYTES = 16 * 2**20  # a scenario is a page or two of TOML; this is far past any real one

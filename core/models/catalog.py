@@ -10,9 +10,9 @@ import os
 from pathlib import Path
 
 from pagesim.core.config import CacheConfig
+from pagesim.core.language_model import BUNDLED_MODEL as BUNDLED_NAME
 from pagesim.core.models.gguf_loader import LlamaConfig, ModelFile, ModelFileError, bundled_model_path, load_gguf
 
-BUNDLED_NAME = "smollm2-135m"
 SHAPE_FIELDS = ("num_heads", "num_kv_heads", "head_dim")
 
 

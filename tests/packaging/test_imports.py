@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # (file, module): lazy so that a command loads only what it needs (Qt, torch).
 KEPT_LAZY = {
     ("app/cli.py", "pagesim.app.benchmarks"),
+    ("app/cli.py", "pagesim.app.generate"),
     ("app/cli.py", "pagesim.app.gui.main"),
     ("app/cli.py", "pagesim.app.gui.bench"),
 }
