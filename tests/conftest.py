@@ -22,3 +22,14 @@ def full_disk(monkeypatch):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(atomic_write.os, "fsync", full)
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("monkey", "the GUI monkey (tests/app/test_monkey.py)")
+    group.addoption(
+        "--monkey-actions",
+        type=int,
+        default=None,
+        help="random actions per seed (default 150); from 600 on, the run also asserts that memory stays flat",
+    )
+    group.addoption("--monkey-seeds", default=None, help="comma-separated seeds to run (default 0,1)")
