@@ -23,6 +23,8 @@ from pagesim.app.report import (
     step_report,
     write_json,
 )
+from pagesim.app.serving_cli import add_parsers as add_serving_parsers
+from pagesim.app.serving_cli import cmd_latency, cmd_sweep
 from pagesim.core.atomic_write import atomic_write
 from pagesim.core.errors import PagesimError
 from pagesim.core.events import RequestRejected
@@ -109,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     trace.add_argument("workload", type=Path, help="a workload-N.json (config, requests with their output tokens)")
     trace.add_argument("-o", "--output", type=Path, required=True, metavar="OUT", help="the trace ('-': stdout)")
+    add_serving_parsers(sub)  # latency, sweep
 
     gen = sub.add_parser("generate", help="generate text with a real model inside the paged engine, checked vs dense")
     gen.add_argument("prompt", help="the prompt text")
@@ -139,7 +142,7 @@ class CannotWrite(Exception):
         super().__init__(f"could not write {what} {path}: {exc.strerror or exc}")
 
 
-def write_output(path: Path, text: str, option: str) -> None:
+def write_output(path: Path, text: str | bytes, option: str) -> None:
     """``text`` to ``path`` ('-': standard output), atomically; a failure is a CannotWrite naming ``option``."""
     if str(path) == "-":
         sys.stdout.write(text)
@@ -475,6 +478,8 @@ def _main(argv: list[str] | None = None) -> int:
         "scenarios": cmd_scenarios,
         "waste": cmd_waste,
         "trace": cmd_trace,
+        "latency": lambda a: cmd_latency(a, write_output),
+        "sweep": lambda a: cmd_sweep(a, write_output),
         "generate": cmd_generate,
         "backends": cmd_backends,
         "gui": cmd_gui,

@@ -1,0 +1,273 @@
+"""The serving-study commands: ``pagesim latency`` (serving time of one replay on a model
+shape and a GPU) and ``pagesim sweep`` (what-if replays over a grid of engine settings).
+Their parsers and handlers; ``app.cli`` registers them."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from pagesim.app.options import writable_problem
+from pagesim.app.sweep_plot import render_png
+from pagesim.core.config import CacheConfig
+from pagesim.core.errors import InvalidStudyError
+from pagesim.core.scenario import load_scenario
+from pagesim.core.studies.replay import replay_scenario, replay_workload
+from pagesim.core.studies.serving_time import GIB, GPUS, MODEL_SHAPES, gpu, latency, model_shape, pool_blocks
+from pagesim.core.studies.sweep import KNOBS, Hardware, Source, SweepResult, parse_setting, sweep
+from pagesim.core.studies.workload import DISTRIBUTIONS, generate
+
+# The CLI's write_output: text or bytes to a path ('-': standard output), atomically; a
+# failure is its CannotWrite naming the option.
+Writer = Callable[[Path, str | bytes, str], None]
+DEFAULT_WORKLOAD_BLOCKS = 2048  # a workload's pool without a model shape and a GPU (or --blocks)
+
+
+def _add_hardware(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model-shape",
+        metavar="SHAPE",
+        help=f"a published model shape ({', '.join(MODEL_SHAPES)}) or a .gguf file's own",
+    )
+    parser.add_argument("--gpu", metavar="GPU", help=f"a GPU preset ({', '.join(GPUS)})")
+
+
+def _add_source(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("scenario", nargs="?", help="a .toml file or a shipped name (or --workload)")
+    parser.add_argument("--workload", choices=DISTRIBUTIONS, help="a seeded workload instead of a scenario")
+    parser.add_argument("--requests", type=int, default=200, help="with --workload: how many requests")
+    parser.add_argument("--rate", type=float, default=4.0, help="with --workload: Poisson arrivals per second")
+    parser.add_argument("--seed", type=int, default=0, help="with --workload: the seed")
+    parser.add_argument("--block-size", type=int, default=16, help="with --workload: tokens per block")
+    parser.add_argument(
+        "--blocks",
+        type=int,
+        metavar="N",
+        help="the pool in blocks (default: the scenario's; for a workload the memory after the weights with "
+        f"--model-shape and --gpu, else {DEFAULT_WORKLOAD_BLOCKS})",
+    )
+
+
+def add_parsers(sub) -> None:
+    lat = sub.add_parser(
+        "latency", help="serving time of a scenario or workload on a model shape and a GPU (roofline): TTFT, TPOT"
+    )
+    _add_source(lat)
+    _add_hardware(lat)
+    lat.add_argument("--json", type=Path, metavar="PATH", help="write the figures here ('-': standard output)")
+
+    sw = sub.add_parser("sweep", help="what-if replays of a scenario or workload over a grid of engine settings")
+    _add_source(sw)
+    _add_hardware(sw)
+    sw.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KNOB=V1,V2",
+        dest="settings",
+        help=f"values of one knob ({', '.join(KNOBS)}); repeat for a grid",
+    )
+    sw.add_argument("--json", type=Path, metavar="PATH", help="write every variant here ('-': standard output)")
+    sw.add_argument("--csv", type=Path, metavar="PATH", help="one row a variant ('-': standard output)")
+    sw.add_argument("--plot", type=Path, metavar="PNG", help="blocks over time and the figures, side by side")
+
+
+def _hardware(args) -> Hardware | None:
+    if (args.model_shape is None) != (args.gpu is None):
+        raise InvalidStudyError("--model-shape and --gpu go together (a model's shape on a GPU)")
+    if args.model_shape is None:
+        return None
+    return Hardware(model_shape(args.model_shape), gpu(args.gpu))
+
+
+def _source(args, hardware: Hardware | None) -> Source:
+    if args.blocks is not None and args.blocks < 1:
+        raise InvalidStudyError(f"--blocks must be a positive integer; got {args.blocks}")
+    if args.workload is None:
+        scenario = load_scenario(args.scenario or "default")
+        config = scenario.config
+        if args.blocks is not None:
+            config = CacheConfig(**{**config.__dict__, "num_blocks": args.blocks, "max_model_len": None})
+        return Source(scenario.name, config, scenario)
+    if args.scenario is not None:
+        raise InvalidStudyError("give a scenario or --workload, not both")
+    if args.requests < 1 or not (math.isfinite(args.rate) and args.rate > 0) or args.block_size < 1:
+        raise InvalidStudyError("--requests and --block-size must be positive integers and --rate a positive number")
+    specs = tuple(generate(args.workload, args.requests, rate=args.rate, seed=args.seed))
+    from_hardware = args.blocks is None and hardware is not None
+    if from_hardware:
+        blocks = pool_blocks(hardware.shape, hardware.gpu, args.block_size)
+    else:
+        blocks = args.blocks or DEFAULT_WORKLOAD_BLOCKS
+    try:
+        config = CacheConfig(num_blocks=blocks, block_size=args.block_size, num_heads=1, head_dim=8)
+    except ValueError as exc:
+        raise InvalidStudyError(str(exc)) from None
+    name = f"{args.requests} {args.workload}-like requests at {args.rate:g}/s"
+    return Source(name, config, workload=specs, pool_from_hardware=from_hardware)
+
+
+def _check_outputs(*pairs) -> str | None:
+    for path, option in pairs:
+        if path is not None and (reason := writable_problem(path, option)):
+            return reason
+    return None
+
+
+def _pool_line(config: CacheConfig, hardware: Hardware | None) -> str:
+    line = f"pool {config.num_blocks} blocks of {config.block_size} tokens"
+    if hardware is not None:
+        block = hardware.roofline(config.block_size).block_bytes()
+        line += f" · {block / 1024:g} KiB a block · {config.num_blocks * block / GIB:.2f} GiB"
+    return line
+
+
+def _ms(value: float) -> str:
+    return "—" if math.isnan(value) else f"{value * 1e3:.2f}"
+
+
+def cmd_latency(args: argparse.Namespace, write_output: Writer) -> int:
+    if reason := _check_outputs((args.json, "--json")):
+        print(f"error: {reason}", file=sys.stderr)
+        return 2
+    hardware = _hardware(args)
+    if hardware is None:
+        raise InvalidStudyError("latency needs --model-shape and --gpu (e.g. --model-shape llama-3-8b --gpu h200)")
+    source = _source(args, hardware)
+    seconds = hardware.roofline(source.config.block_size)
+    if source.scenario is not None:
+        result = replay_scenario(source.scenario, source.config, seconds)
+    else:
+        result = replay_workload(source.config, source.workload, seconds)
+    summary = latency(result)
+    out = sys.stderr if args.json is not None and str(args.json) == "-" else sys.stdout
+    shape, spec = hardware.shape, hardware.gpu
+    print(f"pagesim latency · {source.name} · {shape.name} on {spec.name} (roofline)", file=out)
+    print(
+        f"weights {shape.weight_bytes / GIB:.1f} GiB · K/V {shape.kv_bytes_per_token / 1024:g} KiB a token · "
+        f"{_pool_line(source.config, hardware)}",
+        file=out,
+    )
+    print(f"{'request':<14}{'queue ms':>10}{'TTFT ms':>10}{'TPOT ms':>10}{'outputs':>9}", file=out)
+    records = list(result.requests.values())
+    for r in records[:40]:
+        queue = math.nan if r.admitted is None else r.admitted - r.arrival
+        ttft = math.nan if r.first_token is None else r.first_token - r.arrival
+        tpot = (
+            (r.finished - r.first_token) / (r.output_tokens - 1)
+            if r.finished is not None and r.first_token is not None and r.output_tokens > 1
+            else math.nan
+        )
+        print(f"{r.request:<14}{_ms(queue):>10}{_ms(ttft):>10}{_ms(tpot):>10}{r.output_tokens:>9}", file=out)
+    if len(records) > 40:
+        print(f"… and {len(records) - 40} more requests", file=out)
+    print(
+        f"{summary.requests} finished in {result.iterations} steps, {summary.seconds:.3f} s · mean queue "
+        f"{_ms(summary.queue['mean'])} ms · TTFT {_ms(summary.ttft['mean'])} ms (p99 {_ms(summary.ttft['p99'])}) · "
+        f"TPOT {_ms(summary.tpot['mean'])} ms (p99 {_ms(summary.tpot['p99'])}) · {summary.throughput:.0f} tokens/s",
+        file=out,
+    )
+    if result.stalled:
+        print(f"STALLED: {result.stalled}", file=out)
+    if args.json is not None:
+        doc = {
+            "source": source.name,
+            "model_shape": shape.__dict__,
+            "gpu": spec.__dict__,
+            "pool_blocks": source.config.num_blocks,
+            "block_size": source.config.block_size,
+            "summary": summary.as_dict(),
+            "requests": [r.__dict__ for r in records],
+        }
+        write_output(args.json, json.dumps(doc, indent=2, default=str) + "\n", "--json")
+    return 0
+
+
+def format_table(result: SweepResult) -> list[str]:
+    timed = result.hardware is not None
+    head = f"{'variant':<44}{'status':>11}{'steps':>7}{'peak':>6}{'preempt':>8}{'prefix hit':>11}{'done':>6}"
+    if timed:
+        head += f"{'TTFT ms':>9}{'TPOT ms':>9}{'s/token':>9}{'tok/s':>8}"
+    lines = [head]
+    base = result.original
+    for v in result.variants:
+        name = v.label if len(v.label) <= 43 else v.label[:42] + "…"
+        if not v.ran:
+            lines.append(f"{name:<44}{'cannot run':>11}  {v.reason}")
+            continue
+        line = f"{name:<44}{v.status:>11}{v.steps:>7}{v.peak_blocks:>6}{v.preemptions:>8}"
+        line += f"{v.prefix_hit_rate:>11.1%}{v.finished:>6}"
+        if timed and v.latency is not None:
+            lat = v.latency
+            line += f"{_ms(lat.ttft['mean']):>9}{_ms(lat.tpot['mean']):>9}"
+            line += f"{lat.normalized['mean']:>9.4f}{lat.throughput:>8.0f}"
+        if v is not base and base.ran and base.steps:
+            line += f"  steps {v.steps / base.steps - 1:+.0%}"
+        if v.status in ("stalled", "unfinished"):
+            line += f"  ({v.reason})"
+        lines.append(line)
+    return lines
+
+
+def to_csv(result: SweepResult) -> str:
+    rows = [v.row() for v in result.variants]
+    names = list(dict.fromkeys(k for row in rows for k in row))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=names, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def to_json(result: SweepResult) -> str:
+    hardware = result.hardware
+    doc = {
+        "source": result.source,
+        "settings": {name: list(values) for name, values in result.settings},
+        "model_shape": None if hardware is None else hardware.shape.name,
+        "gpu": None if hardware is None else hardware.gpu.name,
+        "variants": [v.as_dict() for v in result.variants],
+    }
+    return json.dumps(doc, indent=1, default=str) + "\n"
+
+
+def cmd_sweep(args: argparse.Namespace, write_output: Writer) -> int:
+    if reason := _check_outputs((args.json, "--json"), (args.csv, "--csv"), (args.plot, "--plot")):
+        print(f"error: {reason}", file=sys.stderr)
+        return 2
+    if str(args.plot) == "-":
+        print("error: --plot writes a PNG file, not standard output", file=sys.stderr)
+        return 2
+    if sum(str(p) == "-" for p in (args.json, args.csv) if p is not None) > 1:
+        print("error: only one of --json and --csv can go to standard output", file=sys.stderr)
+        return 2
+    settings = [parse_setting(text) for text in args.settings]
+    if not settings:
+        raise InvalidStudyError("nothing to sweep: give at least one --set KNOB=V1,V2 (e.g. block_size=8,16,32)")
+    hardware = _hardware(args)
+    source = _source(args, hardware)
+    to_stdout = any(p is not None and str(p) == "-" for p in (args.json, args.csv))
+    out = sys.stderr if to_stdout else sys.stdout
+
+    def progress(index: int, count: int, variant) -> None:
+        print(f"[{index}/{count}] {variant.label}: {variant.status} ({variant.wall_seconds:.2f} s)", file=sys.stderr)
+
+    where = f"{hardware.shape.name} on {hardware.gpu.name} (roofline)" if hardware else "no model shape: steps only"
+    print(f"pagesim sweep · {source.name} · {_pool_line(source.config, hardware)} · {where}", file=out)
+    result = sweep(source, settings, hardware, progress)
+    for line in format_table(result):
+        print(line, file=out)
+    if args.json is not None:
+        write_output(args.json, to_json(result), "--json")
+    if args.csv is not None:
+        write_output(args.csv, to_csv(result), "--csv")
+    if args.plot is not None:
+        write_output(args.plot, render_png(result), "--plot")
+        print(f"plot: {args.plot}", file=out)
+    return 0

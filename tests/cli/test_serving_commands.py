@@ -1,0 +1,99 @@
+"""``pagesim sweep`` and ``pagesim latency``: the table, the files (JSON, CSV, PNG) and
+one-line refusals."""
+
+import csv
+import json
+import time
+
+from pagesim.app.cli import main
+
+
+def _one_line_error(text: str) -> str:
+    assert "Traceback" not in text
+    lines = [line for line in text.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+def test_a_3x2_sweep_prints_its_table_and_writes_json_csv_and_a_png(tmp_path, capsys):
+    paths = {ext: tmp_path / "out" / f"sweep.{ext}" for ext in ("json", "csv", "png")}
+    began = time.perf_counter()
+    code = main(
+        [
+            "sweep",
+            "preemption_recompute",
+            "--set",
+            "block_size=2,4,8",
+            "--set",
+            "prefix_caching=true,false",
+            "--json",
+            str(paths["json"]),
+            "--csv",
+            str(paths["csv"]),
+            "--plot",
+            str(paths["png"]),
+        ]
+    )
+    assert code == 0
+    assert time.perf_counter() - began < 60
+    captured = capsys.readouterr()
+    table = [line for line in captured.out.splitlines() if line.startswith(("original", "block_size="))]
+    assert len(table) == 7 and table[0].split()[:3] == ["original", "ok", "28"]
+    assert "[7/7] block_size=8 prefix_caching=false: ok" in captured.err  # progress
+    doc = json.loads(paths["json"].read_text())
+    assert [v["variant"] for v in doc["variants"]][:2] == ["original", "block_size=2 prefix_caching=true"]
+    assert doc["settings"] == {"block_size": [2, 4, 8], "prefix_caching": [True, False]}
+    assert len(doc["variants"][0]["used_blocks"]) == doc["variants"][0]["steps"]
+    rows = list(csv.DictReader(paths["csv"].read_text().splitlines()))
+    assert len(rows) == 7 and rows[3]["block_size"] == "4" and rows[3]["num_blocks"] == "24"
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_sweep_with_a_model_shape_and_a_gpu_shows_latency(capsys):
+    code = main(["sweep", "parallel_sampling", "--set", "engine=v0,v1", "--model-shape", "llama-3-8b", "--gpu", "h200"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "Llama-3-8B on H200 (roofline)" in out and "TTFT ms" in out and "tok/s" in out
+
+
+def test_a_sweep_of_a_workload_sizes_its_pool_from_the_preset(capsys):
+    argv = ["sweep", "--workload", "alpaca", "--requests", "30", "--rate", "50", "--set", "block_size=16,64"]
+    code = main([*argv, "--model-shape", "llama-13b", "--gpu", "a100-40gb"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "pool 963 blocks of 16 tokens" in out and "GiB" in out
+
+
+def test_an_unknown_knob_a_bad_value_or_no_grid_is_one_line_and_exit_2(capsys):
+    assert main(["sweep", "seed_demo", "--set", "blocksize=8"]) == 2
+    assert "unknown knob 'blocksize'" in _one_line_error(capsys.readouterr().err)
+    assert main(["sweep", "seed_demo", "--set", "watermark=2"]) == 2
+    assert "watermark: bad value '2'" in _one_line_error(capsys.readouterr().err)
+    assert main(["sweep", "seed_demo"]) == 2
+    assert "nothing to sweep" in _one_line_error(capsys.readouterr().err)
+    assert main(["sweep", "seed_demo", "--set", "block_size=8", "--gpu", "h200"]) == 2
+    assert "go together" in _one_line_error(capsys.readouterr().err)
+
+
+def test_a_variant_that_cannot_run_is_a_row_not_a_failure(capsys):
+    assert main(["sweep", "seed_demo", "--set", "num_blocks=4,8"]) == 0
+    out = capsys.readouterr().out
+    assert "num_blocks=4" in out and "cannot run" in out and "out of range" in out
+
+
+def test_latency_prints_each_requests_queue_ttft_and_tpot(tmp_path, capsys):
+    report = tmp_path / "latency.json"
+    code = main(
+        ["latency", "preemption_recompute", "--model-shape", "llama-3-8b", "--gpu", "h200", "--json", str(report)]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "TTFT ms" in out and "TPOT ms" in out and "tokens/s" in out
+    rows = [line.split()[0] for line in out.splitlines() if line.startswith("r") and line[1].isdigit()]
+    assert rows == ["r1", "r2", "r3"]
+    doc = json.loads(report.read_text())
+    assert doc["summary"]["requests"] == 3 and doc["summary"]["ttft_s"]["mean"] > 0
+    assert main(["latency", "preemption_recompute"]) == 2
+    assert "needs --model-shape and --gpu" in _one_line_error(capsys.readouterr().err)
+    assert main(["latency", "seed_demo", "--model-shape", "llama-4", "--gpu", "h200"]) == 2
+    assert "unknown model shape 'llama-4'" in _one_line_error(capsys.readouterr().err)
