@@ -24,7 +24,7 @@ from pagesim.app.report import (
     write_json,
 )
 from pagesim.app.serving_cli import add_parsers as add_serving_parsers
-from pagesim.app.serving_cli import cmd_latency, cmd_sweep
+from pagesim.app.serving_cli import add_waste_pool_options, cmd_latency, cmd_sweep, waste_pool
 from pagesim.core.atomic_write import atomic_write
 from pagesim.core.errors import PagesimError
 from pagesim.core.events import RequestRejected
@@ -105,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     waste.add_argument("--max-len", type=_max_len, default=2048, help="the model's max length (Orca-Max reserves it)")
     waste.add_argument("--json", type=Path, metavar="PATH", help="write the breakdown here ('-': standard output)")
     waste.add_argument("--per-step", action="store_true", help="with --json: every step's split too")
+    add_waste_pool_options(waste)  # --model-shape with --gpu, or --blocks
 
     trace = sub.add_parser(
         "trace", help="run a workload of the vLLM v1 traces through the v1 scheduler; write its trace (JSON lines)"
@@ -255,6 +256,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_waste(args: argparse.Namespace) -> int:
+    pool = waste_pool(args)
+    args.slots = pool.slots
     if args.slots < args.max_len:
         print(
             f"error: --slots {args.slots} is smaller than --max-len {args.max_len}: a contiguous allocator that "
@@ -295,6 +298,7 @@ def cmd_waste(args: argparse.Namespace) -> int:
         f"{mean_out:.0f} tokens) · pool {args.slots} slots · block size {args.block_size} · max length {args.max_len}",
         file=out,
     )
+    print(f"pool: {pool.describe()}", file=out)
     print("shares of the KV pool, averaged over the steps with a request waiting:", file=out)
     labels = CATEGORY_LABELS
     header = f"{'allocator':<12}" + "".join(f"{labels[c]:>15}" for c in CATEGORIES) + f"{'steps':>8}{'batch':>7}"
@@ -309,7 +313,7 @@ def cmd_waste(args: argparse.Namespace) -> int:
         )
     if args.json:
         allocators = [r.as_dict() | ({"per_step": r.per_step} if args.per_step else {}) for r in reports]
-        report = {"workload": vars(args) | {"json": str(args.json)}, "allocators": allocators}
+        report = {"workload": vars(args) | {"json": str(args.json)}, "pool": pool.describe(), "allocators": allocators}
         write_output(args.json, json.dumps(report, indent=2, default=str) + "\n", "--json")
     return 0
 

@@ -21,6 +21,7 @@ from pagesim.core.scenario import load_scenario
 from pagesim.core.studies.replay import replay_scenario, replay_workload
 from pagesim.core.studies.serving_time import GIB, GPUS, MODEL_SHAPES, gpu, latency, model_shape, pool_blocks
 from pagesim.core.studies.sweep import KNOBS, Hardware, Source, SweepResult, parse_setting, sweep
+from pagesim.core.studies.waste import WastePool, pool_from_preset, pool_of_blocks
 from pagesim.core.studies.workload import DISTRIBUTIONS, generate
 
 # The CLI's write_output: text or bytes to a path ('-': standard output), atomically; a
@@ -271,3 +272,23 @@ def cmd_sweep(args: argparse.Namespace, write_output: Writer) -> int:
         write_output(args.plot, render_png(result), "--plot")
         print(f"plot: {args.plot}", file=out)
     return 0
+
+
+def add_waste_pool_options(parser: argparse.ArgumentParser) -> None:
+    """``pagesim waste``'s pool: from a preset (memory after the weights) or a block count."""
+    _add_hardware(parser)
+    parser.add_argument("--blocks", type=int, metavar="N", help="the pool in blocks of --block-size (not --slots)")
+
+
+def waste_pool(args: argparse.Namespace) -> WastePool:
+    """The pool ``pagesim waste`` replays on: a preset's, --blocks, or --slots (the default)."""
+    hardware = _hardware(args)
+    if hardware is not None and args.blocks is not None:
+        raise InvalidStudyError("give --blocks or --model-shape with --gpu, not both")
+    if hardware is not None:
+        return pool_from_preset(hardware.shape, hardware.gpu, args.block_size)
+    if args.blocks is not None:
+        if args.blocks < 1:
+            raise InvalidStudyError(f"--blocks must be a positive integer; got {args.blocks}")
+        return pool_of_blocks(args.blocks, args.block_size, f"--blocks {args.blocks}")
+    return WastePool(args.slots, args.block_size, f"--slots {args.slots}")

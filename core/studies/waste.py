@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from pagesim.core.checks import is_count
 from pagesim.core.errors import InvalidStudyError
+from pagesim.core.studies.serving_time import GIB, GpuSpec, ModelShape, pool_blocks
 from pagesim.core.studies.workload import RequestSpec, generate
 
 ALLOCATORS = ("paged", "orca-oracle", "orca-pow2", "orca-max")
@@ -277,6 +278,33 @@ def compare(workload: list[RequestSpec], pool_slots: int, **kw) -> list[WasteRep
 
 
 @dataclass(frozen=True)
+class WastePool:
+    """The pool a waste study replays on, and where its size comes from (said with the result)."""
+
+    slots: int
+    block_size: int
+    source: str  # e.g. "A100-40GB after LLaMA-13B's weights: 11.8 GiB"
+
+    @property
+    def blocks(self) -> int:
+        return self.slots // self.block_size
+
+    def describe(self) -> str:
+        return f"{self.slots} slots ({self.blocks} blocks of {self.block_size}) · {self.source}"
+
+
+def pool_from_preset(shape: ModelShape, spec: GpuSpec, block_size: int = 16) -> WastePool:
+    """The KV pool a ``shape`` model leaves on ``spec``: vLLM's share of its memory less the weights."""
+    blocks = pool_blocks(shape, spec, block_size)
+    gib = blocks * block_size * shape.kv_bytes_per_token / GIB
+    return WastePool(blocks * block_size, block_size, f"{spec.name} after {shape.name}'s weights: {gib:.1f} GiB of K/V")
+
+
+def pool_of_blocks(blocks: int, block_size: int = 16, source: str = "") -> WastePool:
+    return WastePool(blocks * block_size, block_size, source or f"{blocks} blocks, as given")
+
+
+@dataclass(frozen=True)
 class AllocatorShares:
     """One allocator's split of the pool (shares by category, they sum to 1)."""
 
@@ -294,10 +322,17 @@ class WasteStudy:
     count: int
     slots: int
     allocators: tuple[AllocatorShares, ...]
+    pool: str = ""  # which pool it used and where its size comes from
 
 
-def study(distribution: str, count: int, slots: int, block_size: int, max_len: int) -> WasteStudy:
+def study(
+    distribution: str, count: int, slots: int, block_size: int, max_len: int, pool: WastePool | None = None
+) -> WasteStudy:
+    """The study on ``pool`` if given (a preset's or an explicit size), else on ``slots``
+    (a scenario's own pool)."""
+    if pool is None:
+        pool = WastePool(slots, block_size, "the scenario's pool")
     workload = generate(distribution, count, rate=2000.0, seed=0, max_len=max_len)
-    reports = compare(workload, slots, block_size=block_size, max_len=max_len)
+    reports = compare(workload, pool.slots, block_size=pool.block_size, max_len=max_len)
     rows = tuple(AllocatorShares(r.allocator, dict(r.shares), r.peak_batch) for r in reports)
-    return WasteStudy(distribution, count, slots, rows)
+    return WasteStudy(distribution, count, pool.slots, rows, pool.describe())

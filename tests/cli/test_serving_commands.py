@@ -97,3 +97,18 @@ def test_latency_prints_each_requests_queue_ttft_and_tpot(tmp_path, capsys):
     assert "needs --model-shape and --gpu" in _one_line_error(capsys.readouterr().err)
     assert main(["latency", "seed_demo", "--model-shape", "llama-4", "--gpu", "h200"]) == 2
     assert "unknown model shape 'llama-4'" in _one_line_error(capsys.readouterr().err)
+
+
+def test_waste_sizes_its_pool_from_a_preset_or_blocks_and_says_which(tmp_path, capsys):
+    report = tmp_path / "waste.json"
+    argv = ["waste", "--workload", "alpaca", "--requests", "200", "--gpu", "a100-40gb", "--model-shape", "llama-13b"]
+    assert main([*argv, "--json", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "pool: 15408 slots (963 blocks of 16) · A100-40GB after LLaMA-13B's weights" in out
+    assert json.loads(report.read_text())["pool"].startswith("15408 slots")
+    assert main(["waste", "--workload", "alpaca", "--requests", "50", "--blocks", "512"]) == 0
+    assert "pool: 8192 slots (512 blocks of 16) · --blocks 512" in capsys.readouterr().out
+    assert main(["waste", "--blocks", "512", "--gpu", "h200", "--model-shape", "llama-3-8b"]) == 2
+    assert "not both" in _one_line_error(capsys.readouterr().err)
+    assert main(["waste", "--gpu", "a100-80gb", "--model-shape", "llama-3-70b"]) == 2
+    assert "do not fit" in _one_line_error(capsys.readouterr().err)
