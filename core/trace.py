@@ -4,8 +4,8 @@ a header, a record per ``schedule()`` + ``update_from_output()`` step (what was 
 preempted and finished, block tables, samples, free counts, queues, the step's KV events)
 and a summary. :func:`compare_traces` says where two traces differ.
 
-Block hashes are computed as vLLM computes them (SHA-256 over a pickled ``(parent hash,
-token ids, extra keys)`` tuple, published as the low 64 bits) from a fixed root
+Block hashes are computed as vLLM computes them (:mod:`pagesim.core.kv_events`: SHA-256 over a
+pickled ``(parent hash, token ids, extra keys)`` tuple, published as the low 64 bits) from a fixed root
 (``NONE_HASH`` as vLLM derives it from ``PYTHONHASHSEED=0``). vLLM draws its root at random
 per process unless that variable is set, so two traces' hashes match only up to renaming:
 :func:`compare_traces` checks that one renaming maps every hash of one onto the other.
@@ -13,18 +13,16 @@ per process unless that variable is set, so two traces' hashes match only up to 
 
 from __future__ import annotations
 
-import hashlib
 import json
-import pickle
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pagesim.core import events as ev
 from pagesim.core.checks import all_ints, is_count, is_int
 from pagesim.core.config import CacheConfig
 from pagesim.core.engine import Simulator
 from pagesim.core.errors import PagesimError
+from pagesim.core.kv_events import KVEventConverter
 from pagesim.core.operations import CHILD_SEPARATOR, Schedule, Submit
 from pagesim.core.scenario import read_scenario_text
 from pagesim.core.token_model import VOCAB_SIZE
@@ -127,82 +125,20 @@ def load_workload(path: str | Path) -> Workload:
     return parse_workload(doc, source)
 
 
-# -- vLLM's block hashes ------------------------------------------------------------------
-def _sha256(value) -> bytes:
-    return hashlib.sha256(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).digest()
-
-
-NONE_HASH = _sha256("0")  # what vLLM's init_none_hash makes of PYTHONHASHSEED=0
-
-
-def published(block_hash: bytes) -> int:
-    """A hash as vLLM's KV events publish it (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES): its low 64 bits."""
-    return int.from_bytes(block_hash, "big") & ((1 << 64) - 1)
-
-
-class ChainHashes:
-    """vLLM's chained block hashes of token prefixes, memoised by (parent, block)."""
-
-    def __init__(self, block_size: int) -> None:
-        self.block_size = block_size
-        self._memo: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
-
-    def chain(self, tokens: list[int], blocks: int) -> list[bytes]:
-        parent, out, bs = NONE_HASH, [], self.block_size
-        for index in range(blocks):
-            key = (parent, tuple(tokens[index * bs : (index + 1) * bs]))
-            if (value := self._memo.get(key)) is None:
-                value = self._memo[key] = _sha256((parent, key[1], None))
-            out.append(value)
-            parent = value
-        return out
-
-
 # -- running a workload -------------------------------------------------------------------
-def _kv_events(events: Iterable[ev.Event], sim: Simulator, hashes: ChainHashes, held: dict[int, int]) -> list[dict]:
-    """The step's BlockStored / BlockRemoved events as vLLM publishes them. ``held``: each
-    cached block's published hash (kept across steps for the removals)."""
-    out: list[dict] = []
-    bs, pool, requests = hashes.block_size, sim.blocks.pool, sim.scheduler.requests
-    groups: list[list[ev.BlockCached]] = []
-    for event in events:
-        if isinstance(event, ev.BlockCached):
-            if out and out[-1] is None and groups[-1][-1].seq == event.seq:
-                groups[-1].append(event)
-                continue
-            groups.append([event])
-            out.append(None)  # filled in below, once the group is whole
-        elif isinstance(event, ev.BlockEvicted):
-            out.append(
-                {"type": "BlockRemoved", "block_hashes": [held.pop(event.block)], "medium": "GPU", "group_idx": 0}
-            )
-    filled, group_iter = [], iter(groups)
-    for item in out:
-        if item is not None:
-            filled.append(item)
+_TRACE_OMITS_NONE = ("parent_block_hash", "lora_id", "lora_name", "kv_cache_spec_sliding_window")
+
+
+def trace_event(event) -> dict:
+    """A vLLM KV event (:mod:`pagesim.core.kv_events`) as the traces write it: its tag as
+    ``type``, then its fields, those that vLLM leaves None left out."""
+    out = {"type": type(event).__name__}
+    for name in event.__struct_fields__:
+        value = getattr(event, name)
+        if value is None and name in _TRACE_OMITS_NONE:
             continue
-        group = next(group_iter)
-        cached = pool.cached_tokens(group[0].block)
-        if cached is None:
-            raise AssertionError(f"block {group[0].block} was cached and evicted in one step")
-        first = cached[1] // bs
-        tokens = requests[group[0].seq].tokens
-        chain = hashes.chain(tokens, first + len(group))
-        values = [published(h) for h in chain[first:]]
-        held.update((e.block, v) for e, v in zip(group, values, strict=True))
-        stored = {"type": "BlockStored", "block_hashes": values}
-        if first:
-            stored["parent_block_hash"] = published(chain[first - 1])
-        stored |= {
-            "token_ids": list(tokens[first * bs : (first + len(group)) * bs]),
-            "block_size": bs,
-            "medium": "GPU",
-            "extra_keys": [None] * len(group),
-            "group_idx": 0,
-            "kv_cache_spec_kind": "full_attention",
-        }
-        filled.append(stored)
-    return filled
+        out[name] = value
+    return out
 
 
 KIND_ORDER = {"new": 0, "resumed": 1, "running": 2}
@@ -214,7 +150,7 @@ def run_workload(workload: Workload) -> list[dict]:
     sim = Simulator(config, kv_data=False)
     scheduler = sim.scheduler
     scheduler.record_tables = True
-    hashes, held = ChainHashes(config.block_size), {}
+    converter = KVEventConverter(sim)
     arriving: dict[int, list[TraceRequest]] = {}
     for request in workload.requests:
         arriving.setdefault(request.arrival_step, []).append(request)
@@ -260,7 +196,7 @@ def run_workload(workload: Workload) -> list[dict]:
                 "free_blocks_after_update": done.free_after_update if done else free,
                 "running": list(scheduler.running),
                 "waiting": list(scheduler.waiting),
-                "kv_events": _kv_events(result.op_events, sim, hashes, held),
+                "kv_events": [trace_event(e) for e in converter.convert(result.op_events)],
             }
         )
         steps = step + 1
