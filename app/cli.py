@@ -13,6 +13,10 @@ import os
 import sys
 from pathlib import Path
 
+from pagesim.app.kv_attach import add_parser as add_attach_parser
+from pagesim.app.kv_attach import cmd_attach
+from pagesim.app.kv_publisher import add_run_options as add_kv_event_options
+from pagesim.app.kv_publisher import open_step_publisher
 from pagesim.app.options import add_backend_option, add_bench_options, writable_problem
 from pagesim.app.report import (
     TABLE_HEADER,
@@ -86,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", type=Path, metavar="REPORT", help="write a JSON report here ('-': standard output)")
     run.add_argument("--dump", type=Path, metavar="DIR", help="write each step's kernel inputs/outputs as .npz")
     run.add_argument("--quiet", action="store_true", help="print only the summary line")
+    add_kv_event_options(run)  # --kv-events ENDPOINT: publish as a vLLM server does
 
     bench = sub.add_parser("bench", help="benchmark the kernels and the engine; medians, side by side")
     add_bench_options(bench)
@@ -123,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", type=Path, metavar="OUT", help="write tokens, text and verdicts here ('-': stdout)")
     add_backend_option(gen)
 
+    add_attach_parser(sub)  # pagesim attach ENDPOINT: a vLLM server's prefix cache, live
     sub.add_parser("scenarios", help="list the shipped scenarios")
     sub.add_parser("backends", help="list the backends and whether each can run here")
 
@@ -180,6 +186,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     say(f"pagesim run · {timeline.scenario.name} ({timeline.scenario.source})")
     say(f"backend: {backend.name} · {backend.device}")
     say(f"cache: {format_config(timeline)}")
+    kv_events = open_step_publisher(args, timeline.sim, say)
     say(TABLE_HEADER)
     reports, steps, failed, worst, error, checked, rejected = [], 0, [], 0.0, None, 0, []
     while not timeline.at_end:
@@ -190,6 +197,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             break
         steps += 1
         rejected += [e.status_note() for e in result.events if isinstance(e, RequestRejected)]
+        if kv_events is not None:
+            kv_events.step(result)
         if args.json:
             reports.append(step_report(result))
         if result.attention is not None:
@@ -203,6 +212,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 dump_step(args.dump, timeline, result)
             except OSError as exc:
                 raise CannotWrite(args.dump, "--dump", exc) from None
+    if kv_events is not None:
+        kv_events.finish()
     say("")
     say(f"block tables after step {timeline.position}:")
     for line in format_block_tables(timeline):
@@ -486,6 +497,7 @@ def _main(argv: list[str] | None = None) -> int:
         "sweep": lambda a: cmd_sweep(a, write_output),
         "generate": cmd_generate,
         "backends": cmd_backends,
+        "attach": cmd_attach,
         "gui": cmd_gui,
     }
     try:

@@ -1,0 +1,341 @@
+"""``pagesim attach``: subscribe to a KV-event stream in vLLM's wire format (a vLLM server
+started with ``--kv-events-config`` and the zmq publisher, or ``pagesim run --kv-events``)
+and show its prefix cache as it changes: the cached blocks as a tree of prefixes (each
+block under its parent hash), their tokens (decoded with a tokenizer), what was stored and
+removed, and the prefix-hit rate the events imply.
+
+The decoder reads every shape vLLM has published: a batch as an array ``[ts, events,
+rank]`` or a map, each event a tagged map (``{"type": "BlockStored", ...}``) or a tagged
+array (``["BlockStored", hashes, parent, tokens, block_size, lora_id, medium, ...]``), hashes
+as integers or bytes. A gap in the sequence numbers is filled from the replay socket when
+one is given (vLLM's protocol: the first sequence number wanted, 8 bytes big-endian; the
+batches from there, then -1).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+import msgspec
+import zmq
+from pagesim.core.errors import PagesimError
+
+FIELDS = {
+    "BlockStored": (
+        "block_hashes",
+        "parent_block_hash",
+        "token_ids",
+        "block_size",
+        "lora_id",
+        "medium",
+        "lora_name",
+        "extra_keys",
+        "group_idx",
+        "kv_cache_spec_kind",
+        "kv_cache_spec_sliding_window",
+    ),
+    "BlockRemoved": ("block_hashes", "medium", "group_idx"),
+    "AllBlocksCleared": (),
+}
+REPLAY_TIMEOUT_MS = 1000
+
+
+class AttachError(PagesimError):
+    pass
+
+
+def _event(raw) -> dict | None:
+    """One event as a dict with its ``type``, from either shape; None if not a KV event."""
+    if isinstance(raw, dict):
+        kind = raw.get("type")
+        return dict(raw) if kind in FIELDS else None
+    if isinstance(raw, list) and raw and raw[0] in FIELDS:
+        return {"type": raw[0], **dict(zip(FIELDS[raw[0]], raw[1:], strict=False))}
+    return None
+
+
+def decode_payload(payload: bytes) -> tuple[float, list[dict]]:
+    """A batch's timestamp and events (unknown events are skipped)."""
+    raw = msgspec.msgpack.decode(payload)
+    if isinstance(raw, dict):
+        ts, events = raw.get("ts"), raw.get("events")
+    elif isinstance(raw, list) and len(raw) >= 2:
+        ts, events = raw[0], raw[1]
+    else:
+        raise ValueError("not a KV event batch")
+    if not isinstance(events, list):
+        raise ValueError("a KV event batch without an event list")
+    return float(ts or 0.0), [e for e in map(_event, events) if e is not None]
+
+
+def short(block_hash) -> str:
+    if isinstance(block_hash, bytes):
+        return block_hash.hex()[:8]
+    return f"{block_hash & ((1 << 64) - 1):016x}"[-8:] if isinstance(block_hash, int) else str(block_hash)[:8]
+
+
+@dataclass
+class Node:
+    parent: object
+    tokens: list[int]
+    count: int = 1  # blocks holding this prefix (vLLM may cache one prefix twice)
+    children: dict = field(default_factory=dict)  # an ordered set
+
+
+class PrefixCacheView:
+    """The prefix cache a stream describes, and its counters."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[object, Node] = {}
+        self.block_size: int | None = None
+        self.batches = self.events = self.stored = self.removed = self.cleared = self.unknown_removals = 0
+        self.requests = self.reused_tokens = self.computed_tokens = 0
+        self.history: list[tuple[int, float, int, int, int]] = []  # (seq, ts, stored, removed, cached blocks)
+
+    def _depth(self, key) -> int:
+        depth, seen = 0, set()
+        while key in self.nodes and key not in seen:
+            seen.add(key)
+            depth += 1
+            key = self.nodes[key].parent
+        return depth
+
+    def _store(self, event: dict) -> None:
+        hashes, tokens = event.get("block_hashes") or [], event.get("token_ids") or []
+        bs = event.get("block_size") or (len(tokens) // max(1, len(hashes)))
+        self.block_size = bs
+        parent = event.get("parent_block_hash")
+        # The hit rate the events imply: a store whose parent is absent starts a request with
+        # nothing reused; one that branches off a cached prefix starts a request that reused it.
+        # A store that extends a leaf continues whoever stored the leaf (a later chunk, a decode).
+        if parent is None:
+            self.requests += 1
+        elif parent in self.nodes and self.nodes[parent].children:
+            self.requests += 1
+            self.reused_tokens += self._depth(parent) * bs
+        self.computed_tokens += len(tokens)
+        for i, key in enumerate(hashes):
+            node = self.nodes.get(key)
+            if node is None:
+                self.nodes[key] = Node(parent, list(tokens[i * bs : (i + 1) * bs]))
+            else:
+                node.count += 1
+            if parent in self.nodes:
+                self.nodes[parent].children[key] = None
+            parent = key
+        self.stored += len(hashes)
+
+    def _remove(self, event: dict) -> None:
+        for key in event.get("block_hashes") or []:
+            node = self.nodes.get(key)
+            if node is None:
+                self.unknown_removals += 1
+                continue
+            self.removed += 1
+            node.count -= 1
+            if node.count == 0:
+                del self.nodes[key]
+                if node.parent in self.nodes:
+                    self.nodes[node.parent].children.pop(key, None)
+
+    def apply(self, seq: int, ts: float, events: list[dict]) -> None:
+        stored, removed = self.stored, self.removed
+        for event in events:
+            self.events += 1
+            kind = event["type"]
+            if kind == "BlockStored":
+                self._store(event)
+            elif kind == "BlockRemoved":
+                self._remove(event)
+            else:
+                self.cleared += 1
+                self.nodes.clear()
+        self.batches += 1
+        self.history.append((seq, ts, self.stored - stored, self.removed - removed, self.cached_blocks))
+
+    @property
+    def cached_blocks(self) -> int:
+        return sum(n.count for n in self.nodes.values())
+
+    @property
+    def hit_rate(self) -> float | None:
+        total = self.reused_tokens + self.computed_tokens
+        return self.reused_tokens / total if total else None
+
+    def status(self) -> str:
+        rate = "n/a" if self.hit_rate is None else f"{self.hit_rate:.1%}"
+        return (
+            f"{self.batches} batches, {self.events} events · stored {self.stored}, removed {self.removed}"
+            + (f", cleared {self.cleared}×" if self.cleared else "")
+            + f" · cached {self.cached_blocks} blocks ({len(self.nodes)} prefixes) · implied hit rate {rate}"
+        )
+
+    def tree(self, decode=None, max_lines: int = 60, width: int = 72) -> list[str]:
+        """The cached prefixes, each run of single-child blocks on one line."""
+        roots = [k for k, n in self.nodes.items() if n.parent not in self.nodes]
+        lines: list[str] = []
+        stack = [(k, 0) for k in reversed(roots)]
+        while stack and len(lines) < max_lines:
+            key, depth = stack.pop()
+            run = [key]
+            while len(self.nodes[run[-1]].children) == 1:
+                run.append(next(iter(self.nodes[run[-1]].children)))
+            tokens = [t for k in run for t in self.nodes[k].tokens]
+            text = repr(decode(tokens)) if decode is not None else " ".join(map(str, tokens))
+            if len(text) > width:
+                text = text[: width - 1] + "…"
+            twins = max(self.nodes[k].count for k in run)
+            orphan = " (parent evicted)" if depth == 0 and self.nodes[key].parent is not None else ""
+            label = short(key) if len(run) == 1 else f"{short(key)}…{short(run[-1])}"
+            extra = f" ×{twins}" if twins > 1 else ""
+            lines.append(f"{'  ' * depth}└ {label} [{len(run)} block{'s' * (len(run) > 1)}{extra}]{orphan} {text}")
+            stack.extend((child, depth + 1) for child in reversed(list(self.nodes[run[-1]].children)))
+        if stack:
+            lines.append(f"… ({len(self.nodes)} prefixes in all)")
+        return lines
+
+
+# -- the subscriber ---------------------------------------------------------------------------
+class Subscriber:
+    """A SUB socket on the stream and, optionally, a DEALER on the replay socket; closed by
+    :meth:`close` (or the ``with`` block)."""
+
+    def __init__(self, endpoint: str, replay: str | None = None, topic: str = "") -> None:
+        self.ctx = zmq.Context()
+        self.sub = self.ctx.socket(zmq.SUB)
+        self.replay = None
+        try:
+            self.sub.connect(endpoint)
+            self.sub.setsockopt(zmq.SUBSCRIBE, topic.encode("utf-8"))
+            if replay is not None:
+                self.replay = self.ctx.socket(zmq.DEALER)
+                self.replay.connect(replay)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise AttachError(f"cannot attach to {endpoint}: {exc}") from None
+        self.last_seq = -1
+
+    def __enter__(self) -> Subscriber:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.sub.close(linger=0)
+        if self.replay is not None:
+            self.replay.close(linger=0)
+        self.ctx.term()
+
+    def _fill_gap(self, until: int) -> list[tuple[int, bytes]]:
+        """The batches after ``last_seq`` and before ``until`` from the replay socket."""
+        if self.replay is None:
+            return []
+        self.replay.send_multipart([b"", (self.last_seq + 1).to_bytes(8, "big")])
+        got: list[tuple[int, bytes]] = []
+        for _ in range(1_000_000):  # bounded: each answer within the timeout, the end marker last
+            if not self.replay.poll(REPLAY_TIMEOUT_MS):
+                break
+            frames = self.replay.recv_multipart()
+            if frames and frames[0] == b"":
+                frames = frames[1:]
+            seq_bytes, payload = frames[-2:] if len(frames) >= 2 else (b"", b"")
+            seq = int.from_bytes(seq_bytes, "big", signed=True)
+            if seq < 0 or not payload:
+                break
+            if self.last_seq < seq < until:
+                got.append((seq, payload))
+        return got
+
+    def receive(self, timeout_ms: int) -> list[tuple[int, bytes]]:
+        """The next batches in order (a gap filled by replay first), or [] after the timeout."""
+        if not self.sub.poll(timeout_ms):
+            return []
+        frames = self.sub.recv_multipart()
+        if len(frames) != 3:
+            return []
+        seq = int.from_bytes(frames[1], "big")
+        if seq <= self.last_seq:
+            return []
+        out = self._fill_gap(seq) if seq > self.last_seq + 1 else []
+        out.append((seq, frames[2]))
+        self.last_seq = seq
+        return out
+
+
+def attach(
+    endpoint: str,
+    replay: str | None = None,
+    topic: str = "",
+    duration: float | None = None,
+    max_events: int | None = None,
+    on_batch=None,
+) -> PrefixCacheView:
+    """Follow the stream until ``duration`` seconds have passed or ``max_events`` events came
+    (at least one of them must be given), calling ``on_batch(view, seq)`` after each batch."""
+    if duration is None and max_events is None:
+        raise AttachError("attach needs a bound: --duration or --max-events")
+    view = PrefixCacheView()
+    deadline = None if duration is None else time.monotonic() + duration
+    with Subscriber(endpoint, replay, topic) as sub:
+        while max_events is None or view.events < max_events:
+            left = 1.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                break
+            for seq, payload in sub.receive(int(min(left, 1.0) * 1000) + 1):
+                try:
+                    ts, events = decode_payload(payload)
+                except (msgspec.DecodeError, ValueError, TypeError):
+                    continue
+                view.apply(seq, ts, events)
+                if on_batch is not None:
+                    on_batch(view, seq)
+    return view
+
+
+# -- the command ---------------------------------------------------------------------------
+def add_parser(sub) -> None:
+    p = sub.add_parser("attach", help="show a vLLM server's prefix cache live from its KV events (ZeroMQ)")
+    p.add_argument("endpoint", help="the server's KV-event publisher, e.g. tcp://127.0.0.1:5557")
+    p.add_argument("--replay", metavar="ENDPOINT", help="its replay socket, to fill gaps (e.g. tcp://127.0.0.1:5558)")
+    p.add_argument("--topic", default="", help="the topic to subscribe to (default: every topic)")
+    p.add_argument("--tokenizer", metavar="MODEL", help='decode tokens with this model\'s tokenizer ("smollm2-135m")')
+    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
+    p.add_argument("--max-events", type=int, metavar="N", help="stop after N events")
+    p.add_argument("--lines", type=int, default=60, metavar="N", help="prefix-tree lines to print at most")
+    p.add_argument("--quiet", action="store_true", help="no line per batch: only the final summary")
+
+
+def _tokenizer(name: str):
+    from pagesim.core.models.catalog import load_model  # lazy: loads the model file
+
+    return load_model(name).tokenizer.decode
+
+
+def cmd_attach(args) -> int:
+    if args.duration is not None and not 0 < args.duration <= 86_400:
+        raise AttachError(f"--duration must be between 0 and 86400 seconds; got {args.duration}")
+    if args.max_events is not None and args.max_events < 1:
+        raise AttachError(f"--max-events must be a positive integer; got {args.max_events}")
+    decode = _tokenizer(args.tokenizer) if args.tokenizer else None
+    bound = [f"{args.duration:g} s" if args.duration else "", f"{args.max_events} events" if args.max_events else ""]
+    print(f"pagesim attach · {args.endpoint}" + (f" (replay {args.replay})" if args.replay else ""))
+    print(f"until {' or '.join(b for b in bound if b) or '?'}", flush=True)
+
+    def on_batch(view: PrefixCacheView, seq: int) -> None:
+        if not args.quiet:
+            _, _, stored, removed, cached = view.history[-1]
+            print(f"#{seq}: +{stored} stored −{removed} removed · cached {cached} · {view.status()}", flush=True)
+
+    view = attach(args.endpoint, args.replay, args.topic, args.duration, args.max_events, on_batch)
+    print("")
+    print(view.status())
+    if view.block_size:
+        print(f"block size {view.block_size}; reused {view.reused_tokens} tokens, computed {view.computed_tokens}")
+    print("prefix tree (cached blocks under their parents):" if view.nodes else "prefix cache: empty")
+    for line in view.tree(decode, max_lines=args.lines):
+        print(line)
+    sys.stdout.flush()
+    return 0

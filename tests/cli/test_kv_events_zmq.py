@@ -1,0 +1,208 @@
+"""KV events over ZeroMQ: pagesim's publisher speaks vLLM's protocol (three frames, sequence
+numbers, the replay socket), and ``pagesim attach`` follows a stream from a publisher in a
+subprocess that speaks the wire format by hand, and from ``pagesim run --kv-events``.
+Every socket is on 127.0.0.1, every wait is bounded, every socket closed."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import msgspec
+import zmq
+from pagesim.app.kv_attach import PrefixCacheView, attach, decode_payload
+from pagesim.app.kv_publisher import END_SEQ, KVEventPublisher
+from pagesim.core import kv_events as kv
+from pagesim.core.scenario import load_scenario
+from pagesim.core.timeline import Timeline
+from pagesim.kernels.cpu_backend import CpuBackend
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stored(hashes, parent, tokens, bs=2):
+    return kv.BlockStored(hashes, parent, tokens, bs, None, "GPU", None, [None] * len(hashes), 0, "full_attention")
+
+
+def test_publisher_frames_sequence_numbers_and_replay():
+    ctx = zmq.Context()
+    with KVEventPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", topic="kv-events") as pub:
+        sub = ctx.socket(zmq.SUB)
+        dealer = ctx.socket(zmq.DEALER)
+        try:
+            sub.connect(pub.endpoint)
+            sub.setsockopt(zmq.SUBSCRIBE, b"kv-events")
+            dealer.connect(pub.replay_endpoint)
+            time.sleep(0.3)  # the subscription reaches the PUB socket
+            batches = [kv.make_batch([stored([10 + i], None, [i, i])], ts=float(i)) for i in range(4)]
+            for batch in batches:
+                pub.publish(batch)
+            for i in range(4):
+                assert sub.poll(5000)
+                topic, seq, payload = sub.recv_multipart()
+                assert topic == b"kv-events" and seq == i.to_bytes(8, "big")
+                assert kv.decode_batch(payload) == batches[i] and batches[i].data_parallel_rank == 0
+            dealer.send_multipart([b"", (2).to_bytes(8, "big")])
+            replies = []
+            for _ in range(10):
+                assert dealer.poll(5000)
+                replies.append(dealer.recv_multipart())
+                if replies[-1][1] == END_SEQ:
+                    break
+            assert [r[1] for r in replies] == [(2).to_bytes(8, "big"), (3).to_bytes(8, "big"), END_SEQ]
+            assert replies[-1][2] == b"" and kv.decode_batch(replies[0][2]) == batches[2]
+        finally:
+            sub.close(linger=0)
+            dealer.close(linger=0)
+            ctx.term()
+
+
+def test_the_view_of_a_stream():
+    view = PrefixCacheView()
+    view.apply(
+        0,
+        0.0,
+        [
+            {
+                "type": "BlockStored",
+                "block_hashes": [1, 2],
+                "parent_block_hash": None,
+                "token_ids": [5, 6, 7, 8],
+                "block_size": 2,
+            }
+        ],
+    )
+    # A second request shares block 1 and branches: it reused 2 tokens and computed 2.
+    view.apply(
+        1,
+        0.0,
+        [
+            {"type": "BlockStored", "block_hashes": [3], "parent_block_hash": 1, "token_ids": [9, 9], "block_size": 2},
+            {"type": "BlockRemoved", "block_hashes": [2]},
+        ],
+    )
+    assert view.cached_blocks == 2 and view.stored == 3 and view.removed == 1
+    assert view.reused_tokens == 2 and view.computed_tokens == 6 and view.requests == 2
+    assert view.tree()[0].startswith("└ 00000001…00000003 [2 blocks] 5 6 9 9")
+    view.apply(2, 0.0, [{"type": "AllBlocksCleared"}])
+    assert view.cached_blocks == 0 and view.cleared == 1
+
+
+def test_decoder_reads_every_shape_vllm_published():
+    legacy = msgspec.msgpack.encode([1.5, [["BlockStored", [7], None, [1, 2], 2, None, "GPU"], ["BlockRemoved", [7]]]])
+    ts, events = decode_payload(legacy)
+    assert ts == 1.5 and events[0]["token_ids"] == [1, 2] and events[1] == {"type": "BlockRemoved", "block_hashes": [7]}
+    mixed = msgspec.msgpack.encode([2.0, [{"type": "AllBlocksCleared"}], 0])
+    assert decode_payload(mixed) == (2.0, [{"type": "AllBlocksCleared"}])
+    current = kv.encode_batch(kv.make_batch([stored([b"\x01" * 32], None, [3, 4])], ts=3.0))
+    assert decode_payload(current)[1][0]["block_hashes"] == [b"\x01" * 32]
+
+
+# A publisher that knows nothing of pagesim: vLLM's protocol written out by hand.
+PUBLISHER = textwrap.dedent(
+    """
+    import sys, time, msgspec, zmq
+    pub_port, replay_port = sys.argv[1], sys.argv[2]
+    ctx = zmq.Context()
+    pub, router = ctx.socket(zmq.PUB), ctx.socket(zmq.ROUTER)
+    pub.bind(f"tcp://127.0.0.1:{pub_port}")
+    router.bind(f"tcp://127.0.0.1:{replay_port}")
+    def stored(hashes, parent, tokens):
+        return {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent, "token_ids": tokens,
+                "block_size": 4, "lora_id": None, "medium": "GPU", "lora_name": None, "group_idx": 0}
+    batches = [
+        {"ts": 1.0, "events": [stored([101, 102], None, [1, 2, 3, 4, 5, 6, 7, 8])], "data_parallel_rank": 0},
+        {"ts": 2.0, "events": [stored([203], 101, [9, 9, 9, 9])]},
+        # the older shape: the batch and its events as arrays
+        [3.0, [["BlockRemoved", [102], "GPU"], ["BlockStored", [304], 203, [4, 4, 4, 4], 4, None, "GPU"]]],
+    ]
+    payloads = [msgspec.msgpack.encode(b) for b in batches]
+    time.sleep(float(sys.argv[3]))
+    for seq, payload in enumerate(payloads):
+        pub.send_multipart([b"kv-events", seq.to_bytes(8, "big"), payload])
+    end = time.monotonic() + 8
+    while time.monotonic() < end:
+        if router.poll(100):
+            client, _, start = router.recv_multipart()
+            for seq, payload in enumerate(payloads):
+                if seq >= int.from_bytes(start, "big"):
+                    router.send_multipart([client, b"", seq.to_bytes(8, "big"), payload])
+            router.send_multipart([client, b"", (-1).to_bytes(8, "big", signed=True), b""])
+    pub.close(0); router.close(0); ctx.term()
+    """
+)
+
+
+def test_attach_follows_a_subprocess_publisher(tmp_path):
+    script = tmp_path / "publisher.py"
+    script.write_text(PUBLISHER)
+    port, replay = free_port(), free_port()
+    # The publisher sends after 1.5 s: the subscriber sees it live, or fills the gap by replay.
+    publisher = subprocess.Popen([sys.executable, str(script), str(port), str(replay), "1.5"])
+    try:
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pagesim.app.cli",
+                "attach",
+                f"tcp://127.0.0.1:{port}",
+                "--replay",
+                f"tcp://127.0.0.1:{replay}",
+                "--max-events",
+                "4",
+                "--duration",
+                "20",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        publisher.wait(timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert "3 batches, 4 events · stored 4, removed 1 · cached 3 blocks (3 prefixes)" in out.stdout
+    tree = out.stdout.split("prefix tree (cached blocks under their parents):\n")[1]
+    assert tree.startswith("└ 00000065…00000130 [3 blocks] 1 2 3 4 9 9 9 9 4 4 4 4\n")
+
+
+def test_attach_follows_pagesim_run(tmp_path):
+    port, replay = free_port(), free_port()
+    timeline = Timeline(load_scenario("shared_system_prompt"), CpuBackend(), snapshot_data=False, history=False)
+    converter = kv.KVEventConverter(timeline.sim)
+    expected = []
+    while not timeline.at_end:
+        expected += converter.convert(timeline.forward().op_events)
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pagesim.app.cli",
+            "run",
+            "shared_system_prompt",
+            "--quiet",
+            "--kv-events",
+            f"tcp://127.0.0.1:{port}",
+            "--kv-events-replay",
+            f"tcp://127.0.0.1:{replay}",
+            "--kv-events-linger",
+            "2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        view = attach(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{replay}", duration=30, max_events=len(expected))
+    finally:
+        _, err = run.communicate(timeout=60)
+    assert run.returncode == 0, err
+    assert view.events == len(expected) and view.batches == len({s for s, *_ in view.history})
+    assert view.cached_blocks == len(timeline.sim.blocks.pool.cached_blocks())
