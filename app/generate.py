@@ -1,6 +1,7 @@
-"""``pagesim generate``: a prompt through a real model inside the paged engine, greedy,
-the text streamed as it comes; then the sequence's block table, and each token's verdict:
-the paged path's logits it was chosen from against the dense engine's.
+"""``pagesim generate``: a prompt through a real model inside the paged engine, greedy or
+sampled (temperature, top-k, top-p, a seed), the text streamed as it comes; then the
+sequence's block table, and each token's verdict: the paged path's logits it was chosen
+from against the dense engine's (and the same token drawn from both).
 
 Imported only by that command (it loads torch and the model)."""
 
@@ -17,6 +18,7 @@ from pagesim.core.engine import Simulator
 from pagesim.core.errors import InvalidOperationError
 from pagesim.core.models.catalog import config_for_model, load_model
 from pagesim.core.operations import Add, Grow
+from pagesim.core.sampling import SamplingParams
 from pagesim.kernels.selection import select_backend
 
 SEQ = "0"
@@ -42,6 +44,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.json is not None and (reason := writable_problem(args.json, "--json")):
         print(f"error: {reason}", file=sys.stderr)
         return 2
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed, args.max_tokens)
     stream = args.json is None or str(args.json) != "-"
     model = load_model(args.model)
     tok = model.tokenizer
@@ -52,7 +55,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     blocks = -(-(len(prompt) + args.max_tokens) // args.block_size)
     config = config_for_model(args.model, num_blocks=blocks, block_size=args.block_size)
     sim = Simulator(config, select_backend(args.backend, args.cuda_kernel))
-    result = sim.apply(Add(SEQ, prompt=prompt))
+    result = sim.apply(Add(SEQ, prompt=prompt, sampling=sampling))
     runner = sim.runner
     pending, attention = runner.logits_checks[0], result.attention  # what the first token is chosen from
     steps, output, shown = [], [], ""
@@ -70,7 +73,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             sys.stdout.write(text[len(shown) :])
             sys.stdout.flush()
             shown = text
-        if token == model.config.eos_id:
+        if token == model.config.eos_id or len(output) >= args.max_tokens:
             break
     text = tok.decode(output, skip_special=True)
     passed = all(s["passed"] for s in steps)
@@ -82,15 +85,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
         where = f"{seq.num_tokens} tokens, block size {args.block_size}"
         print(f"block table of sequence {SEQ} ({where}): {seq.block_table}")
         mark = "✓" if passed else "✗ MISMATCH"
+        how = "greedy token" if sampling.greedy else f"token drawn with seed {sampling.seed}"
         print(
             f"{len(output)} tokens; paged vs dense logits: max |diff| {worst:.1e} (bound {pending.tolerance:.0e}), "
-            f"the same greedy token every step {mark}; a decode step: paged {paged_ms:.0f} ms, dense {dense_ms:.0f} ms"
+            f"the same {how} every step {mark}; a decode step: paged {paged_ms:.0f} ms, dense {dense_ms:.0f} ms"
         )
     if args.json is not None:
         report = {
             "model": args.model,
             "prompt": args.prompt,
             "chat": args.chat,
+            "sampling": {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed},
             "prompt_token_ids": prompt,
             "output_token_ids": output,
             "text": text,

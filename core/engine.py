@@ -34,6 +34,7 @@ from pagesim.core.model_runner import AttentionReport, RunnerSnapshot
 from pagesim.core.operations import Add, Fork, Free, Grow, Operation, Schedule, Submit
 from pagesim.core.registry import SequenceRegistry
 from pagesim.core.runners import make_runner
+from pagesim.core.sampling import GREEDY
 from pagesim.core.scheduler import Scheduler, SchedulerSnapshot
 from pagesim.core.scheduler_v1 import SchedulerV1
 from pagesim.core.sequence import Sequence, SequenceSnapshot
@@ -223,7 +224,7 @@ class Simulator:
                 raise PoolExhaustedError(need, blocks.num_free, f"add {op.seq} ({op.num_tokens} tokens)")
         model = self.runner.model
         token_ids = list(op.prompt) if op.prompt is not None else model.token_ids(op.seq, 0, op.num_tokens)
-        self.registry.add(op.seq, token_ids, op.blocks)
+        self.registry.add(op.seq, token_ids, op.blocks, sampling=op.sampling)
 
     def _grow(self, op: Grow) -> None:
         seq = self.sequence(op.seq)
@@ -231,8 +232,14 @@ class Simulator:
         if needed > self.blocks.num_free:
             raise PoolExhaustedError(needed, self.blocks.num_free, f"grow {op.seq} by {op.length}")
         if op.token_ids is None and self.runner.model.samples_from_logits:
-            for _ in range(op.num_tokens):  # a real model: each token from the last one's logits
+            # A real model: each token from the last one's logits, until the sequence finishes
+            # (its end-of-sequence token, or its max_tokens); a finished one is not grown.
+            if (reason := self._finished(seq)) is not None:
+                raise InvalidOperationError(f"sequence {op.seq!r} has finished: {reason}")
+            for _ in range(op.num_tokens):
                 self.registry.decode([seq])
+                if self._finished(seq) is not None:
+                    break
             return
         if op.token_ids is not None:
             token_ids = list(op.token_ids)
@@ -240,6 +247,13 @@ class Simulator:
             token_ids = self.runner.model.token_ids(op.seq, seq.num_tokens, op.num_tokens)
         self.runner.model.check_vocab(token_ids, "token_ids")
         self.registry.append([seq], [token_ids])
+
+    def _finished(self, seq: Sequence) -> str | None:
+        params = seq.sampling or GREEDY
+        reason = params.finished(seq.generated, seq.token_ids[-1], self.runner.model.eos_id)
+        if reason == "eos":
+            return "it generated the end-of-sequence token"
+        return None if reason is None else f"it generated max_tokens = {params.max_tokens} tokens"
 
     def _fork(self, op: Fork) -> None:
         self.sequence(op.seq)

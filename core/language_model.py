@@ -3,8 +3,9 @@ projections, token ids from a hash) or a real language model run by the Llama ru
 
 The registry, the engine and the schedulers talk to this interface only: the ids of a
 prompt given as a count (``token_ids``), the next token of each sequence in a decode step
-(``next_token_ids``: a hash for the synthetic model, the sequence's last logits for a real
-one) and the vocabulary's bounds. How K/V are computed and cached is the runner's business.
+(``next_token_ids``: a hash for the synthetic model, a choice from the sequence's last
+logits for a real one, under the sequence's sampling parameters), the end-of-sequence token
+and the vocabulary's bounds. How K/V are computed and cached is the runner's business.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from pagesim.core.errors import InvalidOperationError
+from pagesim.core.sampling import SamplingParams
 
 SYNTHETIC = "synthetic"
 BUNDLED_MODEL = "smollm2-135m"  # SmolLM2-135M-Instruct, installed with pagesim (core.models.catalog)
@@ -23,13 +25,17 @@ class LanguageModel(Protocol):
     # True: next tokens come from the sequence's logits, so a grow by N decodes N steps
     # one token at a time (each token's logits are needed for the next one).
     samples_from_logits: bool
+    eos_id: int | None  # the end-of-sequence token (None: the model has none)
 
     def token_ids(self, seq_id: str, start: int, count: int) -> list[int]:
         """Filler ids for a prompt given as a count: stable across runs."""
         ...
 
-    def next_token_ids(self, seq_ids: list[str], positions: list[int]) -> list[int]:
-        """One token per sequence (a decode step)."""
+    def next_token_ids(
+        self, seq_ids: list[str], positions: list[int], sampling: list[SamplingParams | None] | None = None
+    ) -> list[int]:
+        """One token per sequence (a decode step); ``sampling``: each sequence's parameters
+        (a real model's choice; the synthetic model ignores them)."""
         ...
 
     def check_vocab(self, token_ids, field: str) -> None:

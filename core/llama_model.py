@@ -2,11 +2,13 @@
 paged runner is checked against.
 
 :class:`LlamaModel` is what the registry and the schedulers ask for tokens: a decode
-step's next token of each sequence comes from that sequence's last logits (greedy), which
-the :class:`~pagesim.core.llama_runner.LlamaRunner` leaves here after each forward.
+step's next token of each sequence comes from that sequence's last logits (greedy, or drawn
+under its sampling parameters: :func:`~pagesim.core.sampling.choose_token`), which the
+:class:`~pagesim.core.llama_runner.LlamaRunner` leaves here after each forward.
 :class:`DenseReference` runs the same model beside it with each sequence's K/V in one
 contiguous row per layer and torch's SDPA (the model's :class:`DenseLlamaEngine`), fed
-the same tokens; :class:`LogitsCheck` is one sequence's paged logits against dense's.
+the same tokens; :class:`LogitsCheck` is one sequence's paged logits against dense's, and
+the token each side's logits give under the sequence's sampling parameters.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from pagesim.core.errors import InvalidOperationError
 from pagesim.core.language_model import check_vocab
 from pagesim.core.models import DenseKVCache, DenseLlamaEngine, Llama, ModelFile
+from pagesim.core.sampling import SamplingParams, choose_token
 from pagesim.core.token_model import _mix
 
 # Paged and dense logits both come from fp32 arithmetic in different orders, through 30
@@ -35,6 +38,7 @@ class LlamaModel:
         self.file = file
         self.name = file.config.name or file.path.name
         self.vocab_size = file.config.vocab_size
+        self.eos_id = file.config.eos_id
         self.tokenizer = file.tokenizer
         self.llama = Llama(file.config, file.weights)
         self.seed = seed
@@ -45,14 +49,18 @@ class LlamaModel:
         crc = zlib.crc32(seq_id.encode())
         return [_mix(self.seed, crc, p) % self.vocab_size for p in range(start, start + count)]
 
-    def next_token_ids(self, seq_ids: list[str], positions: list[int]) -> list[int]:
-        """Each sequence's greedy next token: the argmax of its last logits."""
+    def next_token_ids(
+        self, seq_ids: list[str], positions: list[int], sampling: list[SamplingParams | None] | None = None
+    ) -> list[int]:
+        """Each sequence's next token from its last logits: the argmax (no ``sampling``, or
+        temperature 0), else drawn under its parameters for the token's position."""
         out = []
-        for seq_id in seq_ids:
+        params = sampling or [None] * len(seq_ids)
+        for seq_id, position, param in zip(seq_ids, positions, params, strict=True):
             logits = self.logits.get(seq_id)
             if logits is None:
                 raise InvalidOperationError(f"sequence {seq_id!r} has no logits yet: none of its tokens was computed")
-            out.append(int(logits.argmax()))
+            out.append(choose_token(logits, param, position))
         return out
 
     def check_vocab(self, token_ids, field: str) -> None:
@@ -67,7 +75,7 @@ class LogitsCheck:
     position: int  # the position of the token whose logits these are
     max_abs_diff: float
     tolerance: float
-    paged_token: int  # each side's greedy choice
+    paged_token: int  # each side's choice of the next token (greedy, or drawn with the same seed)
     dense_token: int
 
     @property
@@ -121,7 +129,13 @@ class DenseReference:
         else:
             self.caches, self.logits = {s: clone_cache(c) for s, c in snap[0].items()}, dict(snap[1])
 
-    def compare(self, seq_id: str, position: int, paged: torch.Tensor) -> LogitsCheck:
+    def compare(
+        self, seq_id: str, position: int, paged: torch.Tensor, sampling: SamplingParams | None = None
+    ) -> LogitsCheck:
+        """``paged`` logits (those of the token at ``position``) against the dense ones, and
+        the next token each gives under ``sampling``."""
         dense = self.logits[seq_id]
         diff = float((paged - dense).abs().max())
-        return LogitsCheck(seq_id, position, diff, LOGITS_TOLERANCE, int(paged.argmax()), int(dense.argmax()))
+        nxt = position + 1
+        paged_token, dense_token = choose_token(paged, sampling, nxt), choose_token(dense, sampling, nxt)
+        return LogitsCheck(seq_id, position, diff, LOGITS_TOLERANCE, paged_token, dense_token)

@@ -10,12 +10,13 @@ attention reads the cache through the block tables: the backend's paged decode k
 when every sequence has one new token, its paged prefill kernel otherwise (causal over the
 cached prefix and the chunk), so a prefix-cache hit skips computing the hit tokens.
 Copy-on-write copies and swaps move every layer's block. Each sequence's last logits go
-to the model (:class:`~pagesim.core.llama_model.LlamaModel`), whose argmax is the next
-token of a decode step.
+to the model (:class:`~pagesim.core.llama_model.LlamaModel`), which chooses the next token
+of a decode step from them (greedy, or drawn under the sequence's sampling parameters).
 
 Two checks, each step: the dense engine (:class:`~pagesim.core.llama_model.DenseReference`,
 contiguous K/V per layer, SDPA) is fed the same tokens and its logits are held to the
-paged ones (``logits_checks``: within ``LOGITS_TOLERANCE`` and the same greedy token); and,
+paged ones (``logits_checks``: within ``LOGITS_TOLERANCE`` and the same next token, greedy or
+drawn with the same seed); and,
 as for the synthetic model, the last layer's paged decode attention of every sequence's
 newest token against dense SDPA on the same stored K/V (:meth:`attend`, the report the
 app and ``pagesim run`` show).
@@ -125,7 +126,8 @@ class LlamaRunner(ModelRunner):
                 continue
             self.reference.feed(seq.seq_id, list(ids))
             paged = self.model.logits[seq.seq_id]
-            self.logits_checks.append(self.reference.compare(seq.seq_id, start + len(ids) - 1, paged))
+            check = self.reference.compare(seq.seq_id, start + len(ids) - 1, paged, seq.sampling)
+            self.logits_checks.append(check)
         self.dense_seconds = time.perf_counter() - started
 
     def _forward(self, computed, slot_array: np.ndarray, skip: int) -> None:

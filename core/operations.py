@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from pagesim.core.checks import all_ints, is_count, is_int
 from pagesim.core.errors import InvalidOperationError
+from pagesim.core.sampling import SamplingParams
 
 # Every operation checks its own fields, here and nowhere else: scenario files and the app
 # build operations and report these errors with the field they name.
@@ -33,6 +34,27 @@ def _check_token_ids(token_ids: tuple[int, ...], field: str) -> None:
         raise InvalidOperationError(f"{field} must hold integer token ids; got {bad!r}", field)
 
 
+def _check_sampling(sampling) -> None:
+    if sampling is not None and not isinstance(sampling, SamplingParams):
+        raise InvalidOperationError(f"sampling must be SamplingParams or None; got {sampling!r}", "sampling")
+
+
+def _describe_sampling(sampling: SamplingParams | None) -> str:
+    """A request's sampling in a step's description ("" when greedy with no limit)."""
+    if sampling is None:
+        return ""
+    parts = [] if sampling.greedy else [f"T={sampling.temperature:g}"]
+    if not sampling.greedy and sampling.top_k:
+        parts.append(f"top-k {sampling.top_k}")
+    if not sampling.greedy and sampling.top_p < 1:
+        parts.append(f"top-p {sampling.top_p:g}")
+    if not sampling.greedy:
+        parts.append(f"seed {sampling.seed}")
+    if sampling.max_tokens is not None:
+        parts.append(f"max {sampling.max_tokens}")
+    return f", {', '.join(parts)}" if parts else ""
+
+
 def _check_count(value, field: str, minimum: int = 1) -> None:
     if not is_count(value, minimum):
         kind = "a positive integer" if minimum == 1 else f"an integer ≥ {minimum}"
@@ -42,12 +64,14 @@ def _check_count(value, field: str, minimum: int = 1) -> None:
 @dataclass(frozen=True)
 class Add:
     """A new sequence with a prompt: ``num_tokens`` synthetic ids or explicit ``prompt``.
-    ``blocks`` optionally places it on named physical blocks."""
+    ``blocks`` optionally places it on named physical blocks; ``sampling``: how a real
+    model picks its next tokens (None: greedy, no limit)."""
 
     seq: str
     num_tokens: int | None = None
     prompt: tuple[int, ...] | None = None
     blocks: tuple[int, ...] | None = None
+    sampling: SamplingParams | None = None
 
     def __post_init__(self) -> None:
         _check_seq_id(self.seq, new=True)
@@ -60,6 +84,7 @@ class Add:
             _check_token_ids(self.prompt, "prompt")
         if self.blocks is not None:
             object.__setattr__(self, "blocks", tuple(self.blocks))
+        _check_sampling(self.sampling)
 
     @property
     def length(self) -> int:
@@ -67,7 +92,7 @@ class Add:
 
     def describe(self) -> str:
         where = f" on {list(self.blocks)}" if self.blocks is not None else ""
-        return f"add {self.seq} ({self.length} tok){where}"
+        return f"add {self.seq} ({self.length} tok{_describe_sampling(self.sampling)}){where}"
 
 
 @dataclass(frozen=True)
@@ -129,7 +154,9 @@ class Free:
 class Submit:
     """A request for the scheduler: a prompt (``prompt_len`` synthetic tokens, the first
     ``shared_prefix`` of them common to every request, or explicit ``prompt`` ids) and
-    ``output_len`` tokens to decode, as ``n`` parallel samples or ``beam_width`` beams."""
+    ``output_len`` tokens to decode, as ``n`` parallel samples or ``beam_width`` beams;
+    ``sampling``: how a real model picks each sample's tokens (its ``max_tokens`` unused:
+    ``output_len`` is the request's)."""
 
     request: str
     output_len: int
@@ -138,6 +165,7 @@ class Submit:
     n: int = 1
     beam_width: int = 0
     shared_prefix: int = 0
+    sampling: SamplingParams | None = None
 
     def __post_init__(self) -> None:
         _check_seq_id(self.request, "request", new=True)
@@ -154,6 +182,7 @@ class Submit:
         _check_count(self.shared_prefix, "shared_prefix", 0)
         if self.n > 1 and self.beam_width:
             raise InvalidOperationError("a request samples n > 1 or searches with beams, not both", "beam_width")
+        _check_sampling(self.sampling)
 
     @property
     def length(self) -> int:
@@ -165,7 +194,7 @@ class Submit:
 
     def describe(self) -> str:
         fan = f", n={self.n}" if self.n > 1 else f", beam={self.beam_width}" if self.beam_width else ""
-        return f"submit {self.request} ({self.length}+{self.output_len}{fan})"
+        return f"submit {self.request} ({self.length}+{self.output_len}{fan}{_describe_sampling(self.sampling)})"
 
 
 @dataclass(frozen=True)

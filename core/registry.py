@@ -21,6 +21,7 @@ from pagesim.core.errors import (
 )
 from pagesim.core.events import EventLog
 from pagesim.core.model_runner import ModelRunner
+from pagesim.core.sampling import SamplingParams
 from pagesim.core.sequence import Sequence
 
 
@@ -72,9 +73,13 @@ class SequenceRegistry:
         placement: tuple[int, ...] | None = None,
         owner: str | None = None,
         vocab_checked: bool = False,
+        sampling: SamplingParams | None = None,
+        prompt_len: int | None = None,
     ) -> None:
         """A new sequence with ``token_ids`` as its prompt: prefix-cache hits, then fresh
-        blocks (``placement``: exactly these), then the tokens' K/V."""
+        blocks (``placement``: exactly these), then the tokens' K/V. ``sampling``: how a
+        real model picks its next tokens; ``prompt_len``: how many of ``token_ids`` are the
+        prompt (a preempted sequence comes back with what it had generated; default all)."""
         self.check_new_id(seq_id)
         if not vocab_checked:
             self.runner.model.check_vocab(token_ids, "prompt")
@@ -93,7 +98,8 @@ class SequenceRegistry:
             taken = blocks.allocation_need(len(token_ids), hits)
             raise PoolExhaustedError(taken, blocks.num_free, f"add {seq_id} ({len(token_ids)} tokens)")
         # -- validated; apply --
-        seq = Sequence(seq_id, owner=owner)
+        prompt_len = len(token_ids) if prompt_len is None else prompt_len
+        seq = Sequence(seq_id, owner=owner, sampling=sampling, prompt_len=prompt_len)
         self.sequences[seq_id] = seq
         self.runner.add_sequence(seq_id)
         self.events.add(ev.SequenceAdded, seq_id, len(token_ids))
@@ -102,12 +108,16 @@ class SequenceRegistry:
             blocks.prefix.note_lookup(len(token_ids), len(hits))
         self.append([seq], [token_ids], skip=len(hits) * c.block_size)
 
-    def fork(self, parent_id: str, child_id: str, owner: str | None = None) -> None:
-        """``child_id`` shares every block of ``parent_id`` (copy-on-write when either writes)."""
+    def fork(self, parent_id: str, child_id: str, owner: str | None = None, index: int | None = None) -> None:
+        """``child_id`` shares every block of ``parent_id`` (copy-on-write when either writes).
+        It inherits the parent's sampling parameters with its own sequence ``index`` (its
+        own draws; None: an index from its name)."""
         parent = self.sequence(parent_id)
         self.check_new_id(child_id)
         child = parent.copy(child_id)
         child.owner = owner
+        if parent.sampling is not None:
+            child.sampling = parent.sampling.for_fork(child_id) if index is None else parent.sampling.for_index(index)
         self.sequences[child_id] = child
         self.runner.fork_sequence(parent_id, child_id)
         self.events.add(ev.SequenceForked, parent_id, child_id)
@@ -139,7 +149,11 @@ class SequenceRegistry:
         starts = [len(s.token_ids) for s in seqs]
         if seq_ids is None:
             seq_ids = [s.seq_id for s in seqs]
-        tokens = self.runner.model.next_token_ids(seq_ids, starts)
+        model = self.runner.model
+        if model.samples_from_logits:
+            tokens = model.next_token_ids(seq_ids, starts, [s.sampling for s in seqs])
+        else:
+            tokens = model.next_token_ids(seq_ids, starts)
         if not self.runner.kv_data:  # memory management only: the blocks alone
             self.blocks.append(seqs, tokens, with_slots=False)
             return

@@ -24,21 +24,24 @@ from dataclasses import dataclass, fields
 from importlib import resources
 from pathlib import Path
 
-from pagesim.core.checks import all_ints, is_int
+from pagesim.core.checks import all_ints, is_count, is_int
 from pagesim.core.config import CacheConfig
 from pagesim.core.errors import InvalidOperationError, PagesimError, ScenarioError
 from pagesim.core.language_model import SYNTHETIC
 from pagesim.core.operations import Add, Fork, Free, Grow, Operation, Schedule, Submit
+from pagesim.core.sampling import SamplingParams
 
 HEADER_FIELDS = {f.name for f in fields(CacheConfig)}
 REQUIRED_HEADER = ("num_blocks", "block_size", "num_heads", "head_dim")
 TEXT_FIELDS = ("name", "description")
+# How a real model picks tokens (core.sampling; the synthetic model ignores them).
+SAMPLING_FIELDS = {"temperature", "top_k", "top_p", "seed", "max_tokens"}
 STEP_FIELDS = {
-    "add": {"seq", "tokens", "prompt", "blocks"},
+    "add": {"seq", "tokens", "prompt", "blocks"} | SAMPLING_FIELDS,
     "grow": {"seq", "tokens", "token_ids"},
     "fork": {"seq", "as"},
     "free": {"seq"},
-    "submit": {"request", "tokens", "prompt", "output", "n", "beam_width", "shared_prefix"},
+    "submit": {"request", "tokens", "prompt", "output", "n", "beam_width", "shared_prefix"} | SAMPLING_FIELDS,
     "schedule": {"steps"},
 }
 DEFAULT_SCENARIO = "default"
@@ -103,13 +106,24 @@ class Scenario:
         return Scenario(self.name, self.description, self.config, operations, self.source, tuple(notes))
 
 
+def sampling_to_dict(sampling: SamplingParams | None) -> dict:
+    """The sampling fields that differ from the defaults (greedy, no limit)."""
+    if sampling is None:
+        return {}
+    return {
+        name: getattr(sampling, name)
+        for name in ("temperature", "top_k", "top_p", "seed", "max_tokens")
+        if getattr(sampling, name) != getattr(SamplingParams(), name)
+    }
+
+
 def operation_to_dict(op: Operation) -> dict:
     if isinstance(op, Add):
         out = {"op": "add", "seq": op.seq}
         out.update({"tokens": op.num_tokens} if op.prompt is None else {"prompt": list(op.prompt)})
         if op.blocks is not None:
             out["blocks"] = list(op.blocks)
-        return out
+        return out | sampling_to_dict(op.sampling)
     if isinstance(op, Grow):
         if op.token_ids is not None:
             return {"op": "grow", "seq": op.seq, "token_ids": list(op.token_ids)}
@@ -122,7 +136,7 @@ def operation_to_dict(op: Operation) -> dict:
         for name, default in (("n", 1), ("beam_width", 0), ("shared_prefix", 0)):
             if getattr(op, name) != default:
                 out[name] = getattr(op, name)
-        return out
+        return out | sampling_to_dict(op.sampling)
     if isinstance(op, Schedule):
         return {"op": "schedule", "steps": op.steps}
     return {"op": "free", "seq": op.seq}
@@ -153,6 +167,13 @@ def parse_step(raw: dict, source: str, step: int) -> Operation:
     if unknown:
         allowed = ", ".join(sorted(STEP_FIELDS[op]))
         raise ScenarioError(source, f"unknown field for op {op!r} (allowed: {allowed})", step, unknown[0])
+    if op == "submit" and "max_tokens" in raw:  # vLLM's name for a request's output length
+        if "output" in raw:
+            raise ScenarioError(source, "give output or max_tokens (the same thing), not both", step, "max_tokens")
+        if not is_count(raw["max_tokens"]):
+            got = raw["max_tokens"]
+            raise ScenarioError(source, f"max_tokens must be a positive integer; got {got!r}", step, "max_tokens")
+        raw = {k: v for k, v in raw.items() if k != "max_tokens"} | {"output": raw["max_tokens"]}
     required = {"schedule": (), "submit": ("request", "output"), "fork": ("seq", "as")}.get(op, ("seq",))
     for name in required:
         if name not in raw:
@@ -167,6 +188,9 @@ def parse_step(raw: dict, source: str, step: int) -> Operation:
         return _int_list(raw[name], source, step, name) if name in raw else None
 
     try:
+        sampling = None
+        if SAMPLING_FIELDS & set(raw):
+            sampling = SamplingParams(**{name: raw[name] for name in SAMPLING_FIELDS if name in raw})
         if op == "schedule":
             return Schedule(raw.get("steps", 1))
         if op == "submit":
@@ -179,6 +203,7 @@ def parse_step(raw: dict, source: str, step: int) -> Operation:
                 raw.get("n", 1),
                 raw.get("beam_width", 0),
                 raw.get("shared_prefix", 0),
+                sampling,
             )
             # The engine clamps a longer shared prefix to the prompt; in a file it is a mistake.
             if submit.shared_prefix > submit.length:
@@ -192,7 +217,7 @@ def parse_step(raw: dict, source: str, step: int) -> Operation:
             return submit
         seq = _seq_name(raw["seq"], source, step, "seq")
         if op == "add":
-            return Add(seq, raw.get("tokens"), ids("prompt"), ids("blocks"))
+            return Add(seq, raw.get("tokens"), ids("prompt"), ids("blocks"), sampling)
         if op == "grow":
             return Grow(seq, raw.get("tokens"), ids("token_ids"))
         if op == "fork":

@@ -20,6 +20,7 @@ from pagesim.core.events import EventLog
 from pagesim.core.language_model import LanguageModel
 from pagesim.core.operations import Schedule, Submit
 from pagesim.core.registry import SequenceRegistry
+from pagesim.core.sampling import SamplingParams
 from pagesim.core.sequence import Sequence
 
 
@@ -60,6 +61,11 @@ class RequestState:
     resume_tokens: dict[str, tuple[int, ...]] | None = None  # after preemption by recompute
     beam_serial: int = 0
     preemptions: int = 0
+    sampling: SamplingParams | None = None  # how a real model picks the tokens (sample i: index i)
+    resume_sampling: dict[str, SamplingParams | None] | None = None  # each resumed sequence's
+    # A real model's finished sequences: their generated tokens (a sample that generated the
+    # end-of-sequence token finishes before the others).
+    outputs: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def num_seqs(self) -> int:
@@ -70,6 +76,8 @@ class RequestState:
             self,
             seqs=list(self.seqs),
             resume_tokens=None if self.resume_tokens is None else dict(self.resume_tokens),
+            resume_sampling=None if self.resume_sampling is None else dict(self.resume_sampling),
+            outputs=dict(self.outputs),
         )
 
     def planned_names(self) -> list[str]:
@@ -159,6 +167,48 @@ def prune_beams(state: RequestState, registry: SequenceRegistry) -> None:
     state.seqs.append(child)
 
 
+def start_sequences(state: RequestState, registry: SequenceRegistry) -> None:
+    """An admitted request's sequences: its prompt, then the samples or beams forked from it
+    (sample i draws as sequence index i), or, after preemption by recompute, each sequence
+    again from its tokens."""
+    prompt_len = len(state.prompt)
+    if state.resume_tokens is not None:
+        sampling = state.resume_sampling or {}
+        for seq_id, tokens in state.resume_tokens.items():
+            registry.add(seq_id, list(tokens), None, state.request, True, sampling.get(seq_id), prompt_len)
+        state.seqs = list(state.resume_tokens)
+        state.resume_tokens = state.resume_sampling = None
+        return
+    state.seqs = state.planned_names()
+    state.beam_serial = len(state.seqs)
+    params = None if state.sampling is None else state.sampling.for_index(0)
+    registry.add(state.seqs[0], list(state.prompt), None, state.request, True, params, prompt_len)
+    for index, seq_id in enumerate(state.seqs[1:], start=1):
+        registry.fork(state.seqs[0], seq_id, owner=state.request, index=index)
+
+
+def keep_output(state: RequestState, registry: SequenceRegistry, seq_id: str, eos_id: int | None) -> None:
+    """A finished sequence's generated tokens, kept with its request: a real model's text
+    (``eos_id`` None: the synthetic model, whose ids are a hash, keeps none)."""
+    if eos_id is not None:
+        state.outputs[seq_id] = tuple(registry.sequence(seq_id).token_ids[len(state.prompt) :])
+
+
+def finish_at_eos(state: RequestState, registry: SequenceRegistry, eos_id: int) -> bool:
+    """A sample that generated the end-of-sequence token (and stops there) finishes: its
+    blocks are freed, the others go on (vLLM frees a finished sequence of a group). True
+    if one did."""
+    finished = False
+    for seq_id in list(state.seqs):
+        seq = registry.sequence(seq_id)
+        if seq.token_ids[-1] == eos_id and (seq.sampling is None or seq.sampling.stop_at_eos):
+            keep_output(state, registry, seq_id, eos_id)
+            registry.free(seq_id)
+            state.seqs.remove(seq_id)
+            finished = True
+    return finished
+
+
 class Scheduler:
     """Above the block manager: it reads free blocks and what a step needs from the
     :class:`BlockManager`, and changes sequences only through the :class:`SequenceRegistry`
@@ -183,6 +233,7 @@ class Scheduler:
         self.swapped: deque[str] = deque()
         self.stats = SchedulerStats()
         self.prompts = PromptSource(model)
+        self.eos_id = model.eos_id if model.samples_from_logits else None  # None: no early finish
         # The running groups' sequences and their names, in running order (None: to be rebuilt).
         # Kept between steps: a step admits or finishes a few groups of a hundred or more.
         self._batch: tuple[list[Sequence], list[str]] | None = None
@@ -206,6 +257,7 @@ class Scheduler:
         refusal = refusal_at_submit(op, self.config)
         prompt = () if refusal else self.prompts.prompt_of(op)  # (checked before any state changes)
         state = RequestState(op.request, len(self.requests), prompt, op.output_len, op.n, op.beam_width)
+        state.sampling = op.sampling
         self.requests[op.request] = state
         length = op.length if refusal else len(prompt)
         self.events.add(ev.RequestSubmitted, op.request, length, op.output_len, state.num_seqs)
@@ -264,17 +316,7 @@ class Scheduler:
     def _admit(self, state: RequestState) -> None:
         registry = self.registry
         resumed = state.resume_tokens is not None
-        if resumed:
-            for seq_id, tokens in state.resume_tokens.items():
-                registry.add(seq_id, list(tokens), owner=state.request, vocab_checked=True)
-            state.seqs = list(state.resume_tokens)
-            state.resume_tokens = None
-        else:
-            state.seqs = state.planned_names()
-            state.beam_serial = len(state.seqs)
-            registry.add(state.seqs[0], list(state.prompt), owner=state.request, vocab_checked=True)
-            for seq_id in state.seqs[1:]:
-                registry.fork(state.seqs[0], seq_id, owner=state.request)
+        start_sequences(state, registry)
         state.status = RequestStatus.RUNNING
         self.running.append(state.request)
         if self._batch is not None:
@@ -308,6 +350,7 @@ class Scheduler:
             return
         # Recompute: every token goes, and comes back through a new prefill.
         tokens = {seq.seq_id: tuple(seq.token_ids) for seq in group}
+        state.resume_sampling = {seq.seq_id: seq.sampling for seq in group if seq.sampling is not None} or None
         blocks = len(distinct_blocks(group))
         for seq_id in state.seqs:
             self.registry.free(seq_id)
@@ -405,8 +448,11 @@ class Scheduler:
             if state.beam_width > 1:
                 self._batch = None
                 prune_beams(state, self.registry)
-            if state.generated >= state.output_len:
+            elif self.eos_id is not None and finish_at_eos(state, registry, self.eos_id):
+                self._batch = None
+            if state.generated >= state.output_len or not state.seqs:
                 for seq_id in state.seqs:
+                    keep_output(state, registry, seq_id, self.eos_id)
                     registry.free(seq_id)
                 done.update(state.seqs)
                 state.status = RequestStatus.FINISHED

@@ -8,6 +8,8 @@ from array import array
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from pagesim.core.sampling import SamplingParams
+
 
 @dataclass(slots=True)
 class Sequence:
@@ -18,6 +20,10 @@ class Sequence:
     # Prefix caching: the chained hash of each full logical block (parent hash, token ids).
     block_hashes: list[int] = field(default_factory=list)
     owner: str | None = None  # the scheduler's request that runs it; None: the user's own
+    # How a real model picks its next tokens (None: greedy, no limit; the synthetic model
+    # ignores it) and how many of its tokens are the prompt (what it generated follows).
+    sampling: SamplingParams | None = None
+    prompt_len: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.token_ids, array):
@@ -37,7 +43,13 @@ class Sequence:
             tuple(self.block_table),
             tuple(self.block_hashes),
             self.owner,
+            self.sampling,
+            self.prompt_len,
         )
+
+    @property
+    def generated(self) -> int:
+        return len(self.token_ids) - self.prompt_len
 
     def copy(self, seq_id: str | None = None) -> Sequence:
         return Sequence(
@@ -46,6 +58,8 @@ class Sequence:
             list(self.block_table),
             list(self.block_hashes),
             self.owner,
+            self.sampling,
+            self.prompt_len,
         )
 
 
@@ -56,10 +70,18 @@ class SequenceSnapshot(NamedTuple):
     block_table: tuple[int, ...]
     block_hashes: tuple[int, ...]
     owner: str | None
+    sampling: SamplingParams | None = None
+    prompt_len: int = 0
 
     def restore(self) -> Sequence:
         return Sequence(
-            self.seq_id, self.token_ids[: self.num_tokens], list(self.block_table), list(self.block_hashes), self.owner
+            self.seq_id,
+            self.token_ids[: self.num_tokens],
+            list(self.block_table),
+            list(self.block_hashes),
+            self.owner,
+            self.sampling,
+            self.prompt_len,
         )
 
 

@@ -144,6 +144,7 @@ class TokenModel:
     name = SYNTHETIC
     vocab_size = VOCAB_SIZE
     samples_from_logits = False
+    eos_id = None  # hashed ids: no token ends a sequence
 
     def __init__(self, config: CacheConfig) -> None:
         self.config = config
@@ -163,9 +164,10 @@ class TokenModel:
         crc = np.full(count, zlib.crc32(seq_id.encode()), dtype=np.uint64)
         return _mix_array(self.config.seed, crc, np.arange(start, start + count, dtype=np.uint64)).tolist()
 
-    def next_token_ids(self, seq_ids: list[str], positions: list[int]) -> list[int]:
+    def next_token_ids(self, seq_ids: list[str], positions: list[int], sampling=None) -> list[int]:
         """One token per sequence (a decode step), computed together: each sequence's
-        (seed, name) rounds are hashed once, only the position's round runs per step."""
+        (seed, name) rounds are hashed once, only the position's round runs per step.
+        ``sampling`` is ignored: the ids are a hash."""
         stream_of, n = self._stream_of, len(seq_ids)
         try:  # (fromiter: a third of np.array's time on a list of Python ints)
             z = np.fromiter(map(stream_of.get, seq_ids), np.uint64, n)

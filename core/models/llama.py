@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from pagesim.core.models.gguf_loader import LlamaConfig
+from pagesim.core.sampling import SamplingParams, choose_token
 
 Attention = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -178,8 +179,13 @@ class DenseLlamaEngine:
         return self.model.logits(hidden[-1:])[0]
 
     def generate(
-        self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int] | None = None
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        stop_ids: Sequence[int] | None = None,
+        sampling: SamplingParams | None = None,
     ) -> Generation:
+        """Greedy, or each token chosen under ``sampling`` (the paged engine's choice)."""
         if not prompt_ids:
             raise ValueError("an empty prompt")
         eos = self.model.config.eos_id
@@ -190,7 +196,7 @@ class DenseLlamaEngine:
         prefill = time.perf_counter() - started
         tokens, rows, steps = [], [], []
         while len(tokens) < max_new_tokens:
-            token = int(logits.argmax())
+            token = choose_token(logits, sampling, len(prompt_ids) + len(tokens))
             tokens.append(token)
             rows.append(logits)
             if token in stop or len(tokens) == max_new_tokens:
