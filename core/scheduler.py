@@ -91,8 +91,30 @@ class RequestState:
     def admission_blocks(self, blocks_for) -> int:
         """Blocks its admission takes (``blocks_for``: the config's tokens -> blocks)."""
         if self.resume_tokens:
-            return sum(blocks_for(len(tokens)) for tokens in self.resume_tokens.values())
+            return resume_blocks(self.resume_tokens, blocks_for)
         return blocks_for(len(self.prompt))  # samples and beams fork: they share the prompt
+
+
+def shared_prefix_len(token_lists) -> int:
+    """How many leading tokens every one of ``token_lists`` has in common."""
+    lists = list(token_lists)
+    shortest = min(map(len, lists))
+    for i in range(shortest):
+        if len({tokens[i] for tokens in lists}) > 1:
+            return i
+    return shortest
+
+
+def resume_blocks(tokens: dict[str, tuple[int, ...]], blocks_for) -> int:
+    """Blocks a group recomputed as :func:`resume_group` does takes: the shared tokens'
+    blocks once, then each sequence's own tail (a tail that starts in the shared last block
+    writes a copy of it, but the last writer, who holds it alone by then)."""
+    lengths = [len(t) for t in tokens.values()]
+    shared = shared_prefix_len(tokens.values())
+    tails = [n for n in lengths if n > shared]
+    partial = blocks_for(shared + 1) == blocks_for(shared)  # the shared last block has room
+    copies = len(tails) - (len(tails) == len(lengths)) if partial and tails else 0
+    return blocks_for(shared) + sum(blocks_for(n) - blocks_for(shared) for n in tails) + copies
 
 
 @dataclass
@@ -173,11 +195,7 @@ def start_sequences(state: RequestState, registry: SequenceRegistry) -> None:
     again from its tokens."""
     prompt_len = len(state.prompt)
     if state.resume_tokens is not None:
-        sampling = state.resume_sampling or {}
-        for seq_id, tokens in state.resume_tokens.items():
-            registry.add(seq_id, list(tokens), None, state.request, True, sampling.get(seq_id), prompt_len)
-        state.seqs = list(state.resume_tokens)
-        state.resume_tokens = state.resume_sampling = None
+        resume_group(state, registry)
         return
     state.seqs = state.planned_names()
     state.beam_serial = len(state.seqs)
@@ -185,6 +203,46 @@ def start_sequences(state: RequestState, registry: SequenceRegistry) -> None:
     registry.add(state.seqs[0], list(state.prompt), None, state.request, True, params, prompt_len)
     for index, seq_id in enumerate(state.seqs[1:], start=1):
         registry.fork(state.seqs[0], seq_id, owner=state.request, index=index)
+
+
+def resume_group(state: RequestState, registry: SequenceRegistry) -> None:
+    """A group preempted by recompute comes back as it ran: the tokens its sequences share
+    (the prompt, at least) prefilled once, the others forked from it, then each sequence's
+    own tokens prefilled into its own blocks — never the prompt once per sample."""
+    tokens, sampling = state.resume_tokens or {}, state.resume_sampling or {}
+    names = list(tokens)
+    shared = shared_prefix_len(tokens.values())
+    first = names[0]
+    registry.add(first, list(tokens[first][:shared]), None, state.request, True, sampling.get(first), len(state.prompt))
+    for seq_id in names[1:]:
+        registry.fork(first, seq_id, owner=state.request)
+        registry.sequence(seq_id).sampling = sampling.get(seq_id)
+    tails = [(seq_id, list(tokens[seq_id][shared:])) for seq_id in names if len(tokens[seq_id]) > shared]
+    if tails:
+        registry.append(registry.sequences_of([seq_id for seq_id, _ in tails]), [tail for _, tail in tails])
+    state.seqs = names
+    state.resume_tokens = state.resume_sampling = None
+
+
+def preemption_mode(state: RequestState, config: CacheConfig, blocks: BlockManager, group: list[Sequence]) -> str:
+    """vLLM v0's rule: a single-sequence group is preempted as configured; a forked group
+    (samples, beams) is swapped — v0 recomputes only single-sequence groups — when there is
+    a CPU pool with room, and otherwise recomputed as :func:`resume_group` brings it back."""
+    wants_swap = config.preemption == "swap" or len(state.seqs) > 1
+    return "swap" if wants_swap and config.num_cpu_blocks and blocks.can_swap_out(group) else "recompute"
+
+
+def drop_for_recompute(state: RequestState, registry: SequenceRegistry, group: list[Sequence]) -> tuple[int, int]:
+    """Preemption by recompute: the group's tokens kept, its blocks freed. Returns the blocks
+    freed and the tokens to compute again (the shared ones once)."""
+    tokens = {seq.seq_id: tuple(seq.token_ids) for seq in group}
+    state.resume_sampling = {seq.seq_id: seq.sampling for seq in group if seq.sampling is not None} or None
+    blocks = len(distinct_blocks(group))
+    for seq_id in state.seqs:
+        registry.free(seq_id)
+    state.resume_tokens = tokens
+    shared = shared_prefix_len(tokens.values())
+    return blocks, shared + sum(len(t) - shared for t in tokens.values())
 
 
 def keep_output(state: RequestState, registry: SequenceRegistry, seq_id: str, eos_id: int | None) -> None:
@@ -338,7 +396,7 @@ class Scheduler:
         state.preemptions += 1
         self.stats.preemptions += 1
         group = self._group(state)
-        if self.config.preemption == "swap" and self.blocks.can_swap_out(group):
+        if preemption_mode(state, self.config, self.blocks, group) == "swap":
             blocks = self.registry.swap_out(state.seqs)
             seconds = self._swap_time(blocks)
             self.stats.swapped_blocks += blocks
@@ -349,15 +407,9 @@ class Scheduler:
             self.events.add(ev.RequestPreempted, request, "swap", tuple(state.seqs), blocks, 0, seconds)
             return
         # Recompute: every token goes, and comes back through a new prefill.
-        tokens = {seq.seq_id: tuple(seq.token_ids) for seq in group}
-        state.resume_sampling = {seq.seq_id: seq.sampling for seq in group if seq.sampling is not None} or None
-        blocks = len(distinct_blocks(group))
-        for seq_id in state.seqs:
-            self.registry.free(seq_id)
-        state.resume_tokens = tokens
+        blocks, lost = drop_for_recompute(state, self.registry, group)
         state.status = RequestStatus.WAITING
         self.waiting.appendleft(request)  # at the front: no starvation of the preempted
-        lost = sum(len(t) for t in tokens.values())
         self.stats.recomputed_tokens += lost
         self.events.add(ev.RequestPreempted, request, "recompute", tuple(state.seqs), blocks, lost, 0.0)
 
@@ -372,22 +424,14 @@ class Scheduler:
             self._batch = (seqs, [q.seq_id for q in seqs])
         return self._batch
 
-    def step(self) -> None:
-        try:
-            self._step()
-        except BaseException:
-            self._batch = None  # a step that failed part way: rebuild from the queues
-            raise
-
-    def _step(self) -> None:
+    def _swap_in(self) -> None:
+        """Swapped groups come back, oldest first, while the watermark allows."""
         registry, blocks, events = self.registry, self.blocks, self.events
-        # 1. Swapped groups come back first, oldest first, while the watermark allows.
         while self.swapped:
             state = self.requests[self.swapped[0]]
             need = len(distinct_blocks(registry.swapped_sequence(s) for s in state.seqs))
             # Room for the group and its next token, or it would be swapped straight out again
-            # (alone, it comes back anyway: there is nobody to make room for).
-            # The watermark keeps room for the running ones to decode; with none, it is moot.
+            # (alone, it comes back anyway); the watermark keeps room for the running ones.
             headroom = len(state.seqs) if self.running else 0
             floor = self.watermark_blocks if self.running else 0
             if blocks.num_free - need - headroom < floor:
@@ -401,6 +445,18 @@ class Scheduler:
             self.running.sort(key=lambda r: self.requests[r].order)
             self._batch = None
             events.add(ev.RequestSwappedIn, state.request, need, seconds)
+
+    def step(self) -> None:
+        try:
+            self._step()
+        except BaseException:
+            self._batch = None  # a step that failed part way: rebuild from the queues
+            raise
+
+    def _step(self) -> None:
+        registry, blocks, events = self.registry, self.blocks, self.events
+        preempted, finished = self.stats.preemptions, self.stats.finished
+        self._swap_in()  # 1. Swapped groups come back first, oldest first, while the watermark allows.
         # 2. Admit waiting requests in order; a LATER at the head blocks the queue (FCFS).
         decoding = list(self.running)
         # (admission cannot change these: a new request never takes a live sequence's name)
@@ -463,6 +519,8 @@ class Scheduler:
         if done and self._batch is not None:
             seqs, ids = self._batch
             self._batch = ([q for q in seqs if q.seq_id not in done], [i for i in ids if i not in done])
+        if self.stats.finished > finished and self.stats.preemptions == preempted:
+            self._swap_in()  # the finished freed blocks: a swapped group returns in this step
 
     def _reject(self, state: RequestState, reason: str) -> None:
         state.status = RequestStatus.REJECTED
