@@ -37,7 +37,7 @@ def format_step(result: StepResult) -> str:
             "ok" if att.passed else "MISMATCH",
         )
     )
-    util = f"{m.utilisation:.1%}" if m.used_blocks else "-"  # no block held: nothing to be utilised
+    util = f"{m.utilisation:.1%}" if m.slots_allocated else "–"  # nothing allocated: nothing to be utilised
     return (
         f"{result.step:>4}  {result.op.describe():<28.28} {m.used_blocks:>5} {m.free_blocks:>5} "
         f"{util:>6}  {err:>9} {tol:>7}  {check}"

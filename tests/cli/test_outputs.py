@@ -228,3 +228,4 @@ def test_a_request_that_can_never_fit_is_reported_not_passed(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "REJECTED: r rejected" in out and "PASS" not in out
     assert "100.0%" not in out  # no block held: no utilisation to claim
+    assert len([line for line in out.splitlines() if "      –  " in line]) == 2  # util: "–" at both steps
