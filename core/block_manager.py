@@ -290,14 +290,20 @@ class BlockManager:
         return len(seqs) <= free or self.decode_blocks_needed(seqs) <= free
 
     def append(
-        self, seqs: list[Sequence], token_ids: list[list[int]] | list[int], skip: int = 0, with_slots: bool = True
+        self,
+        seqs: list[Sequence],
+        token_ids: list[list[int]] | list[int],
+        skip: int = 0,
+        with_slots: bool = True,
+        starts: list[int] | None = None,
     ) -> Appended:
         """The one append path (a prompt, a grow, a decode step): ``token_ids[i]`` join
         ``seqs[i]`` with copy-on-write of a shared last block, new blocks at boundaries, the
         fills, the slots (but the first ``skip``, held by prefix hits) and the hashes of
         blocks that filled up. ``token_ids`` may instead hold one plain int per sequence: a
         decode step's one token each. The caller has checked the blocks needed against the pool.
-        ``with_slots=False``: no K/V is written, so unless events are on no slot is listed."""
+        ``with_slots=False``: no K/V is written, so unless events are on no slot is listed.
+        ``starts``: the sequences' lengths before, when the caller has them."""
         bs, refs, fill = self.config.block_size, self.pool._ref_counts, self._fill
         emit = self.events.emit if self.events.enabled else None
         list_slots = with_slots or emit is not None
@@ -307,9 +313,10 @@ class BlockManager:
         copies: list[tuple[int, int]] = []
         one_each = bool(token_ids) and type(token_ids[0]) is int
         added = len(seqs) if one_each else sum(map(len, token_ids))
-        for seq, ids in zip(seqs, token_ids, strict=True):
+        if starts is None:
+            starts = [len(seq.token_ids) for seq in seqs]
+        for seq, ids, start in zip(seqs, token_ids, starts, strict=True):
             table, tokens = seq.block_table, seq.token_ids
-            start = len(tokens)
             offset = start % bs
             if offset and refs[table[-1]] > 1:
                 copies.append(self._copy_on_write(seq))

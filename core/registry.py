@@ -155,9 +155,9 @@ class SequenceRegistry:
         else:
             tokens = model.next_token_ids(seq_ids, starts)
         if not self.runner.kv_data:  # memory management only: the blocks alone
-            self.blocks.append(seqs, tokens, with_slots=False)
+            self.blocks.append(seqs, tokens, with_slots=False, starts=starts)
             return
-        done = self.blocks.append(seqs, tokens)
+        done = self.blocks.append(seqs, tokens, starts=starts)
         self.runner.write_kv(seqs, starts, [[t] for t in tokens], done.slots, done.copies)
 
     def swap_out(self, seq_ids: list[str]) -> int:

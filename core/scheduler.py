@@ -96,13 +96,16 @@ class RequestState:
 
 
 def shared_prefix_len(token_lists) -> int:
-    """How many leading tokens every one of ``token_lists`` has in common."""
+    """How many leading tokens every one of ``token_lists`` (tuples) has in common: the
+    lexicographically first and last share exactly the prefix all of them share."""
     lists = list(token_lists)
-    shortest = min(map(len, lists))
-    for i in range(shortest):
-        if len({tokens[i] for tokens in lists}) > 1:
+    if len(lists) == 1:  # (a single sequence: every recompute of one)
+        return len(lists[0])
+    first, last = min(lists), max(lists)
+    for i, (a, b) in enumerate(zip(first, last, strict=False)):
+        if a != b:
             return i
-    return shortest
+    return len(first)  # the first is a prefix of the last
 
 
 def resume_blocks(tokens: dict[str, tuple[int, ...]], blocks_for) -> int:

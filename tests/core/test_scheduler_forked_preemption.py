@@ -6,11 +6,14 @@ run ends when its requests do."""
 import dataclasses
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pagesim.core import events as ev
 from pagesim.core.block_manager import distinct_blocks
 from pagesim.core.engine import Simulator
 from pagesim.core.operations import Schedule, Submit
 from pagesim.core.scenario import load_scenario, shipped_scenarios
+from pagesim.core.scheduler import shared_prefix_len
 from pagesim.core.timeline import Timeline
 
 from tests.core.helpers import check_invariants
@@ -121,3 +124,11 @@ def test_a_shipped_run_ends_when_its_requests_do(cpu_backend, name):
         busy = bool(sched.running or sched.waiting or sched.swapped)
         result = timeline.forward()
         assert busy or not isinstance(result.op, Schedule), f"step {result.step} schedules with nothing to run"
+
+
+@given(st.lists(st.lists(st.integers(0, 2), max_size=6).map(tuple), min_size=1, max_size=4))
+def test_shared_prefix_len_is_the_longest_prefix_all_share(lists):
+    longest = 0
+    while all(len(t) > longest for t in lists) and len({t[longest] for t in lists}) == 1:
+        longest += 1
+    assert shared_prefix_len(lists) == longest
