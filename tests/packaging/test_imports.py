@@ -14,6 +14,8 @@ KEPT_LAZY = {
     ("app/cli.py", "pagesim.app.generate"),
     ("app/cli.py", "pagesim.app.gui.main"),
     ("app/cli.py", "pagesim.app.gui.bench"),
+    # attach --tokenizer: reading a model file's tokenizer loads the GGUF reader and torch.
+    ("app/kv_attach.py", "pagesim.core.models.catalog"),
 }
 
 
