@@ -60,6 +60,10 @@ class ScenarioError(PagesimError):
         self.field = field
 
 
+class Interrupted(Exception):
+    """Long work (a seek, a replay) stopped because its owner asked: the app is closing."""
+
+
 class TimelineRangeError(PagesimError, IndexError):
     """A step outside the timeline, or nothing to undo or redo."""
 

@@ -3,13 +3,14 @@ its first k operations. Snapshots every few steps make stepping back cheap."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from pagesim.core.captions import step_caption
 from pagesim.core.engine import Simulator, StepResult, without_data
 from pagesim.core.errors import (
     DuplicateSequenceError,
+    Interrupted,
     InvalidPlacementError,
     PagesimError,
     PoolExhaustedError,
@@ -49,6 +50,10 @@ class Edit:
     after: tuple[Operation, ...]
 
 
+def _never() -> bool:
+    return False
+
+
 class Timeline:
     """A scenario being played: step forward and back, seek, or branch with a new operation
     (undoable: the future it set aside comes back)."""
@@ -79,6 +84,13 @@ class Timeline:
         self._captions: dict[int, str] = {}  # step -> what it did (core.captions), once played
         self._caption_log: tuple[str, ...] | None = None  # captions(), until something changes
         self._captions_changed: set[int] = set()  # steps whose caption changed since captions()
+        # Asked between steps of a long replay: True calls it off (Interrupted). The app's
+        # worker sets it so that closing the window never waits for a long seek.
+        self.stop_requested: Callable[[], bool] = _never
+
+    def _check_stop(self) -> None:
+        if self.stop_requested():
+            raise Interrupted(f"stopped at step {self.position}")
 
     def _take_snapshot(self):
         return self.sim.snapshot(with_data=self.snapshot_data)
@@ -156,6 +168,7 @@ class Timeline:
             base = max(s for s in snaps if s < step or (s == step and (s == 0 or snaps[s].last_attention)))
             self.sim.restore(snaps[base])
         while self.position < step:
+            self._check_stop()
             # Replayed steps skip attention: only the state matters on the way.
             last = self.position + 1 == step
             cached = self._results.get(self.position + 1)
@@ -277,6 +290,7 @@ class Timeline:
         scenario = replace(self.scenario, operations=tuple(self.operations[: self.position]))
         replay = Timeline(scenario, self.sim.runner.backend, snapshot_data=False, history=False)
         while not replay.at_end:
+            self._check_stop()
             yield replay.forward()
 
     def _record(self, result: StepResult) -> None:

@@ -4,13 +4,14 @@ only sends requests and receives immutable frames by queued signals."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
 from pagesim.app.report import write_event_log
-from pagesim.core.errors import PagesimError, PoolExhaustedError, ScenarioError
+from pagesim.core.errors import Interrupted, PagesimError, PoolExhaustedError, ScenarioError
 from pagesim.core.operations import Operation
 from pagesim.core.scenario import Scenario
 from pagesim.core.studies.waste import WasteStudy, study
@@ -187,6 +188,8 @@ class SimulationWorker(QObject):
         self._timeline: Timeline | None = None
         self._focus: str | None = None
         self._frame = None  # the last frame sent: the next step's frame is built from it
+        # Set from the GUI thread when the window closes: a long seek or replay stops at its next step.
+        self.stopping = threading.Event()
         self._handlers = {
             Forward: lambda r: self._emit(self._timeline.forward()),
             Back: self._back,
@@ -212,8 +215,12 @@ class SimulationWorker(QObject):
         if self._timeline is None:
             self.replied.emit(Failed("no scenario is loaded"))
             return
+        if self.stopping.is_set():
+            return  # closing: what is still queued is dropped
         try:
             self._handlers[type(request)](request)
+        except Interrupted:
+            return  # the window is closing: nobody waits for an answer
         except PagesimError as exc:  # refused by pagesim itself (state untouched): the user is told why
             self.replied.emit(Failed(str(exc), _shortfall(exc)))
         except Exception as exc:  # anything else is a bug: reported as one, logged whole, the worker lives on
@@ -226,6 +233,7 @@ class SimulationWorker(QObject):
                 self._backend = select_backend(self._backend_name, self._cuda_kernel)
                 self.replied.emit(BackendReady(self._backend.name, self._backend.device))
             timeline = Timeline(scenario, self._backend)
+            timeline.stop_requested = self.stopping.is_set
             frame = build_frame(timeline, None, None, None)
         except (PagesimError, BackendUnavailableError, ValueError, MemoryError) as exc:
             where = "" if scenario.source == "<memory>" else f"{scenario.source}: "
@@ -462,6 +470,9 @@ class SimulationController(QObject):
             self.traceReady.emit(reply.walk)
 
     def shutdown(self) -> None:
+        """Stop the worker: a long seek or replay in progress ends at its next step, so the
+        window closes within a step's time whatever the worker is doing."""
+        self._worker.stopping.set()
         self.pause()
         self._thread.quit()
         self._thread.wait()

@@ -5,6 +5,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import shiboken6
@@ -294,3 +295,25 @@ def test_an_explicit_platform_without_its_display_is_a_clear_error(platform, tmp
         lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
         assert len(lines) == 1 and f"QT_QPA_PLATFORM={platform}" in lines[0]
         assert "Traceback" not in done.stderr
+
+
+# -- closing never waits for the worker ---------------------------------------------------
+LONG_SCENARIO = (
+    'name = "long"\nnum_blocks = 4096\nblock_size = 16\nnum_heads = 2\nhead_dim = 8\n'
+    '[[steps]]\nop = "add"\nseq = "a"\ntokens = 4\n' + '[[steps]]\nop = "grow"\nseq = "a"\n' * 6000
+)
+
+
+def test_the_window_closes_within_a_second_during_a_long_seek(make_window, qtbot, tmp_path):
+    window = make_window("seed_demo")
+    path = tmp_path / "long.toml"
+    path.write_text(LONG_SCENARIO)
+    assert window.files.open_scenario(str(path))
+    qtbot.waitUntil(lambda: window.frame.scenario_name == "long" and window.controller.pending == 0, timeout=30_000)
+    window.actions.scrubber.setValue(6001)  # a seek of several seconds on the worker
+    qtbot.wait(300)
+    assert window.controller.pending == 1  # still seeking
+    started = time.perf_counter()
+    window.close()
+    assert time.perf_counter() - started < 1.0
+    assert not window.controller._thread.isRunning()

@@ -223,3 +223,21 @@ def test_the_caption_log_kept_between_calls_equals_a_rebuild(cpu_backend):
     check()
     timeline.redo()
     check()
+
+
+def test_a_long_seek_stops_at_the_next_step_when_asked():
+    """The app's worker asks this when the window closes: closing never waits for a long seek."""
+    from pagesim.core.errors import Interrupted
+    from pagesim.core.scenario import parse_scenario
+    from pagesim.kernels.cpu_backend import CpuBackend
+
+    text = 'name = "long"\nnum_blocks = 64\nblock_size = 16\nnum_heads = 2\nhead_dim = 8\n'
+    text += '[[steps]]\nop = "add"\nseq = "a"\ntokens = 4\n' + '[[steps]]\nop = "grow"\nseq = "a"\n' * 300
+    timeline = Timeline(parse_scenario(text), CpuBackend())
+    asked = []
+    timeline.stop_requested = lambda: asked.append(timeline.position) or len(asked) > 40
+    with pytest.raises(Interrupted, match="stopped at step 40"):
+        timeline.seek(timeline.length)
+    assert timeline.position == 40  # one step past the request at most, not the whole replay
+    with pytest.raises(Interrupted):
+        list(timeline.events_through_now())
