@@ -20,25 +20,11 @@ from dataclasses import dataclass, field
 
 import msgspec
 import zmq
+from pagesim.core import kv_events as kv
 from pagesim.core.errors import PagesimError
 
-FIELDS = {
-    "BlockStored": (
-        "block_hashes",
-        "parent_block_hash",
-        "token_ids",
-        "block_size",
-        "lora_id",
-        "medium",
-        "lora_name",
-        "extra_keys",
-        "group_idx",
-        "kv_cache_spec_kind",
-        "kv_cache_spec_sliding_window",
-    ),
-    "BlockRemoved": ("block_hashes", "medium", "group_idx"),
-    "AllBlocksCleared": (),
-}
+# Each KV event's fields in wire order (an array-shaped event lists them after its tag).
+FIELDS = {c.__struct_config__.tag: c.__struct_fields__ for c in (kv.BlockStored, kv.BlockRemoved, kv.AllBlocksCleared)}
 REPLAY_TIMEOUT_MS = 1000
 
 

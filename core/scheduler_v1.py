@@ -24,7 +24,7 @@ from pagesim.core.events import EventLog
 from pagesim.core.language_model import LanguageModel
 from pagesim.core.operations import CHILD_SEPARATOR, Schedule, Submit
 from pagesim.core.registry import SequenceRegistry
-from pagesim.core.scheduler import PromptSource
+from pagesim.core.scheduler import PromptSource, SchedulerStats
 
 WAITING, RUNNING, FINISHED, REJECTED = "waiting", "running", "finished", "rejected"
 
@@ -79,22 +79,12 @@ class StepV1:
     block_tables: dict[str, list[int]] | None = None  # after scheduling, when ``record_tables``
 
 
-@dataclass
-class StatsV1:
-    preemptions: int = 0
-    recomputed_tokens: int = 0
-    finished: int = 0
-    rejected: int = 0
-    swapped_blocks: int = 0  # (v1 never swaps)
-    swap_seconds: float = 0.0
-
-
 @dataclass(frozen=True)
 class SchedulerV1Snapshot:
     requests: tuple[RequestV1, ...]
     waiting: tuple[str, ...]
     running: tuple[str, ...]
-    stats: StatsV1
+    stats: SchedulerStats  # (v1 never swaps: its swap counters stay 0)
     used: bool
     last_step: StepV1 | None
 
@@ -129,7 +119,7 @@ class SchedulerV1:
         self.waiting: deque[str] = deque()
         self.running: list[str] = []
         self.swapped: deque[str] = deque()  # always empty: v1 preempts by recompute only
-        self.stats = StatsV1()
+        self.stats = SchedulerStats()
         self.prompts = PromptSource(model)
         self.record_tables = False  # keep each step's block tables in last_step (a trace)
         self.last_step: StepV1 | None = None

@@ -15,6 +15,16 @@ def settings(tmp_path):
     return QSettings(str(tmp_path / "pagesim.ini"), QSettings.Format.IniFormat)
 
 
+# Step 3 asks for more blocks than the pool holds: a step that fails when played or replayed.
+FAILING_STEP = (
+    'name = "tight"\nnum_blocks = 4\nblock_size = 2\nnum_heads = 1\nhead_dim = 8\n'
+    '[[steps]]\nop = "add"\nseq = "a"\ntokens = 3\n'
+    '[[steps]]\nop = "grow"\nseq = "a"\n'
+    '[[steps]]\nop = "grow"\nseq = "a"\ntokens = 50\n'
+    '[[steps]]\nop = "grow"\nseq = "a"\n'
+)
+
+
 def wait_idle(qtbot, window, timeout=20_000):
     """Until every request sent to the worker has been answered."""
     qtbot.waitUntil(lambda: window.frame is not None and window.controller.pending == 0, timeout=timeout)

@@ -30,7 +30,7 @@ import pytest
 from PySide6.QtCore import QPoint, QSize, Qt
 from PySide6.QtWidgets import QApplication, QDialog, QMenu
 
-from tests.app.conftest import wait_idle
+from tests.app.conftest import FAILING_STEP, wait_idle
 
 DEFAULT_ACTIONS = 150
 DEFAULT_SEEDS = (0, 1)
@@ -48,14 +48,6 @@ LONG_RUN_MIN_ACTIONS = 600  # fewer actions: too few samples for a trend; memory
 WARM_UP_ACTIONS = 100  # the first loads compile kernels and fill caches: not part of the trend
 PLAY_TICKS_MAX = 4
 
-# Step 3 asks for more blocks than the pool holds: a step that fails when played or replayed.
-FAILING_STEP = (
-    'name = "tight"\nnum_blocks = 4\nblock_size = 2\nnum_heads = 1\nhead_dim = 8\n'
-    '[[steps]]\nop = "add"\nseq = "a"\ntokens = 3\n'
-    '[[steps]]\nop = "grow"\nseq = "a"\n'
-    '[[steps]]\nop = "grow"\nseq = "a"\ntokens = 50\n'
-    '[[steps]]\nop = "grow"\nseq = "a"\n'
-)
 SHIPPED = ("default", "seed_demo", "parallel_sampling", "preemption_swap", "shared_system_prompt")
 OFFSCREEN_POPUP = "This plugin does not support"  # popups grab the keyboard and raise: offscreen cannot
 

@@ -14,7 +14,7 @@ from pagesim.core.scenario import load_shipped
 from PySide6.QtCore import QByteArray, QSettings
 from PySide6.QtGui import QPixmap
 
-from tests.app.conftest import wait_idle
+from tests.app.conftest import FAILING_STEP, wait_idle
 
 HEADER = "num_blocks = 8\nblock_size = 4\nnum_heads = 2\nhead_dim = 8\n"
 
@@ -98,14 +98,6 @@ def test_a_load_that_goes_through_joins_recent(window, qtbot, tmp_path):
 
 
 # -- a seek that fails shows where it stopped ---------------------------------------------
-# Step 3 asks for more blocks than the pool has: replaying it fails.
-FAILING_STEP = (
-    'name = "tight"\nnum_blocks = 4\nblock_size = 2\nnum_heads = 1\nhead_dim = 8\n'
-    '[[steps]]\nop = "add"\nseq = "a"\ntokens = 3\n'
-    '[[steps]]\nop = "grow"\nseq = "a"\n'
-    '[[steps]]\nop = "grow"\nseq = "a"\ntokens = 50\n'
-    '[[steps]]\nop = "grow"\nseq = "a"\n'
-)
 
 
 def engine_position(window) -> int:
