@@ -15,6 +15,7 @@ from pagesim.core.engine import Simulator, StepResult
 from pagesim.core.metrics import Metrics
 from pagesim.core.model_runner import AttentionReport
 from pagesim.core.timeline import Timeline
+from pagesim.core.token_budget import TokenBudget, prefill_progress, step_budget
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,10 @@ class Frame:
     num_cpu_blocks: int = 0
     cpu_holders: tuple[tuple[int, tuple[str, ...]], ...] = ()
     cpu_moved: frozenset[int] = frozenset()  # CPU blocks the current step swapped out or in
+    # The v1 scheduler: what this step computed per request against its token budget (None:
+    # not a v1 schedule step), and the running requests still prefilling: (computed, to compute).
+    token_budget: TokenBudget | None = None
+    prefilling: dict[str, tuple[int, int]] | None = None
 
     @property
     def metrics(self) -> Metrics | None:
@@ -266,6 +271,8 @@ def build_frame(
             for e in (current.op_events if current is not None else ())
             if isinstance(e, ev.BlockSwappedOut | ev.BlockSwappedIn)
         ),
+        token_budget=step_budget(sim.scheduler, current.op if current is not None else None),
+        prefilling=prefill_progress(sim.scheduler),
         caption=timeline.caption(timeline.position),
         note=timeline.note(timeline.position),
         captions=timeline.captions(),
