@@ -364,6 +364,28 @@ class RequestFinished(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class BeamsSelected(Event):
+    """A beam search step on a real model: each next beam as (name, parent, token,
+    cumulative log-probability), best first, and the beams no candidate chose (freed)."""
+
+    request: str
+    beams: tuple[tuple[str, str, int, float], ...]
+    dropped: tuple[str, ...]
+
+    @property
+    def touched_seqs(self) -> tuple[str, ...]:
+        return (self.request, *(b[0] for b in self.beams), *self.dropped)
+
+    def describe(self) -> str:
+        kept = ", ".join(
+            f"{name} ({'' if parent == name else f'from {parent}, '}{score:.2f})"
+            for name, parent, _, score in self.beams[:4]
+        )
+        gone = f"; dropped {', '.join(self.dropped)}, their blocks freed" if self.dropped else ""
+        return f"beam search on {self.request} kept {kept} by cumulative log-probability{gone}"
+
+
+@dataclass(frozen=True, slots=True)
 class RequestRejected(Event):
     request: str
     reason: str

@@ -182,6 +182,8 @@ class Submit:
         _check_count(self.shared_prefix, "shared_prefix", 0)
         if self.n > 1 and self.beam_width:
             raise InvalidOperationError("a request samples n > 1 or searches with beams, not both", "beam_width")
+        if self.beam_width and self.sampling is not None and not self.sampling.greedy:
+            raise InvalidOperationError("beam search draws no samples: leave temperature at 0", "temperature")
         _check_sampling(self.sampling)
 
     @property

@@ -140,25 +140,41 @@ class SequenceRegistry:
         done = self.blocks.append(seqs, token_ids, skip)
         self.runner.write_kv(seqs, starts, token_ids, done.slots, done.copies, skip)
 
-    def decode(self, seqs: list[Sequence], seq_ids: list[str] | None = None, checked: bool = False) -> None:
+    def decode(
+        self,
+        seqs: list[Sequence],
+        seq_ids: list[str] | None = None,
+        checked: bool = False,
+        chosen: dict[str, int] | None = None,
+    ) -> None:
         """One new token for each of ``seqs`` (named ``seq_ids``) at once (a decode step),
         validated as a whole. ``checked``: the caller has just compared the block manager's
-        ``decode_blocks_needed`` for these sequences with the free pool."""
+        ``decode_blocks_needed`` for these sequences with the free pool. ``chosen``: tokens
+        already picked for some sequences (beam search); the model picks the others'."""
         if not checked and (need := self.blocks.decode_blocks_needed(seqs)) > self.blocks.num_free:
             raise PoolExhaustedError(need, self.blocks.num_free, f"a decode step of {len(seqs)} sequences")
         starts = [len(s.token_ids) for s in seqs]
         if seq_ids is None:
             seq_ids = [s.seq_id for s in seqs]
         model = self.runner.model
-        if model.samples_from_logits:
-            tokens = model.next_token_ids(seq_ids, starts, [s.sampling for s in seqs])
+        if chosen:
+            rest = [i for i, seq_id in enumerate(seq_ids) if seq_id not in chosen]
+            drawn = iter(self._next_tokens(model, [seqs[i] for i in rest], [seq_ids[i] for i in rest]))
+            tokens = [chosen[seq_id] if seq_id in chosen else next(drawn) for seq_id in seq_ids]
         else:
-            tokens = model.next_token_ids(seq_ids, starts)
+            tokens = self._next_tokens(model, seqs, seq_ids)
         if not self.runner.kv_data:  # memory management only: the blocks alone
             self.blocks.append(seqs, tokens, with_slots=False, starts=starts)
             return
         done = self.blocks.append(seqs, tokens, starts=starts)
         self.runner.write_kv(seqs, starts, [[t] for t in tokens], done.slots, done.copies)
+
+    @staticmethod
+    def _next_tokens(model, seqs: list[Sequence], seq_ids: list[str]) -> list[int]:
+        starts = [len(s.token_ids) for s in seqs]
+        if model.samples_from_logits:
+            return model.next_token_ids(seq_ids, starts, [s.sampling for s in seqs])
+        return model.next_token_ids(seq_ids, starts)
 
     def swap_out(self, seq_ids: list[str]) -> int:
         """Move a group's blocks to the CPU pool (shared blocks once) and free them on the GPU."""

@@ -34,6 +34,7 @@ class SamplingParams:
     max_tokens: int | None = None  # tokens to generate at most (None: no limit)
     stop_at_eos: bool = True  # the end-of-sequence token finishes the sequence
     index: int = 0  # the sequence's index in its request (parallel samples: 0 … n-1)
+    length_penalty: float = 1.0  # beam search: a finished beam's score is logprob / length ** this
 
     def __post_init__(self) -> None:
         if not _is_number(self.temperature) or self.temperature < 0:
@@ -48,6 +49,9 @@ class SamplingParams:
             raise InvalidOperationError(f"max_tokens must be a positive integer; got {self.max_tokens!r}", "max_tokens")
         if not isinstance(self.stop_at_eos, bool):
             raise InvalidOperationError(f"stop_at_eos must be true or false; got {self.stop_at_eos!r}", "stop_at_eos")
+        if not _is_number(self.length_penalty):
+            got = f"length_penalty must be a number; got {self.length_penalty!r}"
+            raise InvalidOperationError(got, "length_penalty")
         if not is_count(self.index, 0):
             raise InvalidOperationError(f"index must be an integer ≥ 0; got {self.index!r}", "index")
 

@@ -35,13 +35,14 @@ HEADER_FIELDS = {f.name for f in fields(CacheConfig)}
 REQUIRED_HEADER = ("num_blocks", "block_size", "num_heads", "head_dim")
 TEXT_FIELDS = ("name", "description")
 # How a real model picks tokens (core.sampling; the synthetic model ignores them).
-SAMPLING_FIELDS = {"temperature", "top_k", "top_p", "seed", "max_tokens"}
+SAMPLING_FIELDS = {"temperature", "top_k", "top_p", "seed", "max_tokens", "length_penalty"}
 STEP_FIELDS = {
-    "add": {"seq", "tokens", "prompt", "blocks"} | SAMPLING_FIELDS,
+    "add": {"seq", "tokens", "prompt", "messages", "blocks"} | SAMPLING_FIELDS,
     "grow": {"seq", "tokens", "token_ids"},
     "fork": {"seq", "as"},
     "free": {"seq"},
-    "submit": {"request", "tokens", "prompt", "output", "n", "beam_width", "shared_prefix"} | SAMPLING_FIELDS,
+    "submit": {"request", "tokens", "prompt", "messages", "output", "n", "beam_width", "shared_prefix"}
+    | SAMPLING_FIELDS,
     "schedule": {"steps"},
 }
 DEFAULT_SCENARIO = "default"
@@ -112,7 +113,7 @@ def sampling_to_dict(sampling: SamplingParams | None) -> dict:
         return {}
     return {
         name: getattr(sampling, name)
-        for name in ("temperature", "top_k", "top_p", "seed", "max_tokens")
+        for name in ("temperature", "top_k", "top_p", "seed", "max_tokens", "length_penalty")
         if getattr(sampling, name) != getattr(SamplingParams(), name)
     }
 
@@ -267,11 +268,8 @@ def parse_scenario(text: str, source: str = "<memory>") -> Scenario:
             notes.append(" ".join(note.split()))
         else:
             notes.append("")
-        if isinstance(raw, dict) and isinstance(raw.get("prompt"), str):
-            if tokenizer is None:
-                needs = 'prompt = "text" needs a real model in the header (model = "smollm2-135m")'
-                raise ScenarioError(source, needs, number, "prompt")
-            raw = dict(raw, prompt=tokenizer.encode(raw["prompt"]))
+        if isinstance(raw, dict):
+            raw = _text_prompt(raw, tokenizer, source, number)
         try:
             operations.append(parse_step(raw, source, number))
         except ScenarioError:
@@ -280,6 +278,40 @@ def parse_scenario(text: str, source: str = "<memory>") -> Scenario:
             raise ScenarioError(source, str(exc), number) from None
     name = doc.get("name") or Path(source).stem
     return Scenario(name, doc.get("description", ""), config, tuple(operations), source, tuple(notes))
+
+
+def _text_prompt(raw: dict, tokenizer, source: str, number: int) -> dict:
+    """A step's prompt given as text (``prompt = "…"``) or as chat ``messages`` (rendered
+    by the model's chat template), as token ids; other steps unchanged."""
+    text, messages = isinstance(raw.get("prompt"), str), "messages" in raw
+    if not (text or messages):
+        return raw
+    field = "messages" if messages else "prompt"
+    if tokenizer is None:
+        needs = f'{field} as text needs a real model in the header (model = "smollm2-135m")'
+        raise ScenarioError(source, needs, number, field)
+    if messages and "prompt" in raw:
+        raise ScenarioError(source, "give prompt or messages, not both", number, "messages")
+    if text:
+        return dict(raw, prompt=tokenizer.encode(raw["prompt"]))
+    chat = raw["messages"]
+    well_formed = (
+        isinstance(chat, list)
+        and chat
+        and all(
+            isinstance(m, dict) and set(m) == {"role", "content"} and all(isinstance(v, str) for v in m.values())
+            for m in chat
+        )
+    )
+    if not well_formed:
+        shape = 'a non-empty array of {role = "…", content = "…"} tables'
+        raise ScenarioError(source, f"must be {shape}", number, "messages")
+    try:
+        ids = tokenizer.encode_chat(chat)
+    except PagesimError as exc:
+        raise ScenarioError(source, str(exc), number, "messages") from None
+    out = {k: v for k, v in raw.items() if k != "messages"}
+    return dict(out, prompt=ids)
 
 
 def _real_model(header: dict, source: str):

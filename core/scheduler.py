@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from pagesim.core import events as ev
+from pagesim.core.beam_search import finish_beams, select_beams
 from pagesim.core.block_manager import BlockManager, distinct_blocks
 from pagesim.core.config import CacheConfig
 from pagesim.core.errors import DuplicateSequenceError, InvalidOperationError
@@ -66,6 +67,11 @@ class RequestState:
     # A real model's finished sequences: their generated tokens (a sample that generated the
     # end-of-sequence token finishes before the others).
     outputs: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # Beam search on a real model (core.beam_search): each beam's cumulative log-probability,
+    # the tokens chosen for the next decode, and the finished hypotheses, best first.
+    beam_scores: dict[str, float] = field(default_factory=dict)
+    next_tokens: dict[str, int] | None = None
+    hypotheses: list = field(default_factory=list)
 
     @property
     def num_seqs(self) -> int:
@@ -78,6 +84,9 @@ class RequestState:
             resume_tokens=None if self.resume_tokens is None else dict(self.resume_tokens),
             resume_sampling=None if self.resume_sampling is None else dict(self.resume_sampling),
             outputs=dict(self.outputs),
+            beam_scores=dict(self.beam_scores),
+            next_tokens=None if self.next_tokens is None else dict(self.next_tokens),
+            hypotheses=list(self.hypotheses),
         )
 
     def planned_names(self) -> list[str]:
@@ -253,6 +262,42 @@ def keep_output(state: RequestState, registry: SequenceRegistry, seq_id: str, eo
     (``eos_id`` None: the synthetic model, whose ids are a hash, keeps none)."""
     if eos_id is not None:
         state.outputs[seq_id] = tuple(registry.sequence(seq_id).token_ids[len(state.prompt) :])
+
+
+def with_names(seqs: list[Sequence]) -> tuple[list[Sequence], list[str]]:
+    return seqs, [q.seq_id for q in seqs]
+
+
+def plan_beams(states: dict[str, RequestState], decoding: list[str], registry: SequenceRegistry, events) -> bool:
+    """Each decoding beam search on a real model picks its next beams from their logits
+    (:func:`~pagesim.core.beam_search.select_beams`) before the decode writes their tokens;
+    a search that has just been preempted keeps the beams it picked. True if any did."""
+    model = registry.runner.model
+    planned = False
+    for request in decoding:
+        state = states[request]
+        if state.beam_width > 1 and state.next_tokens is None:
+            select_beams(state, registry, model.logits, model.eos_id, events)
+            planned = True
+    return planned
+
+
+def chosen_tokens(states: dict[str, RequestState], decoding: list[str]) -> dict[str, int] | None:
+    """The tokens beam search picked for this decode, by sequence (None: none did)."""
+    picked = [states[r].next_tokens for r in decoding if states[r].next_tokens]
+    return {seq_id: token for tokens in picked for seq_id, token in tokens.items()} if picked else None
+
+
+def close_request(state: RequestState, registry: SequenceRegistry, eos_id: int | None) -> None:
+    """A finished request's sequences freed, their outputs kept (a beam search's: its best
+    hypotheses)."""
+    if state.beam_width > 1 and eos_id is not None:
+        if state.seqs:
+            finish_beams(state, registry, eos_id)
+        return
+    for seq_id in state.seqs:
+        keep_output(state, registry, seq_id, eos_id)
+        registry.free(seq_id)
 
 
 def finish_at_eos(state: RequestState, registry: SequenceRegistry, eos_id: int) -> bool:
@@ -486,6 +531,9 @@ class Scheduler:
             self._admit(state)
             running_seqs += len(state.seqs)
         # 3. Decode one token for every sequence that was running, preempting from the back.
+        if self.eos_id is not None and plan_beams(self.requests, decoding, registry, events):
+            self._batch = None  # beams were freed and forked
+            decode_seqs, decode_ids = with_names(self._decode_sequences(decoding))
         while decoding and not blocks.decode_fits(decode_seqs):
             if self.running == decoding[:1] and len(decoding) == 1:
                 # Alone and still short: preempting it would only bring it back to this point.
@@ -495,25 +543,23 @@ class Scheduler:
             self.preempt(victim)
             if victim in decoding:
                 decoding.remove(victim)
-            decode_seqs = self._decode_sequences(decoding)
-            decode_ids = [q.seq_id for q in decode_seqs]
+            decode_seqs, decode_ids = with_names(self._decode_sequences(decoding))
         if decoding:
-            registry.decode(decode_seqs, decode_ids, checked=True)
+            registry.decode(decode_seqs, decode_ids, checked=True, chosen=chosen_tokens(self.requests, decoding))
         states = self.requests
         done: set[str] = set()
         for request in decoding:
             state = states[request]
-            state.generated += 1
-            if state.beam_width > 1:
+            state.generated += 1 if state.seqs else 0  # (a beam search that stopped early decoded nothing)
+            state.next_tokens = None
+            if state.beam_width > 1 and self.eos_id is None:
                 self._batch = None
                 prune_beams(state, self.registry)
             elif self.eos_id is not None and finish_at_eos(state, registry, self.eos_id):
                 self._batch = None
             if state.generated >= state.output_len or not state.seqs:
-                for seq_id in state.seqs:
-                    keep_output(state, registry, seq_id, self.eos_id)
-                    registry.free(seq_id)
                 done.update(state.seqs)
+                close_request(state, registry, self.eos_id)
                 state.status = RequestStatus.FINISHED
                 state.seqs = []
                 self.running.remove(request)

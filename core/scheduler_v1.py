@@ -24,6 +24,7 @@ from pagesim.core.events import EventLog
 from pagesim.core.language_model import LanguageModel
 from pagesim.core.operations import CHILD_SEPARATOR, Schedule, Submit
 from pagesim.core.registry import SequenceRegistry
+from pagesim.core.sampling import SamplingParams
 from pagesim.core.scheduler import PromptSource, SchedulerStats
 
 WAITING, RUNNING, FINISHED, REJECTED = "waiting", "running", "finished", "rejected"
@@ -43,7 +44,8 @@ class RequestV1:
     status: str = WAITING
     preemptions: int = 0
     prefix_hits: list[int] = field(default_factory=list)  # hit tokens at each admission
-    output: tuple[int, ...] | None = None  # prescribed samples (a replayed trace); None: the token model
+    output: tuple[int, ...] | None = None  # prescribed samples (a replayed trace); None: the model's
+    sampling: SamplingParams | None = None  # how a real model draws its tokens (child i: index i)
 
     @property
     def num_outputs(self) -> int:
@@ -146,8 +148,10 @@ class SchedulerV1:
         refusal = refusal_at_submit_v1(op, self.config, op.length)
         prompt = () if refusal else self.prompts.prompt_of(op)
         self.events.add(ev.RequestSubmitted, op.request, len(prompt) or op.length, op.output_len, op.n)
-        for name in names:
+        for index, name in enumerate(names):
+            sampling = None if op.sampling is None else op.sampling.for_index(index)
             state = RequestV1(name, len(self.requests), len(prompt), op.output_len, list(prompt), output=output)
+            state.sampling = sampling
             self.requests[name] = state
             if refusal:
                 self._reject(state, refusal)
@@ -241,18 +245,27 @@ class SchedulerV1:
         done = [self.requests[s.request] for s in record.scheduled]
         done = [state for state in done if state.computed == len(state.tokens)]
         drawn = [state for state in done if state.output is None]
-        tokens = iter(self.model.next_token_ids([s.request for s in drawn], [len(s.tokens) for s in drawn]))
+        ids, positions = [s.request for s in drawn], [len(s.tokens) for s in drawn]
+        if self.model.samples_from_logits:
+            tokens = iter(self.model.next_token_ids(ids, positions, [s.sampling for s in drawn]))
+        else:
+            tokens = iter(self.model.next_token_ids(ids, positions))
         for state in done:
             token = next(tokens) if state.output is None else state.output[state.num_outputs]
             state.tokens.append(token)
             record.sampled[state.request] = token
-            if state.num_outputs >= state.max_tokens:
+            if state.num_outputs >= state.max_tokens or self._at_eos(state, token):
                 self.registry.free(state.request)
                 self.running.remove(state.request)
                 state.status = FINISHED
                 self.stats.finished += 1
                 record.finished.append(state.request)
                 self.events.add(ev.RequestFinished, state.request, state.num_outputs)
+
+    def _at_eos(self, state: RequestV1, token: int) -> bool:
+        """A real model sampled its end-of-sequence token (and the request stops there)."""
+        eos = self.model.eos_id if self.model.samples_from_logits else None
+        return eos is not None and token == eos and (state.sampling is None or state.sampling.stop_at_eos)
 
     def _preempt(self, request: str) -> None:
         state = self.requests[request]
