@@ -26,6 +26,7 @@ from pagesim.app.gui.views.scheduler_view import SchedulerView
 from pagesim.app.gui.views.sequence_view import SequenceView
 from pagesim.app.gui.views.step_log import StepLog
 from pagesim.app.gui.views.swap_flight import SwapFlight
+from pagesim.app.gui.views.token_budget import TokenBudgetBar, scheduler_panel
 from pagesim.app.gui.views.token_map import TokenMap
 from pagesim.app.gui.views.walkthrough import WalkThroughPanel, WalkThroughTab
 from pagesim.app.gui.welcome import WelcomeDialog
@@ -104,6 +105,7 @@ class MainWindow(QMainWindow):
         self.actions.bind(c)
         self.step_log.bind(c)
         self.scheduler_view.bind(c)
+        self.token_budget.bind(c)
         self.files.bind(c)
         c.frameChanged.connect(self._on_frame)
         c.poolRefused.connect(lambda needed, free: self.pool_view.show_refusal(needed, free, self.last_error or ""))
@@ -192,7 +194,9 @@ class MainWindow(QMainWindow):
         self.tabifyDockWidget(self.memory_dock, self.waste_dock)
         self.scheduler_view = SchedulerView(self.colours, self.theme)
         self.director.scheduler_view = self.scheduler_view
-        self.scheduler_dock = self._dock("Scheduler", self.scheduler_view, bottom, "scheduler")
+        self.token_budget = TokenBudgetBar(self.colours, self.theme)  # v1's budget, over the queues
+        panel = scheduler_panel(self.token_budget, self.scheduler_view)
+        self.scheduler_dock = self._dock("Scheduler", panel, bottom, "scheduler")
         self.tabifyDockWidget(self.memory_dock, self.scheduler_dock)  # the same group: no orphaned tab bar
         self.step_log = StepLog()
         self.step_log_dock = self._dock("Step log", self.step_log, bottom, "steplog")
@@ -350,7 +354,7 @@ class MainWindow(QMainWindow):
         self.settings.setValue("theme", name)
         for view in (
             self.pool_view, self.sequence_view, self.kernel_panel, self.memory_panel, self.waste_panel,
-            self.walkthrough, self.token_map, self.scheduler_view, self.table_lines, self.status,
+            self.walkthrough, self.token_map, self.scheduler_view, self.token_budget, self.table_lines, self.status,
         ):  # fmt: skip
             view.set_theme(self.theme)
 

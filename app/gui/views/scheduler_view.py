@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pagesim.app.gui.palette import SequenceColours, Theme
 from pagesim.core.view_model import Frame
-from PySide6.QtCore import QPoint, QPointF, QRect, QRectF, QSize, Qt
-from PySide6.QtGui import QColor, QPainter, QPen
-from PySide6.QtWidgets import QSizePolicy, QWidget
+from PySide6.QtCore import QEvent, QPoint, QPointF, QRect, QRectF, QSize, Qt
+from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen
+from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
 LANES = (
     ("waiting", "waiting: queued, no blocks yet"),
@@ -31,6 +31,7 @@ class SchedulerView(QWidget):
         self.colours, self.theme = colours, theme
         self.frame: Frame | None = None
         self.moved_cpu: set[int] = set()  # CPU blocks this step swapped out or in
+        self.chips: list[tuple[QRectF, str, str]] = []  # (chip, request, lane) as last painted
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
         self.setToolTip(
             "The scheduler's queues (vLLM's waiting, running and swapped), each request as a chip in its owner's "
@@ -69,6 +70,7 @@ class SchedulerView(QWidget):
     def paintEvent(self, event) -> None:
         painter = QPainter(self)
         theme, frame = self.theme, self.frame
+        self.chips = []
         painter.fillRect(self.rect(), QColor(theme.panel))
         if frame is None or frame.queues is None:
             painter.setPen(QColor(theme.muted))
@@ -87,18 +89,27 @@ class SchedulerView(QWidget):
             painter.drawText(QRect(6, y, label_w, LANE_H), Qt.AlignmentFlag.AlignVCenter, title)
             x = 6 + label_w
             requests = frame.queues.get(key, ())
-            for request in requests:
-                if x + CHIP_W > self.width() - 6:
-                    painter.drawText(QRect(x, y, 60, LANE_H), Qt.AlignmentFlag.AlignVCenter, f"+{len(requests)}")
+            for index, request in enumerate(requests):
+                progress = (frame.prefilling or {}).get(request) if key == "running" else None
+                label = request if progress is None else f"{request} · prefilling {progress[0]}/{progress[1]}"
+                chip_w = max(CHIP_W, painter.fontMetrics().horizontalAdvance(label) + 16)
+                if x + chip_w > self.width() - 6:
+                    more = f"+{len(requests) - index}"
+                    painter.drawText(QRect(x, y, 60, LANE_H), Qt.AlignmentFlag.AlignVCenter, more)
                     break
-                chip = QRectF(x, y + 2, CHIP_W - 4, LANE_H - 4)
+                chip = QRectF(x, y + 2, chip_w - 4, LANE_H - 4)
                 colour = self.colours.of_request(request)
                 painter.setPen(QPen(QColor(theme.block_border), 1))
                 painter.setBrush(colour if key != "finished" else QColor(theme.free_block))
                 painter.drawRoundedRect(chip, 6, 6)
-                painter.setPen(QColor(theme.window) if key != "finished" else QColor(theme.muted))
-                painter.drawText(chip, Qt.AlignmentFlag.AlignCenter, request)
-                x += CHIP_W
+                text_colour = theme.window if key != "finished" else theme.muted
+                if progress is not None:  # the prompt not yet computed: the chip's right part, paled
+                    self._pale_rest(painter, chip, progress[0] / max(1, progress[1]))
+                    text_colour = theme.text
+                painter.setPen(QColor(text_colour))
+                painter.drawText(chip, Qt.AlignmentFlag.AlignCenter, label)
+                self.chips.append((chip, request, key))
+                x += chip_w
             y += LANE_H
         # The CPU swap pool.
         y = POOL_CAPTION_TOP
@@ -120,3 +131,30 @@ class SchedulerView(QWidget):
             painter.setBrush(fill)
             painter.drawRoundedRect(tile, 3, 3)
         painter.end()
+
+    def _pale_rest(self, painter: QPainter, chip: QRectF, done: float) -> None:
+        rounded = QPainterPath()
+        rounded.addRoundedRect(chip, 6, 6)
+        rest = QPainterPath()
+        rest.addRect(QRectF(chip.left() + chip.width() * done, chip.top(), chip.width() * (1 - done), chip.height()))
+        pale = QColor(self.theme.panel)
+        pale.setAlpha(170)
+        painter.fillPath(rounded.intersected(rest), pale)
+
+    def chip_tooltip(self, request: str, lane: str) -> str:
+        progress = (self.frame.prefilling or {}).get(request) if self.frame is not None else None
+        if lane == "running" and progress is not None:
+            computed, total = progress
+            return (
+                f"{request}: running, prefilling: {computed} of its {total} tokens to compute are in the cache; "
+                "the rest in the next steps' token budgets (chunked prefill)"
+            )
+        return f"{request}: " + dict(LANES)[lane]
+
+    def event(self, event) -> bool:
+        if event.type() == QEvent.Type.ToolTip:
+            pos = QPointF(event.pos())
+            hit = next(((request, lane) for chip, request, lane in self.chips if chip.contains(pos)), None)
+            QToolTip.showText(event.globalPos(), self.chip_tooltip(*hit) if hit else self.toolTip(), self)
+            return True
+        return super().event(event)
