@@ -10,12 +10,17 @@ array (``["BlockStored", hashes, parent, tokens, block_size, lora_id, medium, ..
 as integers or bytes. A gap in the sequence numbers is filled from the replay socket when
 one is given (vLLM's protocol: the first sequence number wanted, 8 bytes big-endian; the
 batches from there, then -1).
+
+The app's File → Attach to vLLM… window follows a stream with the same subscriber, view and
+prefix tree (:mod:`pagesim.app.gui.attach`).
 """
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import msgspec
@@ -26,10 +31,31 @@ from pagesim.core.errors import PagesimError
 # Each KV event's fields in wire order (an array-shaped event lists them after its tag).
 FIELDS = {c.__struct_config__.tag: c.__struct_fields__ for c in (kv.BlockStored, kv.BlockRemoved, kv.AllBlocksCleared)}
 REPLAY_TIMEOUT_MS = 1000
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:5557"  # vLLM's default KV-event endpoint, seen from this machine
+TRANSPORTS = ("tcp", "ipc", "inproc")
 
 
 class AttachError(PagesimError):
     pass
+
+
+def endpoint_problem(endpoint: str, what: str = "endpoint") -> str | None:
+    """Why ``endpoint`` is not one to connect to, in words (None: it looks like one)."""
+    endpoint = endpoint.strip()
+    example = f"e.g. {DEFAULT_ENDPOINT}"
+    if not endpoint:
+        return f"give the server's KV-event {what}, {example}"
+    transport, sep, address = endpoint.partition("://")
+    if not sep or transport not in TRANSPORTS:
+        return f"{endpoint!r} is not a ZeroMQ {what}: write tcp://HOST:PORT ({example})"
+    if transport != "tcp":
+        return None if address else f"{endpoint!r} names no address"
+    host, colon, port = address.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return f"{endpoint!r} needs a host and a port from 1 to 65535 ({example})"
+    if host == "*":
+        return f"{endpoint!r} is the address a server binds; attach to its host, e.g. tcp://127.0.0.1:{port}"
+    return None
 
 
 def _event(raw) -> dict | None:
@@ -158,29 +184,62 @@ class PrefixCacheView:
             + f" · cached {self.cached_blocks} blocks ({len(self.nodes)} prefixes) · implied hit rate {rate}"
         )
 
-    def tree(self, decode=None, max_lines: int = 60, width: int = 72) -> list[str]:
-        """The cached prefixes, each run of single-child blocks on one line."""
+    def runs(self) -> Iterator[PrefixRun]:
+        """The cached prefixes depth first, each run of single-child blocks as one."""
         roots = [k for k, n in self.nodes.items() if n.parent not in self.nodes]
-        lines: list[str] = []
         stack = [(k, 0) for k in reversed(roots)]
-        while stack and len(lines) < max_lines:
+        while stack:
             key, depth = stack.pop()
             run = [key]
             while len(self.nodes[run[-1]].children) == 1:
                 run.append(next(iter(self.nodes[run[-1]].children)))
-            tokens = [t for k in run for t in self.nodes[k].tokens]
-            text = repr(decode(tokens)) if decode is not None else " ".join(map(str, tokens))
-            if len(text) > width:
-                text = text[: width - 1] + "…"
-            twins = max(self.nodes[k].count for k in run)
-            orphan = " (parent evicted)" if depth == 0 and self.nodes[key].parent is not None else ""
-            label = short(key) if len(run) == 1 else f"{short(key)}…{short(run[-1])}"
-            extra = f" ×{twins}" if twins > 1 else ""
-            lines.append(f"{'  ' * depth}└ {label} [{len(run)} block{'s' * (len(run) > 1)}{extra}]{orphan} {text}")
+            yield PrefixRun(
+                depth=depth,
+                hashes=tuple(run),
+                tokens=tuple(t for k in run for t in self.nodes[k].tokens),
+                twins=max(self.nodes[k].count for k in run),
+                orphan=depth == 0 and self.nodes[key].parent is not None,
+            )
             stack.extend((child, depth + 1) for child in reversed(list(self.nodes[run[-1]].children)))
-        if stack:
+
+    def tree(self, decode=None, max_lines: int = 60, width: int = 72) -> list[str]:
+        """The cached prefixes as text, one line per run."""
+        runs = list(itertools.islice(self.runs(), max_lines + 1))
+        lines = [run.line(decode, width) for run in runs[:max_lines]]
+        if len(runs) > max_lines:
             lines.append(f"… ({len(self.nodes)} prefixes in all)")
         return lines
+
+
+@dataclass(frozen=True)
+class PrefixRun:
+    """One line of the prefix tree: cached blocks each the only child of the one before,
+    ``depth`` levels below a block whose parent is not cached."""
+
+    depth: int
+    hashes: tuple
+    tokens: tuple[int, ...]
+    twins: int  # most copies of one block of the run (vLLM may cache one prefix twice)
+    orphan: bool  # its parent block was evicted (a root that is not the start of a prompt)
+
+    @property
+    def label(self) -> str:
+        first, last = self.hashes[0], self.hashes[-1]
+        return short(first) if len(self.hashes) == 1 else f"{short(first)}…{short(last)}"
+
+    @property
+    def blocks(self) -> str:
+        count = len(self.hashes)
+        return f"{count} block{'s' * (count > 1)}" + (f" ×{self.twins}" if self.twins > 1 else "")
+
+    def text(self, decode: Callable[[list[int]], str] | None = None, width: int | None = None) -> str:
+        """Its tokens: decoded (quoted), or the ids; cut to ``width`` with "…"."""
+        text = repr(decode(list(self.tokens))) if decode is not None else " ".join(map(str, self.tokens))
+        return text if width is None or len(text) <= width else text[: width - 1] + "…"
+
+    def line(self, decode=None, width: int = 72) -> str:
+        orphan = " (parent evicted)" if self.orphan else ""
+        return f"{'  ' * self.depth}└ {self.label} [{self.blocks}]{orphan} {self.text(decode, width)}"
 
 
 # -- the subscriber ---------------------------------------------------------------------------
@@ -202,6 +261,7 @@ class Subscriber:
             self.close()
             raise AttachError(f"cannot attach to {endpoint}: {exc}") from None
         self.last_seq = -1
+        self.skipped = 0  # payloads that were no KV event batch
 
     def __enter__(self) -> Subscriber:
         return self
@@ -234,6 +294,19 @@ class Subscriber:
             if self.last_seq < seq < until:
                 got.append((seq, payload))
         return got
+
+    def batches(self, timeout_ms: int) -> list[tuple[int, float, list[dict]]]:
+        """The next batches decoded, as ``(seq, ts, events)``, or [] after the timeout; a
+        payload that is no KV event batch is counted in ``skipped`` and left out."""
+        out = []
+        for seq, payload in self.receive(timeout_ms):
+            try:
+                ts, events = decode_payload(payload)
+            except (msgspec.DecodeError, ValueError, TypeError):
+                self.skipped += 1
+                continue
+            out.append((seq, ts, events))
+        return out
 
     def receive(self, timeout_ms: int) -> list[tuple[int, bytes]]:
         """The next batches in order (a gap filled by replay first), or [] after the timeout."""
@@ -270,11 +343,7 @@ def attach(
             left = 1.0 if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 break
-            for seq, payload in sub.receive(int(min(left, 1.0) * 1000) + 1):
-                try:
-                    ts, events = decode_payload(payload)
-                except (msgspec.DecodeError, ValueError, TypeError):
-                    continue
+            for seq, ts, events in sub.batches(int(min(left, 1.0) * 1000) + 1):
                 view.apply(seq, ts, events)
                 if on_batch is not None:
                     on_batch(view, seq)
@@ -284,7 +353,7 @@ def attach(
 # -- the command ---------------------------------------------------------------------------
 def add_parser(sub) -> None:
     p = sub.add_parser("attach", help="show a vLLM server's prefix cache live from its KV events (ZeroMQ)")
-    p.add_argument("endpoint", help="the server's KV-event publisher, e.g. tcp://127.0.0.1:5557")
+    p.add_argument("endpoint", help=f"the server's KV-event publisher, e.g. {DEFAULT_ENDPOINT}")
     p.add_argument("--replay", metavar="ENDPOINT", help="its replay socket, to fill gaps (e.g. tcp://127.0.0.1:5558)")
     p.add_argument("--topic", default="", help="the topic to subscribe to (default: every topic)")
     p.add_argument("--tokenizer", metavar="MODEL", help='decode tokens with this model\'s tokenizer ("smollm2-135m")')
@@ -294,7 +363,8 @@ def add_parser(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no line per batch: only the final summary")
 
 
-def _tokenizer(name: str):
+def load_tokenizer(name: str) -> Callable[[list[int]], str]:
+    """The decode function of model ``name``'s tokenizer (it reads the model file)."""
     from pagesim.core.models.catalog import load_model  # lazy: loads the model file
 
     return load_model(name).tokenizer.decode
@@ -305,7 +375,10 @@ def cmd_attach(args) -> int:
         raise AttachError(f"--duration must be between 0 and 86400 seconds; got {args.duration}")
     if args.max_events is not None and args.max_events < 1:
         raise AttachError(f"--max-events must be a positive integer; got {args.max_events}")
-    decode = _tokenizer(args.tokenizer) if args.tokenizer else None
+    for endpoint, what in ((args.endpoint, "endpoint"), (args.replay, "replay endpoint")):
+        if endpoint is not None and (problem := endpoint_problem(endpoint, what)):
+            raise AttachError(problem)
+    decode = load_tokenizer(args.tokenizer) if args.tokenizer else None
     bound = [f"{args.duration:g} s" if args.duration else "", f"{args.max_events} events" if args.max_events else ""]
     print(f"pagesim attach · {args.endpoint}" + (f" (replay {args.replay})" if args.replay else ""))
     print(f"until {' or '.join(b for b in bound if b) or '?'}", flush=True)

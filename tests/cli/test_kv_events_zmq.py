@@ -13,7 +13,8 @@ import time
 
 import msgspec
 import zmq
-from pagesim.app.kv_attach import PrefixCacheView, attach, decode_payload
+from pagesim.app.cli import main as cli_main
+from pagesim.app.kv_attach import DEFAULT_ENDPOINT, PrefixCacheView, attach, decode_payload, endpoint_problem
 from pagesim.app.kv_publisher import END_SEQ, KVEventPublisher
 from pagesim.core import kv_events as kv
 from pagesim.core.scenario import load_scenario
@@ -127,8 +128,11 @@ PUBLISHER = textwrap.dedent(
     time.sleep(float(sys.argv[3]))
     for seq, payload in enumerate(payloads):
         pub.send_multipart([b"kv-events", seq.to_bytes(8, "big"), payload])
-    end = time.monotonic() + 8
+    end, again = time.monotonic() + 8, 0.0
     while time.monotonic() < end:
+        if time.monotonic() > again:  # the newest batch again: a late subscriber asks replay for the rest
+            pub.send_multipart([b"kv-events", (len(payloads) - 1).to_bytes(8, "big"), payloads[-1]])
+            again = time.monotonic() + 0.5
         if router.poll(100):
             client, _, start = router.recv_multipart()
             for seq, payload in enumerate(payloads):
@@ -144,7 +148,8 @@ def test_attach_follows_a_subprocess_publisher(tmp_path):
     script = tmp_path / "publisher.py"
     script.write_text(PUBLISHER)
     port, replay = free_port(), free_port()
-    # The publisher sends after 1.5 s: the subscriber sees it live, or fills the gap by replay.
+    # The publisher sends after 1.5 s and repeats its newest batch: the subscriber sees them
+    # live, or (started late on a busy machine) fills the gap by replay.
     publisher = subprocess.Popen([sys.executable, str(script), str(port), str(replay), "1.5"])
     try:
         out = subprocess.run(
@@ -206,3 +211,18 @@ def test_attach_follows_pagesim_run(tmp_path):
     assert run.returncode == 0, err
     assert view.events == len(expected) and view.batches == len({s for s, *_ in view.history})
     assert view.cached_blocks == len(timeline.sim.blocks.pool.cached_blocks())
+
+
+def test_an_endpoint_that_cannot_be_attached_to_is_named_with_a_fix():
+    assert endpoint_problem("tcp://127.0.0.1:5557") is None and endpoint_problem("ipc:///tmp/kv") is None
+    assert "e.g. tcp://127.0.0.1:5557" in endpoint_problem("")
+    assert "not a ZeroMQ endpoint" in endpoint_problem("localhost:5557")
+    assert "port from 1 to 65535" in endpoint_problem("tcp://127.0.0.1:70000")
+    assert "attach to its host, e.g. tcp://127.0.0.1:5557" in endpoint_problem("tcp://*:5557")
+
+
+def test_attach_refuses_a_bad_endpoint_before_listening(capsys):
+    assert cli_main(["attach", "tcp://*:5557", "--duration", "1"]) == 2
+    assert "the address a server binds" in capsys.readouterr().err
+    assert cli_main(["attach", DEFAULT_ENDPOINT, "--replay", "5558", "--duration", "1"]) == 2
+    assert "not a ZeroMQ replay endpoint" in capsys.readouterr().err
