@@ -23,7 +23,10 @@ from pagesim.app.report import (
     dump_step,
     format_block_tables,
     format_config,
+    format_layers,
+    format_outputs,
     format_step,
+    format_text,
     step_report,
     write_json,
 )
@@ -143,6 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
     gui.add_argument("--screenshot", type=Path, help="save a PNG of the window after --steps, then exit")
     gui.add_argument("--size", type=_size, metavar="WxH", help="window size, e.g. 1400x860")
     gui.add_argument("--theme", choices=["dark", "light"], help="colour theme (default: the last one used)")
+    gui.add_argument(
+        "--panel",
+        choices=["memory", "waste", "scheduler", "steplog", "whatif", "latency"],
+        help="bring this bottom panel to the front; with --screenshot, a whatif, latency or waste panel runs "
+        "its default study first",
+    )
     return parser
 
 
@@ -191,8 +200,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     say(f"backend: {backend.name} · {backend.device}")
     say(f"cache: {format_config(timeline)}")
     kv_events = open_step_publisher(args, timeline.sim, say)
+    tokenizer = getattr(timeline.sim.runner.model, "tokenizer", None)  # a real model's: text per step
     say(TABLE_HEADER)
     reports, steps, failed, worst, error, checked, rejected = [], 0, [], 0.0, None, 0, []
+    layer_steps, logits_gap = 0, 0.0  # a real model's: steps whose every layer was checked
     while not timeline.at_end:
         try:
             result = timeline.forward()
@@ -210,7 +221,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             worst = max(worst, result.attention.max_abs_error)
             if not result.attention.passed:
                 failed.append(result.step)
+            if result.attention.layers is not None:
+                layer_steps += 1
+                logits_gap = max(logits_gap, result.attention.layers.logits_diff)
         say(format_step(result))
+        if tokenizer is not None:
+            for line in [*format_text(result, tokenizer), format_layers(result)]:
+                if line:
+                    say(line)
         if args.dump:
             try:
                 dump_step(args.dump, timeline, result)
@@ -219,11 +237,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if kv_events is not None:
         kv_events.finish()
     say("")
+    if tokenizer is not None:
+        for line in format_outputs(timeline, tokenizer):
+            say(line)
     say(f"block tables after step {timeline.position}:")
     for line in format_block_tables(timeline):
         say(line)
     last = timeline.sim.last_attention
-    if last is not None:
+    if last is not None and last.seq_ids:
         c = timeline.scenario.config
         say(
             f"kernel output shape {(len(last.seq_ids), c.num_heads, 1, c.head_dim)} "
@@ -258,6 +279,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"NOTHING CHECKED: {steps} steps, {what}: the kernel was never compared with dense attention", file=out)
         return 0
     print(f"PASS: {steps} steps, kernel matches dense attention (max |err| {worst:.2e})", file=out)
+    if layer_steps:
+        print(
+            f"PASS: {layer_steps} steps ran the model: every layer's paged attention within its bound, logits "
+            f"within {logits_gap:.1e} of the dense engine's and the same tokens",
+            file=out,
+        )
     return 0
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 from pagesim.core.atomic_write import atomic_open, atomic_write
 from pagesim.core.engine import StepResult
+from pagesim.core.events import TokenWritten
 from pagesim.core.timeline import Timeline
 from pagesim.kernels.dtypes import dtype_name
 
@@ -44,6 +45,47 @@ def format_step(result: StepResult) -> str:
     )
 
 
+def format_text(result: StepResult, tokenizer, width: int = 100) -> list[str]:
+    """A real model's step in words: the text each sequence wrote (whitespace shown as it
+    is, a long prompt cut in the middle)."""
+    written: dict[str, list[int]] = {}
+    for e in result.op_events:
+        if isinstance(e, TokenWritten):
+            written.setdefault(e.seq, []).append(e.token_id)
+    lines = []
+    for seq, ids in written.items():
+        text = repr(tokenizer.decode(ids))
+        if len(text) > width:
+            text = text[: width // 2 - 2] + " … " + text[-(width // 2 - 2) :]
+        lines.append(f"        {seq} wrote {text}")
+    return lines
+
+
+def format_outputs(timeline: Timeline, tokenizer) -> list[str]:
+    """A real model's text at the end of a run: each finished request's outputs (a beam
+    search's best first, with its cumulative log-probability), then each live sequence's
+    continuation."""
+    sim = timeline.sim
+    lines = []
+    for request, state in sim.scheduler.requests.items():
+        outputs = getattr(state, "outputs", None)
+        if outputs is None and state.status == "finished":  # the v1 scheduler keeps all its tokens
+            outputs = {request: tuple(state.tokens[state.prompt_len :])}
+        scores = getattr(state, "beam_scores", {})
+        for label, ids in (outputs or {}).items():
+            score = f" (log-prob {scores[label]:.2f})" if label in scores else ""
+            lines.append(f"  {label}{score}: {tokenizer.decode(ids)!r}")
+    for seq in sim.sequences.values():
+        lines.append(f"  {seq.seq_id} so far: {tokenizer.decode(seq.token_ids[seq.prompt_len :])!r}")
+    return ["text:", *lines, ""] if lines else []
+
+
+def format_layers(result: StepResult) -> str | None:
+    """A real model's per-layer check of the step, or None (the synthetic model, or no forward)."""
+    layers = result.attention.layers if result.attention is not None else None
+    return None if layers is None else f"        {layers.describe()}"
+
+
 def format_block_tables(timeline: Timeline) -> list[str]:
     sim = timeline.sim
     lines = []
@@ -70,6 +112,15 @@ def step_report(result: StepResult) -> dict:
                 for i, seq in enumerate(att.seq_ids)
             },
         )
+        if att.layers is not None:
+            layers = att.layers
+            out["layers"] = {
+                "worst_layer": layers.worst_layer,
+                "worst_error_to_bound": float(layers.ratios.max()),
+                "passed": layers.attention_passed,
+                "logits_max_abs_diff": layers.logits_diff,
+                "same_next_tokens": layers.tokens_agree,
+            }
     return out
 
 

@@ -480,6 +480,20 @@ class AttentionComputed(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class LayersChecked(Event):
+    """A real model's step: every layer's paged attention against dense, and the logits
+    against the dense engine's (``sentence``: the verdict in words)."""
+
+    detail = True
+    sentence: str
+    worst_layer: int
+    passed: bool
+
+    def describe(self) -> str:
+        return self.sentence
+
+
+@dataclass(frozen=True, slots=True)
 class KernelLaunched(Event):
     detail = True
     backend: str

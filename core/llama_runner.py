@@ -35,8 +35,9 @@ from pagesim.core.blocks import BlockPool
 from pagesim.core.config import CacheConfig
 from pagesim.core.errors import InvalidOperationError
 from pagesim.core.kv_cache import CacheCheckpoint, PagedKVCache, SwapSpace
-from pagesim.core.llama_model import DenseReference, LlamaModel, LogitsCheck
-from pagesim.core.model_runner import ModelRunner, RunnerSnapshot, check_memory
+from pagesim.core.layer_check import LayerCheck, check_layer, gather_slots
+from pagesim.core.llama_model import LOGITS_TOLERANCE, DenseReference, LlamaModel, LogitsCheck
+from pagesim.core.model_runner import AttentionReport, ModelRunner, RunnerSnapshot, check_memory
 from pagesim.core.models import DenseKVCache, ModelFile
 from pagesim.core.models.catalog import SHAPE_FIELDS, check_shapes, load_model
 from pagesim.core.sequence import Sequence
@@ -62,6 +63,17 @@ def padded_tables(seqs: list[Sequence]) -> np.ndarray:
     return tables
 
 
+def empty_report(backend: Backend, config: CacheConfig, dtype) -> AttentionReport:
+    """A report of no live sequence (a step whose forwards' sequences all finished)."""
+    heads, dim = config.num_heads, config.head_dim
+    no_rows = np.zeros((0, heads, dim), np.float32)
+    return AttentionReport(
+        backend.name, backend.device, (), no_rows.astype(dtype), np.zeros((0, 1), np.int32),
+        np.zeros(0, np.int32), default_scale(dim), no_rows, no_rows, np.zeros((0, heads)), 0.0, 0.0,
+        config.block_size,
+    )  # fmt: skip
+
+
 class LlamaRunner(ModelRunner):
     @classmethod
     def for_config(cls, config: CacheConfig, backend: Backend, kv_data: bool = True) -> LlamaRunner:
@@ -85,7 +97,11 @@ class LlamaRunner(ModelRunner):
         self.scale = default_scale(config.head_dim)
         self.logits_checks: list[LogitsCheck] = []  # the last forward's, one per sequence computed
         self.paged_seconds = self.dense_seconds = 0.0  # the last forward's, each side's
+        self.check_seconds = 0.0  # the last forward's layer check
         self.computed_tokens = 0  # how many tokens the last forward ran (prefix hits are not run)
+        self.check_layers = True  # every layer's attention against dense (off: a benchmark's forward)
+        self.layer_check: LayerCheck | None = None  # the operation's forwards', until its report takes it
+        self._forward_check: LayerCheck | None = None
 
     # -- a sequence's rows ------------------------------------------------------------------
     def add_sequence(self, seq_id: str) -> None:
@@ -116,10 +132,10 @@ class LlamaRunner(ModelRunner):
         computed = [(seq, start, ids) for seq, start, ids in rows if len(ids) > skip]
         self.logits_checks = []
         self.computed_tokens = sum(len(ids) - skip for _, _, ids in computed)
-        started = time.perf_counter()
+        started, self.check_seconds = time.perf_counter(), 0.0
         if computed:
             self._forward(computed, np.array(slots, np.int64), skip)
-        self.paged_seconds = time.perf_counter() - started
+        self.paged_seconds = time.perf_counter() - started - self.check_seconds
         started = time.perf_counter()
         for seq, start, ids in zip(seqs, starts, token_ids, strict=True):
             if len(ids) <= skip:
@@ -129,6 +145,15 @@ class LlamaRunner(ModelRunner):
             check = self.reference.compare(seq.seq_id, start + len(ids) - 1, paged, seq.sampling)
             self.logits_checks.append(check)
         self.dense_seconds = time.perf_counter() - started
+        if self._forward_check is not None:
+            check = replace(
+                self._forward_check,
+                logits_diff=max(c.max_abs_diff for c in self.logits_checks),
+                logits_tolerance=LOGITS_TOLERANCE,
+                tokens_agree=all(c.paged_token == c.dense_token for c in self.logits_checks),
+            )
+            self._forward_check = None
+            self.layer_check = check if self.layer_check is None else self.layer_check.merged(check)
 
     def _forward(self, computed, slot_array: np.ndarray, skip: int) -> None:
         seqs = [seq for seq, _, _ in computed]
@@ -141,6 +166,9 @@ class LlamaRunner(ModelRunner):
         decode = max(q_lens) == 1
         backend, dtype, check, scale = self.backend, self.cache.dtype, self.check_layer, self.scale
         seen: dict[str, np.ndarray] = {}
+        last_rows = query_starts[1:] - 1  # each sequence's newest token
+        slots = gather_slots([s.block_table for s in seqs], context_lens.tolist(), self.config.block_size)
+        layer_errors, layer_bounds = [], []
 
         def attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             cache = self.caches[layer]
@@ -155,9 +183,21 @@ class LlamaRunner(ModelRunner):
                 )
             if layer == check:
                 seen.update(q=q.numpy().copy(), k=keys.copy(), v=values.copy())
-            return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32))
+            out = np.ascontiguousarray(backend.to_numpy(out), dtype=np.float32)
+            if self.check_layers:  # (its time is the check's, not the paged forward's)
+                started = time.perf_counter()
+                arrays = backend.to_numpy(cache.key_cache), backend.to_numpy(cache.value_cache)
+                query_rows = backend.to_numpy(query)[last_rows]
+                errors, bounds = check_layer(*arrays, slots, query_rows, out[last_rows], scale)
+                layer_errors.append(errors)
+                layer_bounds.append(bounds)
+                self.check_seconds += time.perf_counter() - started
+            return torch.from_numpy(out)
 
         hidden = self.llama.forward(torch.tensor(flat, dtype=torch.long), torch.from_numpy(positions), attention)
+        if layer_errors:
+            ids = tuple(s.seq_id for s in seqs)
+            self._forward_check = LayerCheck(ids, np.stack(layer_errors), np.stack(layer_bounds))
         logits = self.llama.logits(hidden[torch.from_numpy(query_starts[1:].astype(np.int64) - 1)])
         for i, (seq, start, _) in enumerate(computed):
             seq_id, lo, hi = seq.seq_id, int(query_starts[i]), int(query_starts[i + 1])
@@ -167,6 +207,18 @@ class LlamaRunner(ModelRunner):
                 self.dense.append(seq_id, hit_k, hit_v)
             self.dense.append(seq_id, seen["k"][lo:hi], seen["v"][lo:hi])
             self._last_query[seq_id] = seen["q"][hi - 1].copy()
+
+    def attend(self, seqs: list[Sequence]):
+        """The checked layer's decode attention over every live sequence (as for the synthetic
+        model), with the last forward's check of every layer and of the logits (once: a step
+        that runs no forward reports none)."""
+        report = super().attend(seqs)
+        if self.layer_check is not None:
+            if report is None:  # every sequence it computed has finished: the check still counts
+                report = empty_report(self.backend, self.config, self.cache.dtype)
+            report = replace(report, layers=self.layer_check)
+        self.layer_check = None
+        return report
 
     # -- swapping and inspection -------------------------------------------------------------------
     def swap_out(self, pairs: list[tuple[int, int]]) -> None:
@@ -225,6 +277,7 @@ class LlamaRunner(ModelRunner):
             self.reference.restore(snap.reference)
         super().restore(snap, sequences, swapped, pool)  # the checked layer's (or a rebuild of every layer)
         self.logits_checks = []
+        self.layer_check = self._forward_check = None
 
     def rebuild_kv(self, sequences: list[Sequence], swapped: list[Sequence], pool: BlockPool) -> None:
         """Every sequence's K/V in every layer recomputed from its tokens by the dense engine

@@ -25,6 +25,7 @@ from pagesim.core.dense_check import DenseCheck, DenseCheckSnapshot, RowStack
 from pagesim.core.errors import OutOfMemoryError
 from pagesim.core.kv_cache import CacheCheckpoint, PagedKVCache, SwapSpace
 from pagesim.core.language_model import LanguageModel
+from pagesim.core.layer_check import LayerCheck
 from pagesim.core.sequence import Sequence
 from pagesim.core.token_model import TokenModel
 from pagesim.kernels.backend import Backend, default_scale, host_memory_available
@@ -48,6 +49,7 @@ class AttentionReport:
     kernel_seconds: float
     dense_seconds: float
     block_size: int
+    layers: LayerCheck | None = None  # a real model's: every layer's attention and the logits
 
     def table_of(self, row: int) -> tuple[int, ...]:
         """The physical blocks the kernel read for sequence ``row``, in logical order."""
@@ -73,6 +75,8 @@ class AttentionReport:
             check = ev.AttentionComputed(seq_id, n, worst, tuple(head_errors), widest, self.backend, tuple(head_bounds))
             out.append(check)
         seconds = self.kernel_seconds, self.dense_seconds
+        if self.layers is not None:
+            out.append(ev.LayersChecked(self.layers.describe(), self.layers.worst_layer, self.layers.passed))
         return (*out, ev.KernelLaunched(self.backend, self.device, len(self.seq_ids), *seconds))
 
     @functools.cached_property
@@ -91,7 +95,8 @@ class AttentionReport:
 
     @property
     def passed(self) -> bool:
-        return bool((self.head_errors <= self.tolerances).all())
+        layers_ok = self.layers is None or self.layers.passed
+        return bool((self.head_errors <= self.tolerances).all()) and layers_ok
 
     def index_of(self, seq_id: str) -> int:
         return self.seq_ids.index(seq_id)
