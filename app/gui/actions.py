@@ -19,7 +19,7 @@ from PySide6.QtWidgets import QComboBox, QLabel, QSlider, QSpinBox, QStyle, QSty
 
 STEP_LABEL_CHARS = 50  # "step 120 / 376 · grow r255 by 1 · ✓ kernel = dense"; longer ones end in "…"
 SPEEDS = [("Instant", 0.0), ("0.25×", 0.25), ("0.5×", 0.5), ("1×", 1.0), ("2×", 2.0), ("4×", 4.0)]
-LAYOUT_VERSION = 7  # bump when docks change: an older saved layout is then ignored
+LAYOUT_VERSION = 8  # bump when docks change: an older saved layout is then ignored
 
 
 class BranchSlider(QSlider):

@@ -7,14 +7,17 @@ import logging
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pagesim.app.report import write_event_log
 from pagesim.core.errors import Interrupted, PagesimError, PoolExhaustedError, ScenarioError
 from pagesim.core.operations import Operation
 from pagesim.core.scenario import Scenario
-from pagesim.core.studies.waste import WasteStudy, study
+from pagesim.core.studies.request_latency import ScenarioLatency, scenario_latency
+from pagesim.core.studies.serving_time import gpu, model_shape
+from pagesim.core.studies.sweep import Hardware, Source, SweepResult, VariantResult, sweep
+from pagesim.core.studies.waste import WastePool, WasteStudy, pool_from_preset, pool_of_blocks, study
 from pagesim.core.timeline import Timeline
 from pagesim.core.view_model import Frame, build_frame
 from pagesim.core.walkthrough import WalkThrough, walk_through
@@ -77,8 +80,33 @@ class ExportEvents:
 
 @dataclass(frozen=True)
 class ComputeWaste:
+    """A waste study on a pool of its own: a model shape on a GPU (the memory after the
+    weights), else ``blocks`` blocks; never the scenario's teaching-sized pool."""
+
     distribution: str
     count: int
+    model_shape: str | None = "llama-13b"
+    gpu: str | None = "a100-40gb"
+    blocks: int | None = None
+    block_size: int = 16
+    max_len: int = 2048
+
+
+@dataclass(frozen=True)
+class RunSweep:
+    """What-if replays of the current scenario; ``cancel`` set (from the GUI thread) stops
+    them after the variant in progress."""
+
+    settings: tuple[tuple[str, tuple], ...]
+    model_shape: str
+    gpu: str
+    cancel: threading.Event = field(default_factory=threading.Event, compare=False)
+
+
+@dataclass(frozen=True)
+class ComputeLatency:
+    model_shape: str
+    gpu: str
 
 
 @dataclass(frozen=True)
@@ -89,7 +117,21 @@ class TraceKernel:
     partition_size: int
 
 
-Request = Load | Forward | Back | Seek | Push | Undo | Redo | Focus | ExportEvents | ComputeWaste | TraceKernel
+Request = (
+    Load
+    | Forward
+    | Back
+    | Seek
+    | Push
+    | Undo
+    | Redo
+    | Focus
+    | ExportEvents
+    | ComputeWaste
+    | TraceKernel
+    | RunSweep
+    | ComputeLatency
+)
 
 
 @dataclass(frozen=True)
@@ -139,6 +181,38 @@ class WasteReady:
 
 
 @dataclass(frozen=True)
+class SweepProgress:
+    """Not an answer: one what-if variant replayed (``index`` of ``count``)."""
+
+    index: int
+    count: int
+    variant: VariantResult
+
+
+@dataclass(frozen=True)
+class SweepReady:
+    result: SweepResult
+
+
+@dataclass(frozen=True)
+class SweepCancelled:
+    done: int  # variants replayed before the cancel
+
+
+@dataclass(frozen=True)
+class LatencyReady:
+    study: ScenarioLatency
+
+
+@dataclass(frozen=True)
+class StudyFailed:
+    """A what-if or latency study that could not run: ``study`` says which, ``message`` why."""
+
+    study: str  # "whatif" or "latency"
+    message: str
+
+
+@dataclass(frozen=True)
 class BackendReady:
     """Not an answer: sent once, before the first frame."""
 
@@ -167,6 +241,11 @@ Reply = (
     | Failed
     | Exported
     | WasteReady
+    | SweepProgress
+    | SweepReady
+    | SweepCancelled
+    | LatencyReady
+    | StudyFailed
     | BackendReady
     | KernelReady
     | TraceReady
@@ -201,6 +280,8 @@ class SimulationWorker(QObject):
             ExportEvents: self._export,
             ComputeWaste: self._waste,
             TraceKernel: self._trace,
+            RunSweep: lambda r: self._study("whatif", self._sweep, r),
+            ComputeLatency: lambda r: self._study("latency", self._latency, r),
         }
 
     def _emit(self, result=None) -> None:
@@ -279,10 +360,60 @@ class SimulationWorker(QObject):
         self._emit()
 
     def _waste(self, request: ComputeWaste) -> None:
-        c = self._timeline.sim.config
-        self.replied.emit(
-            WasteReady(study(request.distribution, request.count, c.num_slots, c.block_size, c.max_model_len))
-        )
+        if request.model_shape is not None and request.gpu is not None:
+            pool = pool_from_preset(model_shape(request.model_shape), gpu(request.gpu), request.block_size)
+        elif request.blocks is not None:
+            pool = pool_of_blocks(request.blocks, request.block_size, f"{request.blocks} blocks, as chosen")
+        else:
+            c = self._timeline.sim.config
+            pool = WastePool(c.num_slots, c.block_size, "the scenario's pool")
+        result = study(request.distribution, request.count, pool.slots, pool.block_size, request.max_len, pool)
+        self.replied.emit(WasteReady(result))
+
+    def _current_scenario(self) -> Scenario:
+        """The loaded scenario with the user's own actions: the timeline's operations."""
+        timeline = self._timeline
+        return timeline.scenario.with_operations(timeline.operations)
+
+    def _study(self, name: str, run, request) -> None:
+        """A study always answers: its result, or StudyFailed with the reason (a refusal's
+        own words, or an internal error, logged whole)."""
+        try:
+            run(request)
+        except Interrupted:
+            raise
+        except PagesimError as exc:
+            self.replied.emit(StudyFailed(name, str(exc)))
+        except Exception as exc:
+            log.exception("internal error in the %s study", name)
+            self.replied.emit(StudyFailed(name, f"internal error: {exc!r}"))
+
+    def _sweep(self, request: RunSweep) -> None:
+        if request.cancel.is_set():  # cancelled while it waited in the queue
+            self.replied.emit(SweepCancelled(0))
+            return
+        scenario = self._current_scenario()
+        source = Source(scenario.name, scenario.config, scenario)
+        hardware = Hardware(model_shape(request.model_shape), gpu(request.gpu))
+        done = [0]
+
+        def progress(index: int, count: int, variant: VariantResult) -> None:
+            done[0] = index
+            self.replied.emit(SweepProgress(index, count, variant))
+            if self.stopping.is_set() or request.cancel.is_set():
+                raise Interrupted(f"what-if stopped after {index} of {count} variants")
+
+        try:
+            result = sweep(source, request.settings, hardware, progress)
+        except Interrupted:
+            if self.stopping.is_set():
+                raise  # the window is closing: nobody waits for an answer
+            self.replied.emit(SweepCancelled(done[0]))
+            return
+        self.replied.emit(SweepReady(result))
+
+    def _latency(self, request: ComputeLatency) -> None:
+        self.replied.emit(LatencyReady(scenario_latency(self._current_scenario(), request.model_shape, request.gpu)))
 
     def _trace(self, request: TraceKernel) -> None:
         walk = walk_through(self._timeline.sim, request.seq_id, request.head, request.kernel, request.partition_size)
@@ -316,6 +447,11 @@ class SimulationController(QObject):
     playingChanged = Signal(bool)
     exported = Signal(str)
     wasteReady = Signal(object)  # WasteStudy
+    sweepProgress = Signal(int, int, object)  # index, count, VariantResult
+    sweepReady = Signal(object)  # SweepResult
+    sweepCancelled = Signal(int)  # variants replayed before the cancel
+    latencyReady = Signal(object)  # ScenarioLatency
+    studyFailed = Signal(str, str)  # "whatif" or "latency", why
     traceReady = Signal(object)  # WalkThrough | None
 
     _request = Signal(object)  # Request
@@ -325,6 +461,7 @@ class SimulationController(QObject):
         self.frame: Frame | None = None
         self.scenario: Scenario | None = None  # the loaded one: a load still pending or failed is not it
         self.pending = 0  # requests sent and not yet answered
+        self._sweep_cancel: threading.Event | None = None  # the newest what-if's
         self.kernel_ready = False  # the loaded scenario's kernel is compiled
         self._thread = QThread()
         self._thread.setObjectName("pagesim-simulation")
@@ -392,9 +529,26 @@ class SimulationController(QObject):
         """Replay this step's kernel for one (sequence, head), on the worker thread."""
         self._send(TraceKernel(seq_id, head, kernel, partition_size))
 
-    def compute_waste(self, distribution: str, count: int) -> None:
-        """Where KV memory goes for a workload on this pool: paged vs contiguous (off the GUI thread)."""
-        self._send(ComputeWaste(distribution, count))
+    def compute_waste(self, distribution: str, count: int, **pool) -> None:
+        """Where KV memory goes for a workload: paged vs contiguous (off the GUI thread), on
+        a preset's pool (``model_shape``, ``gpu``) or ``blocks`` (see ComputeWaste)."""
+        self._send(ComputeWaste(distribution, count, **pool))
+
+    def run_sweep(self, settings, model_shape: str, gpu: str) -> None:
+        """What-if replays of the current scenario, one reply per variant (sweepProgress),
+        then sweepReady, sweepCancelled or studyFailed."""
+        request = RunSweep(tuple(settings), model_shape, gpu)
+        self._sweep_cancel = request.cancel
+        self._send(request)
+
+    def cancel_sweep(self) -> None:
+        """Stop the running what-if after its variant in progress (set from this thread)."""
+        if self._sweep_cancel is not None:
+            self._sweep_cancel.set()
+
+    def compute_latency(self, model_shape: str, gpu: str) -> None:
+        """Per-request serving time of the current scenario (latencyReady or studyFailed)."""
+        self._send(ComputeLatency(model_shape, gpu))
 
     # -- playback -----------------------------------------------------------------
     @property
@@ -440,6 +594,9 @@ class SimulationController(QObject):
             self.kernel_ready = True
             self.kernelReady.emit(reply.dtype, reply.seconds)
             return
+        if isinstance(reply, SweepProgress):
+            self.sweepProgress.emit(reply.index, reply.count, reply.variant)
+            return
         self.pending = max(0, self.pending - 1)
         if isinstance(reply, Loaded):
             self.scenario = reply.scenario
@@ -464,6 +621,14 @@ class SimulationController(QObject):
                 self.poolRefused.emit(*reply.shortfall)
         elif isinstance(reply, WasteReady):
             self.wasteReady.emit(reply.study)
+        elif isinstance(reply, SweepReady):
+            self.sweepReady.emit(reply.result)
+        elif isinstance(reply, SweepCancelled):
+            self.sweepCancelled.emit(reply.done)
+        elif isinstance(reply, LatencyReady):
+            self.latencyReady.emit(reply.study)
+        elif isinstance(reply, StudyFailed):
+            self.studyFailed.emit(reply.study, reply.message)
         elif isinstance(reply, Exported):
             self.exported.emit(reply.message)
         elif isinstance(reply, TraceReady):
@@ -473,6 +638,7 @@ class SimulationController(QObject):
         """Stop the worker: a long seek or replay in progress ends at its next step, so the
         window closes within a step's time whatever the worker is doing."""
         self._worker.stopping.set()
+        self.cancel_sweep()
         self.pause()
         self._thread.quit()
         self._thread.wait()

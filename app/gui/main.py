@@ -95,6 +95,8 @@ def main(args: argparse.Namespace) -> int:
         width, height = args.size
         window.resize(width, height)
     window.show()
+    if args.panel:
+        window.studies.show_panel(args.panel)
     window.load(scenario)
     if not headless and args.scenario == DEFAULT_SCENARIO and window.welcome_due:
         window.show_welcome()  # a first start with no scenario named: where to begin
@@ -117,7 +119,12 @@ def main(args: argparse.Namespace) -> int:
             return
         remaining[0] = 0  # done stepping (or asked for more steps than the scenario has)
         if headless and (frame.focus is not None or not frame.sequences):
-            # Let the last frame paint, then save and quit.
+            # Let the last frame paint, then save and quit (after the panel's study, if it has one).
+            if args.panel and not outcome.get("studied"):
+                outcome["studied"] = True
+                window.studies.show_panel(args.panel)  # again: a scheduler's first frame raises its own
+                if window.studies.run_panel(args.panel, lambda: QTimer.singleShot(50, window, finish)):
+                    return
             QTimer.singleShot(50, window, finish)
 
     def on_error(message: str) -> None:

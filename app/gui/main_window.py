@@ -18,6 +18,7 @@ from pagesim.app.gui.scenario_files import ScenarioFiles
 from pagesim.app.gui.selection import Selection
 from pagesim.app.gui.settings import read_setting
 from pagesim.app.gui.status import StatusReporter
+from pagesim.app.gui.studies import StudyDocks
 from pagesim.app.gui.views.connectors import TableToPoolLines
 from pagesim.app.gui.views.header import ScenarioHeader
 from pagesim.app.gui.views.plots import KernelPanel, MemoryPanel, WastePanel
@@ -89,6 +90,8 @@ class MainWindow(QMainWindow):
         self.files = ScenarioFiles(self)
         self.status = StatusReporter(self.statusBar(), self.theme)
         self.actions = WindowActions(self)
+        self.studies = StudyDocks(self)  # What-if and Latency, tabbed with Memory; the Studies menu
+        self.studies.add_menu()
 
         # Frames in: the selection first (every view reads it), then the views, each on its own.
         c.loaded.connect(self._on_loaded)
@@ -104,6 +107,7 @@ class MainWindow(QMainWindow):
         self.header.bind(c)
         self.actions.bind(c)
         self.step_log.bind(c)
+        self.studies.bind(c)
         self.scheduler_view.bind(c)
         self.token_budget.bind(c)
         self.files.bind(c)
@@ -355,6 +359,7 @@ class MainWindow(QMainWindow):
         for view in (
             self.pool_view, self.sequence_view, self.kernel_panel, self.memory_panel, self.waste_panel,
             self.walkthrough, self.token_map, self.scheduler_view, self.token_budget, self.table_lines, self.status,
+            self.studies,
         ):  # fmt: skip
             view.set_theme(self.theme)
 

@@ -7,6 +7,7 @@ import pyqtgraph as pg
 from pagesim.app.gui.controller import LIVE_TIMERS
 from pagesim.app.gui.palette import Theme
 from pagesim.app.gui.views.live_text import LiveText
+from pagesim.app.gui.views.presets import gpu_box, model_shape_box
 from pagesim.core.studies.waste import CATEGORY_LABELS as WASTE_LABELS
 from pagesim.core.studies.waste import WasteStudy
 from pagesim.core.studies.workload import DISTRIBUTIONS
@@ -40,6 +41,7 @@ HISTORY_REDRAW_MS = 100
 SUMMARY_LINES = 4  # blocks, then the prefix cache and the scheduler's queues when there are any
 QUEUE_NAMES_SHOWN = 8  # per scheduler queue in the summary; the Scheduler dock shows them all
 KERNEL_COLOUR, DENSE_COLOUR, UTIL_COLOUR, FRAG_COLOUR = "#E69F00", "#56B4E9", "#009E73", "#D55E00"
+HIT_COLOUR = "#CC79A7"
 
 
 def _key(colour: str, text: str) -> str:
@@ -392,6 +394,9 @@ class MemoryPanel(QWidget):
         self.blocks_plot.addItem(self.pool_line)
         self.util_curve = self.util_plot.plot(name="utilisation (% of allocated slots)", connect="finite")
         self.frag_curve = self.util_plot.plot(name="internal fragmentation (% of slots)", connect="finite")
+        # With prefix caching on only (a flat 0 % says nothing): % of the prompt blocks looked up so far.
+        self.hit_curve = self.util_plot.plot(name="prefix cache hit rate (% of prompt blocks)", connect="finite")
+        self.shows_hits = False
         self._view: tuple[int, int] | None = None
         self.plotted: Frame | None = None  # the frame the curves show (drawn ≤ HISTORY_REDRAW_MS late)
         self._pending: Frame | None = None
@@ -427,21 +432,26 @@ class MemoryPanel(QWidget):
             "step",
             grid=False,  # redrawn every step; a grid costs more than the curves
         )
-        _style_plot(
-            self.util_plot,
-            theme,
-            f"Slots: {_key(UTIL_COLOUR, '─ utilisation')} · {_key(FRAG_COLOUR, '─ internal fragmentation')} "
-            "(% of allocated)",
-            "%",
-            "step",
-            grid=False,
-        )
+        self._style_util_plot()
         self.used_curve.setPen(pg.mkPen(KERNEL_COLOUR, width=2))
         self.contiguous_curve.setPen(pg.mkPen(DENSE_COLOUR, width=2, style=Qt.PenStyle.DashLine))
         self.overflow_curve.setPen(pg.mkPen(theme.bad, width=4))
         self.pool_line.setPen(pg.mkPen(theme.muted, width=1, style=Qt.PenStyle.DotLine))
         self.util_curve.setPen(pg.mkPen(UTIL_COLOUR, width=2))
         self.frag_curve.setPen(pg.mkPen(FRAG_COLOUR, width=2))
+        self.hit_curve.setPen(pg.mkPen(HIT_COLOUR, width=2))
+
+    def _style_util_plot(self) -> None:
+        util = _key(UTIL_COLOUR, "─ utilisation")
+        if self.shows_hits:  # a shorter title: three keys in the width two had
+            title = f"{util} · {_key(FRAG_COLOUR, '─ internal frag.')} · {_key(HIT_COLOUR, '─ prefix hits')} (%)"
+        else:
+            title = f"Slots: {util} · {_key(FRAG_COLOUR, '─ internal fragmentation')} (% of allocated)"
+        _style_plot(self.util_plot, self.theme, title, "%", "step", grid=False)
+        tip = "Utilisation and internal fragmentation: % of the slots allocated"
+        if self.shows_hits:
+            tip += ". Prefix hits: % of the full prompt blocks looked up so far that the cache supplied"
+        self.util_plot.getAxis("left").setToolTip(tip)
 
     def bind(self, controller) -> None:
         controller.frameChanged.connect(self.show_frame)
@@ -470,6 +480,9 @@ class MemoryPanel(QWidget):
 
     def _draw_history(self, frame: Frame) -> None:
         history = frame.history
+        if frame.config.prefix_caching != self.shows_hits:
+            self.shows_hits = frame.config.prefix_caching
+            self._style_util_plot()
         steps = np.array([m.step for m in history], dtype=float)
         nan = float("nan")
         pool = frame.config.num_blocks
@@ -503,6 +516,9 @@ class MemoryPanel(QWidget):
         self.frag_curve.setData(
             steps, [100 * m.internal_fragmentation / m.slots_allocated if m.slots_allocated else nan for m in history]
         )
+        # Nothing looked up yet: no rate (a gap).
+        hits = [100 * m.prefix_hit_rate if m.prefix_lookup_blocks else nan for m in history] if self.shows_hits else []
+        self.hit_curve.setData(steps if self.shows_hits else [], hits)
 
     def _show_summary(self, frame: Frame) -> None:
         m = frame.metrics
@@ -556,6 +572,10 @@ WASTE_COLOURS = {
 
 
 WASTE_PROMPT = "Run a workload to see where each allocator's KV memory goes (the vLLM paper's Fig. 2)."
+# The study's own pool and lengths, as `pagesim waste` has them: a served model's, not the
+# scenario's teaching-sized pool (on a toy pool only one request fits at a time).
+WASTE_BLOCK_SIZE = 16
+WASTE_MAX_LEN = 2048
 
 
 class WastePanel(QWidget):
@@ -572,16 +592,37 @@ class WastePanel(QWidget):
         self.count.setSingleStep(50)
         self.count.setValue(500)
         self.count.setSuffix(" requests")
+        self.count.setToolTip("Requests in the workload (seeded: the same ones every run), all arriving at once")
+        self.pool_kind = QComboBox()
+        self.pool_kind.addItem("model on GPU", "preset")
+        self.pool_kind.addItem("blocks", "blocks")
+        self.pool_kind.setToolTip(
+            "The pool the study replays on: what a model leaves of a GPU's memory after its weights (vLLM's "
+            f"share, 0.9), or a number of blocks of {WASTE_BLOCK_SIZE} tokens; not the scenario's small pool"
+        )
+        self.model_box = model_shape_box("llama-13b", "The model whose weights and K/V bytes size the pool")
+        self.gpu_box = gpu_box("a100-40gb", "The GPU whose memory, less the weights, is the pool")
+        self.blocks = QSpinBox()
+        self.blocks.setRange(-(-WASTE_MAX_LEN // WASTE_BLOCK_SIZE), 10_000_000)  # one max-length request fits
+        self.blocks.setValue(2048)
+        self.blocks.setSuffix(f" blocks of {WASTE_BLOCK_SIZE}")
+        self.blocks.setToolTip(
+            f"The pool in blocks of {WASTE_BLOCK_SIZE} tokens (at least one {WASTE_MAX_LEN}-token request fits)"
+        )
+        self.pool_kind.currentIndexChanged.connect(lambda _: self._show_pool_controls())
         self.run_button = QPushButton("Compare allocators")
         self.run_button.setToolTip(
-            "Replay the workload on this scenario's pool through paged blocks and through Orca's "
-            "contiguous reservations (exact, next power of two, max length), and split the memory"
+            "Replay the workload on the chosen pool through paged blocks and through Orca's "
+            f"contiguous reservations (exact, next power of two, max length {WASTE_MAX_LEN}), and split the memory"
         )
-        self.run_button.clicked.connect(lambda: self.request_waste(self.workload.currentText(), self.count.value()))
+        self.run_button.clicked.connect(self.run)
         self.summary = QLabel(WASTE_PROMPT)
         self.summary.setWordWrap(True)
         controls = QHBoxLayout()
-        for widget in (QLabel("workload"), self.workload, self.count, self.run_button):
+        for widget in (
+            QLabel("workload"), self.workload, self.count, QLabel("pool"), self.pool_kind, self.model_box, self.gpu_box,
+            self.blocks, self.run_button,
+        ):  # fmt: skip
             controls.addWidget(widget)
         controls.addStretch(1)
         self.plots = pg.GraphicsLayoutWidget()
@@ -596,7 +637,24 @@ class WastePanel(QWidget):
         layout.addLayout(controls)
         layout.addWidget(self.summary)
         layout.addWidget(self.plots, 1)
+        self._show_pool_controls()
         self.set_theme(theme)
+
+    def _show_pool_controls(self) -> None:
+        preset = self.pool_kind.currentData() == "preset"
+        self.model_box.setVisible(preset)
+        self.gpu_box.setVisible(preset)
+        self.blocks.setVisible(not preset)
+
+    def pool_choice(self) -> dict:
+        """The pool as ``compute_waste`` takes it: a model shape on a GPU, or a block count."""
+        sizes = {"block_size": WASTE_BLOCK_SIZE, "max_len": WASTE_MAX_LEN}
+        if self.pool_kind.currentData() == "preset":
+            return {"model_shape": self.model_box.currentData(), "gpu": self.gpu_box.currentData()} | sizes
+        return {"model_shape": None, "gpu": None, "blocks": self.blocks.value()} | sizes
+
+    def run(self) -> None:
+        self.request_waste(self.workload.currentText(), self.count.value(), **self.pool_choice())
 
     def set_theme(self, theme: Theme) -> None:
         self.theme = theme
@@ -630,7 +688,7 @@ class WastePanel(QWidget):
         self.plot.setXRange(-0.6, len(rows) - 0.4, padding=0)
         tokens = ", ".join(f"{r.allocator} {r.shares['token_states']:.0%}" for r in rows)
         self.summary.setText(
-            f"{result.count} {result.distribution}-like requests on a pool of {result.slots} slots: "
+            f"Pool: {result.pool}. {result.count} {result.distribution}-like requests (max length {WASTE_MAX_LEN}): "
             f"share of the pool holding token states — {tokens}. Peak batch: "
             + ", ".join(f"{r.allocator} {r.peak_batch}" for r in rows)
         )
