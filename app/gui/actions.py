@@ -227,6 +227,14 @@ class WindowActions:
             )
         )
         file_menu.addSeparator()
+        self.attach_action = self._action(
+            "Attach to vLLM…",
+            w.kv_attach.open_dialog,
+            "Ctrl+Shift+A",
+            "Follow a vLLM server's prefix cache live, from the KV events it publishes (ZeroMQ)",
+        )
+        file_menu.addAction(self.attach_action)
+        file_menu.addSeparator()
         file_menu.addAction(self._action("Quit", w.close, QKeySequence.StandardKey.Quit, "Quit pagesim"))
         edit_menu = bar.addMenu("&Edit")
         self.undo_action = self._action(

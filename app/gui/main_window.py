@@ -11,6 +11,7 @@ from importlib import resources
 from pagesim.app.gui import gc_guard
 from pagesim.app.gui.actions import LAYOUT_VERSION, SPEEDS, WindowActions
 from pagesim.app.gui.animation import AnimationDirector, beats_for
+from pagesim.app.gui.attach import KVAttach
 from pagesim.app.gui.controller import SimulationController
 from pagesim.app.gui.guide import GUIDE_HTML
 from pagesim.app.gui.palette import THEMES, SequenceColours, qpalette
@@ -89,6 +90,7 @@ class MainWindow(QMainWindow):
         self.table_lines = TableToPoolLines(self, self.sequence_view, self.pool_view)
         self.files = ScenarioFiles(self)
         self.status = StatusReporter(self.statusBar(), self.theme)
+        self.kv_attach = KVAttach(self)  # File → Attach to vLLM…: live views of a server's prefix cache
         self.actions = WindowActions(self)
         self.studies = StudyDocks(self)  # What-if and Latency, tabbed with Memory; the Studies menu
         self.studies.add_menu()
@@ -397,6 +399,7 @@ class MainWindow(QMainWindow):
         self.director.stop()
         self.walkthrough.timer.stop()
         self.memory_panel.flush()
+        self.kv_attach.close_all()
         self.controller.shutdown()
         if self._gc_held:
             self._gc_held = False

@@ -6,6 +6,8 @@ import time
 
 import pytest
 from pagesim.core.scenario import parse_scenario
+from pagesim.core.studies.serving_time import GPUS, MODEL_SHAPES
+from pagesim.core.studies.sweep import Hardware, SweepResult, VariantResult
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextDocument
 from PySide6.QtWidgets import QLabel
@@ -200,3 +202,13 @@ def test_the_study_panels_cut_nothing_at_1024_by_700(toy, qtbot):
     wait_idle(qtbot, window)
     qtbot.wait(50)
     assert window.studies.latency.plots.isVisible() and _cut_labels(window.studies.latency) == []
+
+
+def test_a_scenario_that_cannot_be_replayed_says_so_once(toy):
+    panel = toy(BY_HAND).studies.whatif
+    why = "a real model needs its K/V: memory-only runs use the synthetic model"
+    variants = [VariantResult(label, {}, "cannot run", why) for label in ("original", "block_size=8")]
+    hardware = Hardware(MODEL_SHAPES["llama-3-8b"], GPUS["h200"])
+    panel.show_result(SweepResult("real", hardware, [("block_size", (8,))], variants))
+    assert panel.status.full_text == f"✗ the scenario itself cannot be replayed: {why}"
+    assert panel.run_button.isEnabled()

@@ -319,7 +319,9 @@ class WhatIfPanel(QWidget):
         refused = sum(not v.ran for v in result.variants)
         shape, gpu = result.hardware.shape.name, result.hardware.gpu.name
         times = f"times: {shape} on {gpu} (roofline estimate)"
-        if refused:
+        if not result.original.ran:  # nothing to compare with: say why once, plainly
+            text = f"✗ the scenario itself cannot be replayed: {result.original.reason}"
+        elif refused:
             text = f"{len(result.variants)} variants, {refused} could not run (its row says why) · {times}"
         else:
             text = f"✓ {len(result.variants)} variants replayed · {times}"
