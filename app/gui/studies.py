@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QDockWidget, QMenu
 
 WHATIF_SHORTCUT = "Ctrl+Shift+W"
 LATENCY_SHORTCUT = "Ctrl+Shift+L"
+STUDY_HEIGHT, STUDY_SHARE = 380, 0.4  # px, share of the window: what a study panel asks for when shown
 
 
 class StudyDocks:
@@ -56,10 +57,16 @@ class StudyDocks:
         self.latency.set_theme(theme)
 
     def show_panel(self, name: str) -> None:
-        """Bring a bottom panel to the front by its name (a key of ``docks``)."""
+        """Bring a bottom panel to the front by its name (a key of ``docks``); a study panel
+        gets room for its plot and table if the bottom area is short."""
         dock = self.docks[name]
         dock.show()
         dock.raise_()
+        w = self.window
+        if dock in (self.whatif_dock, self.latency_dock):
+            want = min(STUDY_HEIGHT, int(STUDY_SHARE * w.height()))
+            if dock.height() < want:
+                w.resizeDocks([dock], [want], Qt.Orientation.Vertical)
 
     def run_panel(self, name: str, then) -> bool:
         """Run a study panel's default study and call ``then()`` once it answered (a

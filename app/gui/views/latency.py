@@ -156,7 +156,7 @@ class LatencyPanel(QWidget):
         self.running = False
         self.run_button.setEnabled(True)
         self.summary.setStyleSheet(f"color: {self.theme.bad}")
-        self.summary.set_full_text(f"✗ {message}")
+        self.summary.set_full_text(f"✗ could not compute the latency: {message}")
 
     def show_result(self, result: ScenarioLatency) -> None:
         self.result = result
