@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -31,6 +32,7 @@ from pagesim.core.errors import PagesimError
 # Each KV event's fields in wire order (an array-shaped event lists them after its tag).
 FIELDS = {c.__struct_config__.tag: c.__struct_fields__ for c in (kv.BlockStored, kv.BlockRemoved, kv.AllBlocksCleared)}
 REPLAY_TIMEOUT_MS = 1000
+HISTORY_KEPT = 100_000  # batches
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5557"  # vLLM's default KV-event endpoint, seen from this machine
 TRANSPORTS = ("tcp", "ipc", "inproc")
 
@@ -104,7 +106,8 @@ class PrefixCacheView:
         self.block_size: int | None = None
         self.batches = self.events = self.stored = self.removed = self.cleared = self.unknown_removals = 0
         self.requests = self.reused_tokens = self.computed_tokens = 0
-        self.history: list[tuple[int, float, int, int, int]] = []  # (seq, ts, stored, removed, cached blocks)
+        # (seq, ts, stored, removed, cached blocks) of the newest batches: a long attach stays bounded.
+        self.history: deque[tuple[int, float, int, int, int]] = deque(maxlen=HISTORY_KEPT)
 
     def _depth(self, key) -> int:
         depth, seen = 0, set()
@@ -248,6 +251,7 @@ class Subscriber:
     :meth:`close` (or the ``with`` block)."""
 
     def __init__(self, endpoint: str, replay: str | None = None, topic: str = "") -> None:
+        self.endpoint = endpoint
         self.ctx = zmq.Context()
         self.sub = self.ctx.socket(zmq.SUB)
         self.replay = None
@@ -299,7 +303,11 @@ class Subscriber:
         """The next batches decoded, as ``(seq, ts, events)``, or [] after the timeout; a
         payload that is no KV event batch is counted in ``skipped`` and left out."""
         out = []
-        for seq, payload in self.receive(timeout_ms):
+        try:
+            received = self.receive(timeout_ms)
+        except zmq.ZMQError as exc:
+            raise AttachError(f"the stream from {self.endpoint} failed: {exc}") from None
+        for seq, payload in received:
             try:
                 ts, events = decode_payload(payload)
             except (msgspec.DecodeError, ValueError, TypeError):
