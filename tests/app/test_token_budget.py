@@ -48,7 +48,7 @@ def test_a_v1_step_shows_decodes_and_a_prefill_chunk_against_the_budget(qtbot, s
         chips = {request: (chip, lane) for chip, request, lane in lanes.chips}
         assert chips["r3"][1] == "running" and chips["r3"][0].width() > chips["r1"][0].width()
         assert "prefilling: 62 of its 150 tokens" in lanes.chip_tooltip("r3", "running")
-        assert "prefilling" not in lanes.chip_tooltip("r1", "running")
+        assert lanes.chip_tooltip("r1", "running") == "r1: running: prefill or decode, on the GPU"
 
         window.controller.seek(8)  # r3's last chunk and r4's admission leave 20 tokens unused
         qtbot.waitUntil(lambda: window.frame.position == 8 and window.controller.pending == 0, timeout=20_000)

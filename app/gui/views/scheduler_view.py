@@ -15,6 +15,7 @@ LANES = (
     ("swapped", "swapped: preempted, K/V in the CPU pool"),
     ("finished", "finished"),
 )
+V1_RUNNING = "running: prefill or decode, on the GPU"  # v1 runs a prompt's chunks from the running queue
 LANE_H, CHIP_W, TILE = 24, 58, 16
 POOL_CAPTION_TOP = 6 + len(LANES) * LANE_H + 8  # the CPU pool's caption, below the lanes
 TILES_TOP = POOL_CAPTION_TOP + 20  # and its tiles below that
@@ -85,6 +86,8 @@ class SchedulerView(QWidget):
         label_w = max(painter.fontMetrics().horizontalAdvance(title) for _, title in LANES) + 14
         y = 6
         for key, title in LANES:
+            if key == "running" and frame.config.scheduler == "v1":
+                title = V1_RUNNING
             painter.setPen(QColor(theme.muted))
             painter.drawText(QRect(6, y, label_w, LANE_H), Qt.AlignmentFlag.AlignVCenter, title)
             x = 6 + label_w
@@ -149,7 +152,8 @@ class SchedulerView(QWidget):
                 f"{request}: running, prefilling: {computed} of its {total} tokens to compute are in the cache; "
                 "the rest in the next steps' token budgets (chunked prefill)"
             )
-        return f"{request}: " + dict(LANES)[lane]
+        v1 = self.frame is not None and self.frame.config.scheduler == "v1"
+        return f"{request}: " + (V1_RUNNING if v1 and lane == "running" else dict(LANES)[lane])
 
     def event(self, event) -> bool:
         if event.type() == QEvent.Type.ToolTip:
