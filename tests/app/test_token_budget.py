@@ -81,6 +81,8 @@ def test_v0_says_it_has_no_budget_and_a_scenario_without_a_scheduler_hides_it(qt
 def test_segment_widths_keep_small_decodes_visible_and_the_whole_in_the_budget():
     widths = segment_widths([1, 1, 2046], 2048, 600.0)
     assert min(widths) >= 4 and abs(sum(widths) - 600) < 1e-6
+    named = segment_widths([1, 1, 2046], 2048, 600.0, named=40.0)
+    assert named[:2] == [40.0, 40.0] and abs(sum(named) - 600) < 1e-6
     assert segment_widths([512], 2048, 800.0) == [200.0]  # unused three quarters keep their width
     many = segment_widths([1] * 300, 2048, 600.0)
     assert all(w >= 4 for w in many)

@@ -15,7 +15,7 @@ from PySide6.QtWidgets import QSizePolicy, QToolTip, QVBoxLayout, QWidget
 MARGIN, TITLE_H, BAR_H, SCALE_H = 6, 18, 24, 16
 FULL_H, V0_H = TITLE_H + BAR_H + SCALE_H + 2 * MARGIN, TITLE_H + 2 * MARGIN
 MIN_SEGMENT_W = 4.0  # a 1-token decode stays visible beside a 2,048-token budget
-NAMED_SEGMENT_W = 26.0  # and wide enough for its request's name while there is room
+MAX_NAMED_W = 64.0  # and wide enough for its request's name while there is room, up to this
 V0_LINE = "No token budget in vLLM v0: a step prefills whole prompts and decodes one token per sequence (hover: v1)."
 V0_TEXT = (
     "Token budget: none in vLLM v0 (this scenario's scheduler). A v0 step prefills the whole prompt of each "
@@ -30,11 +30,11 @@ DEFAULT_TIP = (
 )
 
 
-def segment_widths(tokens: list[int], budget: int, width: float) -> list[float]:
-    """Widths proportional to the tokens, none under a minimum (wide enough for a name, while
-    the minimums take at most a third of the bar); what the minimum adds is taken from the
-    wider segments, so the unused part keeps its true width where it can."""
-    least = min(NAMED_SEGMENT_W, max(MIN_SEGMENT_W, width / 3 / max(1, len(tokens))))
+def segment_widths(tokens: list[int], budget: int, width: float, named: float = MIN_SEGMENT_W) -> list[float]:
+    """Widths proportional to the tokens, none under a minimum (``named``, wide enough for a
+    name, while the minimums take at most a third of the bar); what the minimum adds is taken
+    from the wider segments, so the unused part keeps its true width where it can."""
+    least = min(named, max(MIN_SEGMENT_W, width / 3 / max(1, len(tokens))))
     raw = [width * t / max(budget, 1) for t in tokens]
     widths = [max(least, r) for r in raw]
     excess = sum(widths) - min(width, max(sum(raw), least * len(tokens)))
@@ -114,7 +114,9 @@ class TokenBudgetBar(QWidget):
         budget = self.frame.token_budget
         x = bar.left()
         if budget is not None and budget.segments:
-            widths = segment_widths([s.tokens for s in budget.segments], budget.budget, bar.width())
+            names = max(self.fontMetrics().horizontalAdvance(s.request) for s in budget.segments) + 8
+            tokens = [s.tokens for s in budget.segments]
+            widths = segment_widths(tokens, budget.budget, bar.width(), min(MAX_NAMED_W, names))
             for segment, width in zip(budget.segments, widths, strict=True):
                 self.segments.append((QRectF(x, bar.top(), width, bar.height()), segment))
                 x += width
