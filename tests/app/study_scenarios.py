@@ -1,6 +1,7 @@
 """Small scenarios on the synthetic model for the study panels' tests (the studies replay
 memory only), and a window opened on one of them."""
 
+from pagesim.app.gui.main_window import MainWindow
 from pagesim.core.scenario import parse_scenario
 
 from tests.app.conftest import wait_idle
@@ -36,11 +37,22 @@ SHARED_PREFIX = (
 )
 
 
-def open_toy(make_window, qtbot, text: str):
-    """A window on the scenario ``text``, its first frame in."""
-    window = make_window("preemption_recompute")
-    window.load(parse_scenario(text))
-    name = parse_scenario(text).name
-    qtbot.waitUntil(lambda: window.frame is not None and window.frame.scenario_name == name)
-    wait_idle(qtbot, window)
-    return window
+class ToyWindows:
+    """Windows opened on the scenarios above (none of the shipped ones: they may move to a
+    real model, which the studies cannot replay); ``close`` closes them all."""
+
+    def __init__(self, qtbot, settings) -> None:
+        self.qtbot, self.settings, self.windows = qtbot, settings, []
+
+    def __call__(self, text: str):
+        window = MainWindow("cpu", settings=self.settings, speed=0.0)
+        self.qtbot.addWidget(window)
+        window.show()
+        window.load(parse_scenario(text))
+        self.windows.append(window)
+        wait_idle(self.qtbot, window)
+        return window
+
+    def close(self) -> None:
+        for window in self.windows:
+            window.close()

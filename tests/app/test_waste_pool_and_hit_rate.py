@@ -9,12 +9,14 @@ from pagesim.core.studies.serving_time import GPUS, MODEL_SHAPES
 from pagesim.core.studies.waste import pool_from_preset
 
 from tests.app.conftest import wait_idle
-from tests.app.study_scenarios import BY_HAND, SHARED_PREFIX, open_toy
+from tests.app.study_scenarios import BY_HAND, SHARED_PREFIX, ToyWindows
 
 
 @pytest.fixture
-def toy(make_window, qtbot):
-    return lambda text: open_toy(make_window, qtbot, text)
+def toy(qtbot, settings):
+    windows = ToyWindows(qtbot, settings)
+    yield windows
+    windows.close()
 
 
 def compare(window, qtbot):

@@ -13,12 +13,14 @@ from PySide6.QtGui import QTextDocument
 from PySide6.QtWidgets import QLabel
 
 from tests.app.conftest import wait_idle
-from tests.app.study_scenarios import BY_HAND, REQUESTS, V1_REQUESTS, open_toy
+from tests.app.study_scenarios import BY_HAND, REQUESTS, V1_REQUESTS, ToyWindows
 
 
 @pytest.fixture
-def toy(make_window, qtbot):
-    return lambda text: open_toy(make_window, qtbot, text)
+def toy(qtbot, settings):
+    windows = ToyWindows(qtbot, settings)
+    yield windows
+    windows.close()
 
 
 def run_whatif(window, qtbot, knob: str, values: str):
