@@ -16,6 +16,7 @@ from pagesim.core.operations import Operation
 from pagesim.core.scenario import Scenario
 from pagesim.core.studies.request_latency import ScenarioLatency, scenario_latency
 from pagesim.core.studies.serving_time import gpu, model_shape
+from pagesim.core.studies.stand_in import memory_only
 from pagesim.core.studies.sweep import Hardware, Source, SweepResult, VariantResult, sweep
 from pagesim.core.studies.waste import WastePool, WasteStudy, pool_from_preset, pool_of_blocks, study
 from pagesim.core.timeline import Timeline
@@ -192,6 +193,7 @@ class SweepProgress:
 @dataclass(frozen=True)
 class SweepReady:
     result: SweepResult
+    note: str = ""  # what was replayed instead of the scenario, if not itself (stand_in)
 
 
 @dataclass(frozen=True)
@@ -392,7 +394,7 @@ class SimulationWorker(QObject):
         if request.cancel.is_set():  # cancelled while it waited in the queue
             self.replied.emit(SweepCancelled(0))
             return
-        scenario = self._current_scenario()
+        scenario, note = memory_only(self._current_scenario())
         source = Source(scenario.name, scenario.config, scenario)
         hardware = Hardware(model_shape(request.model_shape), gpu(request.gpu))
         done = [0]
@@ -410,7 +412,7 @@ class SimulationWorker(QObject):
                 raise  # the window is closing: nobody waits for an answer
             self.replied.emit(SweepCancelled(done[0]))
             return
-        self.replied.emit(SweepReady(result))
+        self.replied.emit(SweepReady(result, note))
 
     def _latency(self, request: ComputeLatency) -> None:
         self.replied.emit(LatencyReady(scenario_latency(self._current_scenario(), request.model_shape, request.gpu)))
@@ -448,7 +450,7 @@ class SimulationController(QObject):
     exported = Signal(str)
     wasteReady = Signal(object)  # WasteStudy
     sweepProgress = Signal(int, int, object)  # index, count, VariantResult
-    sweepReady = Signal(object)  # SweepResult
+    sweepReady = Signal(object, str)  # SweepResult, what was replayed instead of the scenario ("" for itself)
     sweepCancelled = Signal(int)  # variants replayed before the cancel
     latencyReady = Signal(object)  # ScenarioLatency
     studyFailed = Signal(str, str)  # "whatif" or "latency", why
@@ -622,7 +624,7 @@ class SimulationController(QObject):
         elif isinstance(reply, WasteReady):
             self.wasteReady.emit(reply.study)
         elif isinstance(reply, SweepReady):
-            self.sweepReady.emit(reply.result)
+            self.sweepReady.emit(reply.result, reply.note)
         elif isinstance(reply, SweepCancelled):
             self.sweepCancelled.emit(reply.done)
         elif isinstance(reply, LatencyReady):

@@ -1,6 +1,7 @@
 """Serving time of one scenario, request by request, on a model shape and a GPU: what the
 app's Latency panel shows. The scenario replays to its end on its own pool (every request
-finished, rejected or stalled), iterations timed by the roofline of :mod:`serving_time`."""
+finished, rejected or stalled), iterations timed by the roofline of :mod:`serving_time`; a
+real model's scenario on the synthetic model (:mod:`stand_in`), which the result notes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pagesim.core.config import CacheConfig
 from pagesim.core.scenario import Scenario
 from pagesim.core.studies.replay import ReplayResult, replay_scenario
 from pagesim.core.studies.serving_time import GIB, LatencySummary, Roofline, gpu, latency, model_shape
+from pagesim.core.studies.stand_in import memory_only
 
 DEFAULT_MODEL_SHAPE = "llama-3-8b"
 DEFAULT_GPU = "h200"
@@ -60,6 +62,7 @@ class ScenarioLatency:
     summary: LatencySummary
     requests: tuple[RequestLatency, ...]
     stalled: str | None  # why the scheduler could not finish, if it could not
+    note: str = ""  # what was replayed instead, if not the scenario itself
 
 
 def scenario_latency(
@@ -68,6 +71,7 @@ def scenario_latency(
     """Replay ``scenario`` to its end with ``shape_name``'s iterations on ``gpu_name`` (preset
     names); an unknown preset or an operation the engine refuses is an InvalidStudyError."""
     shape, spec = model_shape(shape_name), gpu(gpu_name)
+    scenario, note = memory_only(scenario)
     roofline = Roofline(shape, spec, scenario.config.block_size)
     result = replay_scenario(scenario, scenario.config, roofline)
     return ScenarioLatency(
@@ -79,4 +83,5 @@ def scenario_latency(
         latency(result),
         request_latencies(result),
         result.stalled,
+        note,
     )

@@ -5,15 +5,31 @@ import math
 from dataclasses import replace
 
 import pytest
+from pagesim.core.config import CacheConfig
 from pagesim.core.errors import InvalidStudyError
-from pagesim.core.scenario import load_shipped
+from pagesim.core.operations import Submit
+from pagesim.core.scenario import parse_scenario
+from pagesim.core.studies.replay import replay_scenario
 from pagesim.core.studies.request_latency import scenario_latency
+from pagesim.core.studies.stand_in import memory_only
 from pagesim.core.studies.sweep import parse_setting
 from pagesim.core.studies.whatif import PANEL_KNOBS, suggested_values
+from pagesim.core.token_model import VOCAB_SIZE
+
+SETTINGS = "num_blocks = 24\nblock_size = 4\nnum_heads = 2\nhead_dim = 8\nwatermark = 0.0\n"
+# Three requests that outgrow the pool: the newest (two samples) is preempted and recomputed.
+REQUESTS = (
+    'name = "requests"\n' + SETTINGS
+    + '[[steps]]\nop = "submit"\nrequest = "r1"\ntokens = 18\noutput = 20\n'
+    + '[[steps]]\nop = "submit"\nrequest = "r2"\ntokens = 14\noutput = 20\n'
+    + '[[steps]]\nop = "submit"\nrequest = "r3"\ntokens = 10\noutput = 16\nn = 2\n'
+    + '[[steps]]\nop = "schedule"\nsteps = 6\n'
+)  # fmt: skip
+BY_HAND = 'name = "by hand"\n' + SETTINGS + '[[steps]]\nop = "add"\nseq = "A"\ntokens = 6\n'
 
 
 def test_each_request_has_its_figures_and_they_agree_with_the_summary():
-    study = scenario_latency(load_shipped("preemption_recompute"), "llama-3-8b", "h200")
+    study = scenario_latency(parse_scenario(REQUESTS), "llama-3-8b", "h200")
     assert (study.model_shape, study.gpu) == ("Llama-3-8B", "H200")
     assert study.pool.startswith("24 blocks of 4 tokens")
     by_name = {r.request: r for r in study.requests}
@@ -23,24 +39,60 @@ def test_each_request_has_its_figures_and_they_agree_with_the_summary():
     assert by_name["r3"].tpot > by_name["r1"].tpot > 0
     mean_ttft = sum(r.ttft for r in study.requests) / 3
     assert math.isclose(study.summary.ttft["mean"], mean_ttft)
-    assert study.summary.throughput > 0 and study.stalled is None
+    assert study.summary.throughput > 0 and study.stalled is None and study.note == ""
 
 
 def test_a_scenario_without_requests_has_no_rows_and_an_unknown_preset_is_refused():
-    assert scenario_latency(load_shipped("default")).requests == ()
+    assert scenario_latency(parse_scenario(BY_HAND)).requests == ()
     with pytest.raises(InvalidStudyError, match="unknown GPU"):
-        scenario_latency(load_shipped("default"), "llama-3-8b", "v100")
+        scenario_latency(parse_scenario(BY_HAND), "llama-3-8b", "v100")
+
+
+TOY = CacheConfig(num_blocks=24, block_size=4, num_heads=1, head_dim=8)
+CONFIGS = {
+    "toy": TOY,
+    "swap": replace(TOY, preemption="swap", num_cpu_blocks=8, watermark=0.0, max_num_seqs=2),
+    "v1 with prefix caching": replace(TOY, scheduler="v1", prefix_caching=True, block_size=1),
+}
 
 
 @pytest.mark.parametrize("knob", PANEL_KNOBS)
-@pytest.mark.parametrize("name", ["default", "preemption_swap", "shared_system_prompt"])
+@pytest.mark.parametrize("name", CONFIGS)
 def test_suggested_values_parse_and_differ_from_the_scenario(knob, name):
-    config = load_shipped(name).config
+    config = CONFIGS[name]
     field, values = parse_setting(f"{knob}={suggested_values(knob, config)}")
     assert values and getattr(config, field) not in values
 
 
 def test_suggestions_follow_the_scenario():
-    config = load_shipped("default").config
+    config = TOY
     assert suggested_values("block_size", config) == "2,8"  # half and double its 4
     assert suggested_values("scheduler", replace(config, scheduler="v1")) == "v0"
+
+
+REAL = (
+    'name = "real"\nmodel = "smollm2-135m"\nnum_blocks = 16\nblock_size = 4\n'
+    '[[steps]]\nop = "submit"\nrequest = "a"\nprompt = [1, 2, 3, 40000, 5, 6, 7, 8, 9]\noutput = 6\n'
+    '[[steps]]\nop = "submit"\nrequest = "b"\nprompt = [1, 2, 3, 40000, 5, 6, 7, 8, 10]\noutput = 4\n'
+    '[[steps]]\nop = "schedule"\nsteps = 2\n'
+)
+
+
+def test_a_real_models_scenario_is_replayed_on_the_synthetic_model_and_says_so():
+    real = parse_scenario(REAL)
+    with pytest.raises(InvalidStudyError, match="real model needs its K/V"):
+        replay_scenario(real)  # what the stand-in is for
+    stand_in, note = memory_only(real)
+    assert stand_in.config.model == "synthetic" and note.startswith("smollm2-135m stood in for")
+    assert stand_in.config.num_blocks == 16 and stand_in.config.block_size == 4
+    prompts = [op.prompt for op in stand_in.operations if isinstance(op, Submit)]
+    assert prompts[0][3] == prompts[1][3] == 40000 % VOCAB_SIZE  # equal ids stay equal
+    assert [len(p) for p in prompts] == [9, 9]
+    study = scenario_latency(real)
+    assert study.note == note and study.summary.requests == 2
+    assert {r.output_tokens for r in study.requests} == {6, 4}  # every output to its length
+
+
+def test_a_synthetic_scenario_is_its_own_stand_in():
+    scenario = parse_scenario(REQUESTS)
+    assert memory_only(scenario) == (scenario, "")

@@ -235,5 +235,7 @@ class LatencyPanel(QWidget):
         if self._operations is not None and self._computed_for is not None and self._operations != self._computed_for:
             text += " · your actions changed the timeline since: Compute again"
             warn = True
+        if result.note:
+            text += f" · {result.note}"
         self.summary.setStyleSheet(f"color: {self.theme.bad}" if warn else "")
         self.summary.set_full_text(text)

@@ -312,7 +312,8 @@ class WhatIfPanel(QWidget):
             self.curves.append(curve)
             self.plots.setVisible(True)
 
-    def show_result(self, result: SweepResult) -> None:
+    def show_result(self, result: SweepResult, note: str = "") -> None:
+        """All variants in; ``note`` says what was replayed if not the scenario itself."""
         self.result = result
         self.running = False
         self._enable(running=False)
@@ -325,7 +326,7 @@ class WhatIfPanel(QWidget):
             text = f"{len(result.variants)} variants, {refused} could not run (its row says why) · {times}"
         else:
             text = f"✓ {len(result.variants)} variants replayed · {times}"
-        self._set_status(text, self.theme.bad if refused else None)
+        self._set_status(text + (f" · {note}" if note else ""), self.theme.bad if refused else None)
 
     def show_cancelled(self, done: int) -> None:
         self.running = False
