@@ -5,7 +5,7 @@ scenarios (tests/app/study_scenarios.py) run the synthetic model: the studies re
 import time
 
 import pytest
-from pagesim.core.scenario import parse_scenario
+from pagesim.core.scenario import load_shipped, parse_scenario, shipped_scenarios
 from pagesim.core.studies.serving_time import GPUS, MODEL_SHAPES
 from pagesim.core.studies.sweep import Hardware, SweepResult, VariantResult
 from PySide6.QtCore import Qt
@@ -214,3 +214,21 @@ def test_a_scenario_that_cannot_be_replayed_says_so_once(toy):
     panel.show_result(SweepResult("real", hardware, [("block_size", (8,))], variants))
     assert panel.status.full_text == f"✗ the scenario itself cannot be replayed: {why}"
     assert panel.run_button.isEnabled()
+
+
+SHIPPED_V1 = sorted(name for name in shipped_scenarios() if load_shipped(name).config.scheduler == "v1")
+
+
+@pytest.mark.skipif(not SHIPPED_V1, reason="no shipped scenario runs the v1 scheduler (the test above covers v1)")
+def test_latency_of_a_shipped_v1_scenario_on_the_h200(make_window, qtbot):
+    window = make_window(SHIPPED_V1[0])
+    panel = window.studies.latency
+    with qtbot.waitSignal(window.controller.latencyReady, timeout=60_000) as blocker:
+        panel.run_button.click()
+    wait_idle(qtbot, window)
+    study = blocker.args[0]
+    assert study.gpu == "H200" and study.summary.requests > 0 and study.summary.throughput > 0
+    assert panel.table.rowCount() == len(study.requests) > 0
+    assert "TTFT" in panel.figures.text() and "H200" in panel.summary.full_text
+    if window.frame.config.model != "synthetic":  # replayed on the synthetic model in its place, and said
+        assert "stood in for by the synthetic model" in panel.summary.full_text
