@@ -64,45 +64,86 @@ THEMES = {
 PATTERNS = (None, Qt.BrushStyle.BDiagPattern, Qt.BrushStyle.FDiagPattern, Qt.BrushStyle.DiagCrossPattern)
 
 
+def family_of(seq_id: str) -> str:
+    """The request a sequence belongs to: its samples and beams are ``request/s0``,
+    ``request/b1`` …, and all of them share the request's colour (vLLM's sequence group)."""
+    return seq_id.split("/", 1)[0]
+
+
 class SequenceColours:
-    """A stable colour per sequence, assigned in order of first appearance."""
+    """A stable colour per request (sequence family), assigned in order of first appearance:
+    a request's chip, its sequences' rows, its GPU and CPU tiles all take the same one."""
 
     def __init__(self) -> None:
-        self._by_seq: dict[str, QColor] = {}
+        self._by_family: dict[str, QColor] = {}
         self._pattern: dict[str, Qt.BrushStyle | None] = {}  # set with the colour: paint asks per block
 
     def __call__(self, seq_id: str) -> QColor:
-        colour = self._by_seq.get(seq_id)
+        family = family_of(seq_id)
+        colour = self._by_family.get(family)
         if colour is None:
-            index = len(self._by_seq)
+            index = len(self._by_family)
             colour = QColor(OKABE_ITO[index % len(OKABE_ITO)])
-            # Past seven sequences, vary lightness so neighbours still differ (and the pool
+            # Past seven requests, vary lightness so neighbours still differ (and the pool
             # adds a hatch pattern for them: SequenceColours.pattern).
             cycle = index // len(OKABE_ITO)
             if cycle:
                 # One step lighter or darker only (never near white, the highlight's colour);
                 # the hatch pattern tells the cycles apart.
                 colour = colour.lighter(130) if cycle % 2 else colour.darker(150)
-            self._by_seq[seq_id] = colour
-            self._pattern[seq_id] = PATTERNS[cycle % len(PATTERNS)]
+            self._by_family[family] = colour
+            self._pattern[family] = PATTERNS[cycle % len(PATTERNS)]
         return colour
 
     def of_request(self, request: str) -> QColor:
-        """A scheduler request's colour: that of its first sequence (``r3`` → ``r3/s0``), as the pool shows."""
-        for seq_id in self._by_seq:
-            if seq_id == request or seq_id.startswith(request + "/"):
-                return self._by_seq[seq_id]
+        """A scheduler request's colour: the one its sequences have (``r3`` as ``r3/s0``)."""
         return self(request)
 
     def pattern(self, seq_id: str):
-        """A hatch drawn over the owner's colour for sequences past the first seven (None: plain),
+        """A hatch drawn over the owner's colour for requests past the first seven (None: plain),
         so that owners stay apart even where two shades look alike."""
         self(seq_id)
-        return self._pattern[seq_id]
+        return self._pattern[family_of(seq_id)]
+
+    @property
+    def hatched(self) -> bool:
+        """Whether any colour handed out so far carries a hatch (more than seven requests)."""
+        return len(self._by_family) > len(OKABE_ITO)
 
     def reset(self) -> None:
-        self._by_seq.clear()
+        self._by_family.clear()
         self._pattern.clear()
+
+
+def luminance(colour: QColor) -> float:
+    """Relative luminance (WCAG 2)."""
+
+    def channel(value: float) -> float:
+        return value / 12.92 if value <= 0.03928 else ((value + 0.055) / 1.055) ** 2.4
+
+    return 0.2126 * channel(colour.redF()) + 0.7152 * channel(colour.greenF()) + 0.0722 * channel(colour.blueF())
+
+
+def contrast(a: QColor, b: QColor) -> float:
+    """WCAG contrast ratio of two colours, 1 (none) to 21 (black on white)."""
+    hi, lo = sorted((luminance(a), luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+LINE_CONTRAST = 3.0  # WCAG's minimum for graphics: a thin line stays visible on the background
+
+
+def readable_on(colour: QColor, background: str | QColor, minimum: float = LINE_CONTRAST) -> QColor:
+    """``colour``, darkened (on a light background) or lightened (on a dark one) just enough
+    to stand out from ``background``: yellow lines vanished on the light theme's grey."""
+    background = QColor(background)
+    out = QColor(colour)
+    darken = luminance(background) > 0.5
+    for _ in range(12):
+        if contrast(out, background) >= minimum:
+            break
+        out = out.darker(115) if darken else out.lighter(115)
+    return out
 
 
 def qpalette(theme: Theme) -> QPalette:

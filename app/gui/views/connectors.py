@@ -1,16 +1,20 @@
 """Lines from the selected sequence's block-table entries to the pool tiles they name, in
 the manner of the vLLM paper's figures 6–8: drawn over the whole window (the table and the
-pool live in different panels), never catching the mouse."""
+pool live in different panels), never catching the mouse. A short table gets a line per
+entry; past a handful they cross into a tangle, so a long one shows only the line of the
+entry being looked up (the hovered token or entry, the walk-through's or animation's lookup)."""
 
 from __future__ import annotations
 
-from pagesim.app.gui.palette import Theme
+from pagesim.app.gui.palette import Theme, readable_on
 from pagesim.app.gui.views.pool_view import PoolView
 from pagesim.app.gui.views.sequence_view import SequenceView
 from pagesim.core.view_model import Frame
 from PySide6.QtCore import QEvent, QObject, QPoint, QPointF, QRect, Qt
 from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen, QPixmap
 from PySide6.QtWidgets import QWidget
+
+LINES_ALL_MAX = 6  # entries: up to a handful, a line each; beyond, only the looked-up entry's
 
 
 class TableToPoolLines(QWidget):
@@ -32,12 +36,15 @@ class TableToPoolLines(QWidget):
         self._key: tuple = ()  # what the pixmap shows
         self._pixmap: QPixmap | None = None
         self._origin = QPoint()  # where the pixmap's top-left sits in this widget
+        self._frame: Frame | None = None
+        self._selection = None
         for view in (sequence_view, pool_view):
             for bar in (view.verticalScrollBar(), view.horizontalScrollBar()):
                 bar.valueChanged.connect(self.refresh)
                 bar.rangeChanged.connect(self.refresh)
             view.viewport().installEventFilter(self)  # a panel resized or moved
         pool_view.transformed.connect(self.refresh)
+        sequence_view.lookupChanged.connect(self._on_lookup)
         window.installEventFilter(self)
         self.hide()  # shown, over just the lines' bounds, while there are lines
 
@@ -53,20 +60,25 @@ class TableToPoolLines(QWidget):
         """Follow the controller's frames: lines for ``selection``'s sequence (reconciled
         with each frame first)."""
         self._selection, self._colours, self.theme = selection, colours, theme
-        self._frame: Frame | None = None
         controller.frameChanged.connect(self._on_frame)
-
-    def set_theme(self, theme: Theme) -> None:
-        self.theme = theme
 
     def _on_frame(self, frame: Frame) -> None:
         self._frame = frame
         self.show_selected()
 
+    def _on_lookup(self, seq_id: str, logical: int) -> None:
+        if self._selection is None:
+            return
+        if seq_id == self._selection.current or logical < 0:
+            self.show_selected(logical if logical >= 0 else None)
+
     def show_selected(self, lit: int | None = None) -> None:
         """Lines for the selected sequence (none when nothing is selected); ``lit``: a logical
-        block to draw bold."""
+        block to draw bold (by default the one its table lights)."""
         frame, seq_id = self._frame, self._selection.current
+        lookup = self.sequence_view.lookup
+        if lit is None and lookup is not None and lookup[0] == seq_id:
+            lit = lookup[1]
         state = frame.sequence(seq_id) if frame is not None and seq_id else None
         if state is None:
             self.show_sequence(None, (), QColor(self.theme.text))
@@ -78,6 +90,8 @@ class TableToPoolLines(QWidget):
         self.refresh()
 
     def show_sequence(self, seq_id: str | None, table, colour: QColor, lit: int | None = None) -> None:
+        """``colour``: the owner's, made to stand out from the theme's background."""
+        colour = readable_on(colour, self.theme.window)
         state = (seq_id, tuple(table), colour.name(), lit)
         if state == (self.seq_id, self.table, self.colour.name(), self.lit):
             return
@@ -85,11 +99,20 @@ class TableToPoolLines(QWidget):
         self.raise_()
         self.refresh()
 
+    def set_theme(self, theme: Theme) -> None:
+        self.theme = theme
+        if self._frame is not None:
+            self.show_selected()
+
     def segments(self) -> list[tuple[int, QPointF, QPointF]]:
         """(logical block, start on its table entry, end on its pool tile) in this widget's
-        coordinates, for the entries and tiles both on screen."""
+        coordinates, for the entries and tiles both on screen: every entry's for a short
+        table, the lit entry's alone for a long one."""
         window = self.parentWidget()
         if not self.enabled or self.seq_id is None or not self.table:
+            return []
+        few = len(self.table) <= LINES_ALL_MAX
+        if not few and (self.lit is None or not 0 <= self.lit < len(self.table)):
             return []
         table_port, pool_port = self.sequence_view.viewport(), self.pool_view.viewport()
         for port in (table_port, pool_port):
@@ -98,7 +121,12 @@ class TableToPoolLines(QWidget):
         table_at, pool_at = table_port.mapTo(window, QPoint(0, 0)), pool_port.mapTo(window, QPoint(0, 0))
         table_clip, pool_clip = QRect(table_at, table_port.size()), QRect(pool_at, pool_port.size())
         out = []
-        for logical, entry in self.sequence_view.entry_rects(self.seq_id):
+        if few:
+            entries = self.sequence_view.entry_rects(self.seq_id)
+        else:  # the lit entry's box, or the "+N more" box that counts it
+            box = self.sequence_view.entry_box(self.seq_id, self.lit)
+            entries = [] if box is None else [(self.lit, box)]
+        for logical, entry in entries:
             if logical >= len(self.table):
                 break
             start = QPoint(entry.center().x(), entry.bottom()) + table_at
@@ -140,9 +168,9 @@ class TableToPoolLines(QWidget):
             painter.setRenderHint(QPainter.RenderHint.Antialiasing)
             painter.translate(-QPointF(self._origin))
             faint, bold = QColor(self.colour), QColor(self.colour)
-            faint.setAlpha(120)
+            faint.setAlpha(170)
             for lit, path, start, end in paths:
-                painter.setPen(QPen(bold if lit else faint, 2.6 if lit else 1.2))
+                painter.setPen(QPen(bold if lit else faint, 2.6 if lit else 1.4))
                 painter.setBrush(Qt.BrushStyle.NoBrush)
                 painter.drawPath(path)
                 painter.setBrush(bold if lit else faint)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 
-from pagesim.app.gui.palette import SequenceColours, Theme
+from pagesim.app.gui.palette import SequenceColours, Theme, readable_on
 from pagesim.core.view_model import Frame
-from PySide6.QtCore import QPoint, QPointF, QRectF, Qt, Signal
+from PySide6.QtCore import QPoint, QPointF, QRectF, QSizeF, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import (
     QGraphicsItem,
     QGraphicsPathItem,
+    QGraphicsRectItem,
     QGraphicsScene,
     QGraphicsSimpleTextItem,
     QGraphicsView,
@@ -217,6 +218,7 @@ class PoolView(QGraphicsView):
         self.theme = theme
         self.block_size = 1
         self.items: list[BlockItem] = []
+        self.columns = 0  # tiles per row, chosen for the viewport's shape
         self.selected_seq: str | None = None
         self.label_font = QFont()
         self.label_font.setPointSizeF(7.5)
@@ -260,18 +262,49 @@ class PoolView(QGraphicsView):
             scene.removeItem(item)
         self.block_size = block_size
         self._shown = None
-        columns = max(4, round(math.sqrt(num_blocks * 2.2 * BLOCK_H / BLOCK_W)))
         self.items = []
         for block in range(num_blocks):
             item = BlockItem(self, block)
-            row, col = divmod(block, columns)
-            item.setPos(col * (BLOCK_W + GAP), row * (BLOCK_H + GAP))
             scene.addItem(item)
             self.items.append(item)
-        rows = math.ceil(num_blocks / columns)
-        scene.setSceneRect(QRectF(-GAP, -GAP, columns * (BLOCK_W + GAP) + GAP, rows * (BLOCK_H + GAP) + GAP))
+        self.columns = 0
+        self._arrange(self.best_columns())
         self._user_zoomed = False
         self.fit()
+
+    def best_columns(self) -> int:
+        """The number of columns whose grid shows the tiles largest in the viewport: a wide,
+        short pool panel gets long rows, a tall one short rows."""
+        count = len(self.items)
+        if count == 0:
+            return 1
+        width, height = max(1, self.viewport().width()), max(1, self.viewport().height())
+        # The best grid is near the square root of the tiles per row / per column that fit:
+        # search around it (a 4096-block pool would otherwise try 4096 grids per resize).
+        guess = math.sqrt(count * (width / (BLOCK_W + GAP)) / (height / (BLOCK_H + GAP)))
+        best, best_scale = 1, 0.0
+        for columns in range(max(1, int(guess / 2)), min(count, int(guess * 2) + 2) + 1):
+            rows = math.ceil(count / columns)
+            if columns > 1 and math.ceil(count / (columns - 1)) == rows:
+                continue  # the same rows with fewer columns fits at least as well
+            scale = min(width / (columns * (BLOCK_W + GAP) + GAP), height / (rows * (BLOCK_H + GAP) + GAP))
+            if scale > best_scale:
+                best, best_scale = columns, scale
+        return best
+
+    def _arrange(self, columns: int) -> None:
+        """Place the tiles ``columns`` to a row (block ids row by row, as memory addresses)."""
+        if columns == self.columns:
+            return
+        self.columns = columns
+        for block, item in enumerate(self.items):
+            row, col = divmod(block, columns)
+            item.setPos(col * (BLOCK_W + GAP), row * (BLOCK_H + GAP))
+        rows = math.ceil(len(self.items) / columns)
+        self.scene().setSceneRect(QRectF(-GAP, -GAP, columns * (BLOCK_W + GAP) + GAP, rows * (BLOCK_H + GAP) + GAP))
+        for overlay in self._overlays:  # arrows and labels were placed for the old grid
+            self.scene().removeItem(overlay)
+        self._overlays.clear()
 
     def bind(self, controller, selection) -> None:
         """Follow the controller's frames, ``selection``'s blocks highlighted (``selection`` is
@@ -316,6 +349,7 @@ class PoolView(QGraphicsView):
 
     # -- overlays for animations ------------------------------------------------------
     def add_copy_arrow(self, src: int, dst: int, colour: QColor) -> QGraphicsPathItem:
+        colour = readable_on(colour, self.theme.window)
         a = self.items[src].sceneBoundingRect().center()
         b = self.items[dst].sceneBoundingRect().center()
         path = QPainterPath(a)
@@ -334,29 +368,45 @@ class PoolView(QGraphicsView):
         overlay.setPen(QPen(colour, 3.0, Qt.PenStyle.SolidLine, Qt.PenCapStyle.RoundCap))
         overlay.setBrush(QBrush(Qt.BrushStyle.NoBrush))
         overlay.setZValue(10)
+        overlay.setToolTip(f"copy-on-write: block #{src} copied into #{dst}")
         self.scene().addItem(overlay)
         self._overlays.append(overlay)
-        label = self._overlay_text(f"copy-on-write #{src} → #{dst}", colour)
-        label.setPos(mid + QPointF(-label.boundingRect().width() / 2, -4))
+        self.add_block_label(dst, f"copy of #{src}", colour)  # inside the copy: no other tile covered
         return overlay
 
-    def add_block_label(self, block: int, text: str, colour: QColor) -> None:
-        """A short label over a block for the length of an animation beat ("L1 → #3")."""
+    def add_block_label(self, block: int, text: str, colour: QColor) -> QGraphicsSimpleTextItem | None:
+        """A short label inside a block's own tile, over its slots, for the length of an
+        animation beat ("L1 → #3"): never over a neighbour. None where the tile is too small
+        on screen for it to be read."""
         if not 0 <= block < len(self.items):
-            return
-        label = self._overlay_text(text, colour)
-        box = self.items[block].sceneBoundingRect()
-        label.setPos(box.center().x() - label.boundingRect().width() / 2, box.top() - label.boundingRect().height())
-
-    def _overlay_text(self, text: str, colour: QColor) -> QGraphicsSimpleTextItem:
+            return None
+        tile = QRectF(self.items[block].pos(), QSizeF(BLOCK_W, BLOCK_H))
+        area = tile.adjusted(2, 14, -2, -2)
+        size = 12.0
+        font, metrics = self.sized_font(size)
+        while size > 5 and metrics.horizontalAdvance(text) > area.width() - 4:
+            size -= 1
+            font, metrics = self.sized_font(size)
+        if size * self.transform().m11() < MIN_LABEL_PX:
+            return None
+        bold = QFont(font)
+        bold.setBold(True)
         label = QGraphicsSimpleTextItem(text)
-        font = QFont(self.label_font)
-        font.setBold(True)
-        label.setFont(font)
-        label.setBrush(QBrush(colour))
-        label.setZValue(11)
-        self.scene().addItem(label)
-        self._overlays.append(label)
+        label.setFont(bold)
+        label.setBrush(QBrush(readable_on(colour, self.theme.window, 4.5)))
+        label.setZValue(12)
+        box = label.boundingRect()
+        width, height = min(box.width(), area.width()), min(box.height(), area.height())
+        label.setPos(area.center().x() - width / 2, area.center().y() - height / 2)
+        plate = QGraphicsRectItem(QRectF(label.pos(), QSizeF(width, height)).adjusted(-1.5, 0, 1.5, 0) & area)
+        backing = QColor(self.theme.window)
+        backing.setAlpha(225)
+        plate.setBrush(backing)
+        plate.setPen(Qt.PenStyle.NoPen)
+        plate.setZValue(11)
+        for overlay in (plate, label):
+            self.scene().addItem(overlay)
+            self._overlays.append(overlay)
         return label
 
     def show_refusal(self, needed: int, free: int, message: str) -> None:
@@ -412,6 +462,7 @@ class PoolView(QGraphicsView):
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
         if not self._user_zoomed:
+            self._arrange(self.best_columns())
             self.fit()
 
     def wheelEvent(self, event) -> None:

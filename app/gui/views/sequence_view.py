@@ -88,6 +88,8 @@ class SequenceView(QTreeWidget):
 
     sequenceSelected = Signal(str)
     contextMenuRequested = Signal(str, object)
+    lookupChanged = Signal(str, int)  # seq, logical block lit in its table ("", -1: none)
+    entryHovered = Signal(str, int, int, int)  # seq, logical block, physical block, -1 (-1s: none)
 
     def __init__(self, colours: SequenceColours, theme: Theme, parent=None) -> None:
         super().__init__(parent)
@@ -114,6 +116,8 @@ class SequenceView(QTreeWidget):
         self._rows: dict[str, QTreeWidgetItem] = {}
         self._shown: dict[str, tuple] = {}  # per row: (tokens, table, ref counts) it shows
         self._updating = False
+        self._hovered_entry: tuple[str, int] | None = None
+        self.viewport().setMouseTracking(True)  # hovering an entry lights its tile and line
 
     def set_theme(self, theme: Theme) -> None:
         self.theme = theme
@@ -210,20 +214,33 @@ class SequenceView(QTreeWidget):
     def entry_rects(self, seq_id: str) -> list[tuple[int, QRect]]:
         """(logical block, its box in viewport coordinates) of a sequence's block table, as
         the delegate paints them."""
+        grid = self._entry_grid(seq_id)
+        return [] if grid is None else [(i, self._grid_box(grid, i)) for i in range(grid[3])]
+
+    def entry_box(self, seq_id: str, logical: int) -> QRect | None:
+        """The box that shows ``logical``: its own, or the "+N more" box that counts it."""
+        grid = self._entry_grid(seq_id)
+        if grid is None or not 0 <= logical < grid[4]:
+            return None
+        return self._grid_box(grid, min(logical, grid[3]))
+
+    def _entry_grid(self, seq_id: str):
+        """(x, y, entries per line, boxes shown, table length) of a sequence's table cell."""
         item = self._rows.get(seq_id)
         if item is None:
-            return []
+            return None
         cell = self.visualRect(self.indexFromItem(item, TABLE_COLUMN))
         table = item.data(TABLE_COLUMN, Qt.ItemDataRole.UserRole) or ()
         per_line = self.entries_per_line(seq_id, len(table))
-        x, y = cell.x() + 3, cell.y() + 3
         shown = (
             len(table) if len(table) <= per_line * MAX_LINES or seq_id != self.selected else per_line * MAX_LINES - 1
         )
-        return [
-            (i, QRect(x + (i % per_line) * (ENTRY_W + 3), y + (i // per_line) * (ENTRY_H + 3), ENTRY_W, ENTRY_H))
-            for i in range(shown)
-        ]
+        return cell.x() + 3, cell.y() + 3, per_line, shown, len(table)
+
+    @staticmethod
+    def _grid_box(grid, i: int) -> QRect:
+        x, y, per_line = grid[:3]
+        return QRect(x + (i % per_line) * (ENTRY_W + 3), y + (i // per_line) * (ENTRY_H + 3), ENTRY_W, ENTRY_H)
 
     def entries_per_line(self, seq_id: str | None, count: int) -> int:
         """The selected sequence's table wraps to the column's visible width; the others
@@ -237,6 +254,34 @@ class SequenceView(QTreeWidget):
         if lookup != self.lookup:
             self.lookup = lookup
             self.viewport().update()
+            self.lookupChanged.emit(*(lookup or ("", -1)))
+
+    def entry_at(self, pos: QPoint) -> tuple[str, int] | None:
+        """(sequence, logical block) of the block-table box under ``pos`` (viewport coordinates)."""
+        item = self.itemAt(pos)
+        if item is None:
+            return None
+        seq_id = item.data(0, Qt.ItemDataRole.UserRole)
+        return next(((seq_id, logical) for logical, box in self.entry_rects(seq_id) if box.contains(pos)), None)
+
+    def mouseMoveEvent(self, event) -> None:
+        super().mouseMoveEvent(event)
+        self._hover_entry(self.entry_at(event.position().toPoint()))
+
+    def leaveEvent(self, event) -> None:
+        super().leaveEvent(event)
+        self._hover_entry(None)
+
+    def _hover_entry(self, entry: tuple[str, int] | None) -> None:
+        if entry == self._hovered_entry:
+            return
+        previous, self._hovered_entry = self._hovered_entry, entry
+        if entry is None:
+            self.entryHovered.emit(previous[0] if previous else "", -1, -1, -1)
+            return
+        seq_id, logical = entry
+        table = self._rows[seq_id].data(TABLE_COLUMN, Qt.ItemDataRole.UserRole) or ()
+        self.entryHovered.emit(seq_id, logical, table[logical], -1)
 
     def _swatch(self, seq_id: str) -> QIcon:
         pixmap = QPixmap(12, 12)

@@ -8,11 +8,12 @@ from collections.abc import Callable
 import numpy as np
 from pagesim.app.gui.palette import Theme
 from pagesim.core.view_model import Frame
-from PySide6.QtCore import QRect, QSize, Signal
+from PySide6.QtCore import QEvent, QRect, QSize, Signal
 from PySide6.QtGui import QColor, QPainter
 from PySide6.QtWidgets import QLabel, QSizePolicy, QToolTip, QWidget
 
 CELL = 14
+GENERIC_TIP = "The selected sequence's tokens: hover one to see where its K/V lives"
 
 
 class TokenMap(QWidget):
@@ -34,7 +35,7 @@ class TokenMap(QWidget):
         self.hovered = -1
         self.colour = QColor(theme.muted)
         self.setMouseTracking(True)
-        self.setToolTip("The selected sequence's tokens: hover one to see where its K/V lives")
+        self.setToolTip(GENERIC_TIP)
         # A line above the map (the window places it) saying whose tokens these are.
         self.caption = QLabel()
         self.caption.setWordWrap(True)
@@ -164,6 +165,15 @@ class TokenMap(QWidget):
                 self.tokenHovered.emit(self.seq_id or "", logical, self.block_table[logical], t % self.block_size)
         if t >= 0:
             QToolTip.showText(event.globalPosition().toPoint(), self.describe(t), self)
+
+    def event(self, event) -> bool:
+        """Qt's own tooltip event comes ~0.7 s after the mouse stops: over a token it must show
+        that token's path (it showed the widget's generic tip over the path instead)."""
+        if event.type() == QEvent.Type.ToolTip:
+            t = self.token_at(event.pos().x(), event.pos().y())
+            QToolTip.showText(event.globalPos(), self.describe(t) if t >= 0 else GENERIC_TIP, self)
+            return True
+        return super().event(event)
 
     def leaveEvent(self, event) -> None:
         self.hovered = -1
