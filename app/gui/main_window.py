@@ -1,4 +1,5 @@
-"""The main window: pool in the centre, sequences left, kernel check right, memory below.
+"""The main window: pool in the centre, sequences left, kernel check right (folded to a badge
+over the pool by default), memory below.
 
 It builds the layout, the docks and the menus and wires them: each view follows the
 controller's frames itself (``bind``), the selection first, as they read it; files live in
@@ -20,9 +21,11 @@ from pagesim.app.gui.selection import Selection
 from pagesim.app.gui.settings import read_setting
 from pagesim.app.gui.status import StatusReporter
 from pagesim.app.gui.studies import StudyDocks
+from pagesim.app.gui.views.check_badge import CheckBadge, CheckFold
 from pagesim.app.gui.views.connectors import TableToPoolLines
 from pagesim.app.gui.views.header import ScenarioHeader
 from pagesim.app.gui.views.plots import KernelPanel, MemoryPanel, WastePanel
+from pagesim.app.gui.views.pool_legend import PoolLegend
 from pagesim.app.gui.views.pool_view import PoolView
 from pagesim.app.gui.views.scheduler_view import SchedulerView
 from pagesim.app.gui.views.sequence_view import SequenceView
@@ -40,6 +43,7 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
+    QHBoxLayout,
     QMainWindow,
     QMenu,
     QScrollArea,
@@ -83,10 +87,14 @@ class MainWindow(QMainWindow):
         self.walkthrough = WalkThroughPanel(self.theme)
         self.swap_flight = SwapFlight(self)
         self.director = AnimationDirector(self.pool_view, self.sequence_view, self, swap_flight=self.swap_flight)
-        self.header = ScenarioHeader(self.fontMetrics().lineSpacing())
+        self.header = ScenarioHeader()
+        self.pool_legend = PoolLegend(self.theme, self.colours)
+        self.check_badge = CheckBadge(self.theme)
         self._build_central()
         self._scheduler_raised = False
         self._build_docks()
+        # The Check panel folds to its badge by default and in narrow windows: the pool gets the width.
+        self.check_fold = CheckFold(self, self.kernel_dock, self.kernel_tabs, self.kernel_panel, self.check_badge)
         self.table_lines = TableToPoolLines(self, self.sequence_view, self.pool_view)
         self.files = ScenarioFiles(self)
         self.status = StatusReporter(self.statusBar(), self.theme)
@@ -107,6 +115,8 @@ class MainWindow(QMainWindow):
         self.table_lines.bind(c, self.selection, self.colours, self.theme)
         self.token_map.bind(c, self.selection, self.colours, self.kernel_panel.head_box.value)
         self.header.bind(c)
+        self.pool_legend.bind(c)
+        self.check_badge.bind(c)
         self.actions.bind(c)
         self.step_log.bind(c)
         self.studies.bind(c)
@@ -118,6 +128,7 @@ class MainWindow(QMainWindow):
         c.wasteReady.connect(self.waste_panel.show_result)
         self.walkthrough.lookupShown.connect(self._show_walk_lookup)
         self.token_map.tokenHovered.connect(self._show_walk_lookup)
+        self.sequence_view.entryHovered.connect(self._show_walk_lookup)
         self.token_map.tokenPointed.connect(self.kernel_panel.show_hovered_token)
         self.sequence_view.sequenceSelected.connect(self.select_sequence)
         self.sequence_view.contextMenuRequested.connect(self._sequence_menu)
@@ -148,6 +159,11 @@ class MainWindow(QMainWindow):
         layout.setContentsMargins(8, 6, 8, 4)
         for widget in self.header.widgets:
             layout.addWidget(widget)
+        caption_row = QHBoxLayout()  # the pool's caption, and the kernel check's badge at its right
+        caption_row.addWidget(self.header.pool_caption, 1)
+        caption_row.addWidget(self.check_badge)
+        layout.addLayout(caption_row)
+        layout.addWidget(self.pool_legend)
         layout.addWidget(self.pool_view, 1)
         self.setCentralWidget(central)
 
@@ -361,7 +377,7 @@ class MainWindow(QMainWindow):
         for view in (
             self.pool_view, self.sequence_view, self.kernel_panel, self.memory_panel, self.waste_panel,
             self.walkthrough, self.token_map, self.scheduler_view, self.token_budget, self.table_lines, self.status,
-            self.studies,
+            self.pool_legend, self.check_badge, self.studies,
         ):  # fmt: skip
             view.set_theme(self.theme)
 

@@ -402,7 +402,7 @@ def test_every_step_has_a_caption_and_the_step_log_follows_the_timeline(window, 
     assert window.step_log.visibleRegion().isEmpty()
     window.step_log_dock.raise_()
     qtbot.waitUntil(lambda: window.step_log.currentRow() == 6, timeout=1000)
-    caption = window.header.step_caption.toPlainText()
+    caption = window.header.step_caption.plain_text()
     assert "Step 7" in caption and "copy-on-write gave it block 6" in caption
     assert "A2 writes into a block it shares" in caption  # the scenario's own narration of step 7
     log = window.step_log
@@ -410,7 +410,7 @@ def test_every_step_has_a_caption_and_the_step_log_follows_the_timeline(window, 
     assert "copy-on-write" in log.item(6).text()
     log.itemClicked.emit(log.item(2))  # click the 3rd line: the timeline goes to step 3
     frame = wait_idle(qtbot, window)
-    assert frame.position == 3 and log.currentRow() == 2 and "Step 3" in window.header.step_caption.toPlainText()
+    assert frame.position == 3 and log.currentRow() == 2 and "Step 3" in window.header.step_caption.plain_text()
     window.actions.add_action.trigger()  # a branch: the log is the new timeline's
     frame = wait_idle(qtbot, window)
     assert log.count() == frame.length == 4 and "arrived with" in log.item(3).text()
@@ -479,6 +479,7 @@ def test_open_example_lists_the_shipped_scenarios_in_a_learners_order(window, qt
 
 
 def test_no_empty_axes_before_there_is_anything_to_attend(window, qtbot):
+    window.check_fold.open()  # folded to its badge by default
     frame = wait_idle(qtbot, window)
     assert frame.position == 0
     assert not window.kernel_panel.plots.isVisible() and "Step forward" in window.kernel_panel.verdict.text()
@@ -610,8 +611,8 @@ def _truncated_texts(window) -> list[str]:
 @pytest.mark.parametrize("name", sorted(shipped_scenarios()))
 def test_nothing_is_cut_without_an_ellipsis_at_1024_by_700(make_window, qtbot, name):
     window = make_window(name)
-    window.show_walkthrough()  # the tallest page of the kernel dock
-    window.resize(1024, 700)
+    window.resize(1024, 700)  # the Check panel folds to its badge…
+    window.show_walkthrough()  # …and opened by hand, on its tallest page, it stays open
     window.actions.scrubber.setValue(min(8, window.frame.length))
     wait_idle(qtbot, window)
     qtbot.wait(50)  # the layout settles at the new size
@@ -643,6 +644,8 @@ def window_at(make_window, qtbot, scenario: str, size: tuple[int, int], step: in
 @pytest.mark.parametrize("size", [(1024, 700), (1280, 800)])
 def test_the_match_per_head_and_every_axis_label_fit_in_a_small_window(make_window, qtbot, size):
     window = window_at(make_window, qtbot, "default", size, 6)
+    window.check_fold.open()  # folded to its badge by default: opened, it must still fit
+    qtbot.wait(50)
     panel = window.kernel_panel
     # The error plot is not below the fold: all of it is inside the window.
     top_left = panel.error_view.mapTo(window, QPoint(0, 0))
@@ -746,7 +749,10 @@ def test_a_decode_step_repaints_but_never_re_lays_out_the_window(make_window, qt
 @pytest.mark.parametrize("size", [(1024, 700), (1920, 1080)])
 def test_the_attention_plots_block_ids_are_inside_the_plot(make_window, qtbot, size):
     """The ids sat on the tallest bar, above the auto-ranged view, and were cut in half."""
-    panel = window_at(make_window, qtbot, "parallel_sampling", size, 10).kernel_panel
+    window = window_at(make_window, qtbot, "parallel_sampling", size, 10)
+    window.check_fold.open()  # folded to its badge by default
+    qtbot.wait(50)
+    panel = window.kernel_panel
     view = panel.weights_plot.getViewBox()
     shown = [label for label in panel._block_labels if label.isVisible()]
     assert len(shown) >= 2

@@ -17,6 +17,12 @@ class ElidedLabel(QLabel):
         self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
         self._fit_height()
 
+    def set_max_lines(self, max_lines: int) -> None:
+        if max_lines != self.max_lines:
+            self.max_lines = max_lines
+            self._fit_height()
+            self._fit()
+
     def _fit_height(self) -> None:
         self.setFixedHeight(self.max_lines * self.fontMetrics().lineSpacing() + 4)
 

@@ -1,43 +1,73 @@
 """Above the pool: the scenario's title and description, the pool's geometry, and what the
-step just did in one sentence (with the scenario's own narration of it)."""
+step just did: the scenario's own note on it first, then the engine's sentence."""
 
 from __future__ import annotations
 
 import html
 
 from pagesim.app.gui.views.elided_label import ElidedLabel
+from pagesim.app.gui.views.live_text import LiveText
 from pagesim.core.view_model import Frame
-from PySide6.QtWidgets import QFrame, QLabel, QTextBrowser
+from PySide6.QtCore import QEvent, QObject
+
+NARRATION_MAX_LINES = 12  # it grows to its text (no box that scrolls); a longer one ends in "…"
+NARRATION_SHARE = 0.35  # of the centre's height at most: the pool below keeps the rest
+DESCRIPTION_LINES = 3  # at step 0; from step 1 on, one line (whole in its tooltip): the narration needs the room
+
+
+class Narration(LiveText):
+    """What the step did, as tall as its text up to a share of the centre's height (a small
+    window keeps room for the pool); beyond that it ends in "…", whole in its tooltip."""
+
+    def __init__(self) -> None:
+        super().__init__(lines=2, max_lines=NARRATION_MAX_LINES)
+        self._watched: QObject | None = None
+
+    def event(self, event) -> bool:
+        if event.type() == QEvent.Type.ParentChange:  # follow the height of the widget it sits in
+            if self._watched is not None:
+                self._watched.removeEventFilter(self)
+            self._watched = self.parentWidget()
+            if self._watched is not None:
+                self._watched.installEventFilter(self)
+        return super().event(event)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if watched is self._watched and event.type() == QEvent.Type.Resize:
+            line = self.fontMetrics().lineSpacing()
+            share = int(event.size().height() * NARRATION_SHARE // line)
+            lines = max(self.min_lines, min(NARRATION_MAX_LINES, share))
+            if lines != self.max_lines:
+                self.max_lines = lines
+                self.fit_to_text()
+        return False
 
 
 class ScenarioHeader:
-    """The four lines over the pool; the window places them."""
+    """The lines over the pool; the window places them."""
 
-    def __init__(self, line_spacing: int) -> None:
+    def __init__(self) -> None:
         # A long title keeps to one line ending in "…" (whole in its tooltip) rather than
         # widen the centre and squeeze the docks beside it, or push the pool down.
         self.scenario_title = ElidedLabel(max_lines=1)
         self.scenario_title.setObjectName("scenarioTitle")
         self.scenario_title.set_full_text("loading…")
         # Three lines at most, ending in "…" where it goes on (the whole text in the tooltip).
-        self.scenario_description = ElidedLabel(max_lines=3)
+        self.scenario_description = ElidedLabel(max_lines=DESCRIPTION_LINES)
         self.scenario_description.setObjectName("scenarioDescription")
-        self.pool_caption = QLabel()
-        self.pool_caption.setWordWrap(True)
-        # What the step just did, in one sentence (and the scenario's own narration of it).
-        # A fixed height (the pool must not jump as captions grow and shrink); a long one scrolls.
-        self.step_caption = QTextBrowser()
-        self.step_caption.setFrameShape(QFrame.Shape.NoFrame)
-        self.step_caption.setFixedHeight(4 * line_spacing + 8)
-        self.step_caption.viewport().setAutoFillBackground(False)
-        self.step_caption.viewport().setStyleSheet("background: transparent;")  # not the scroll bar
+        self.pool_caption = ElidedLabel(max_lines=1)
+        # What the step just did: the scenario's note, then the engine's sentence. It grows to
+        # its text rather than scroll in a box; it shrinks back only at a new start (or a
+        # resize), so the pool does not jump on every step.
+        self.step_caption = Narration()
+        self.step_caption.setObjectName("narration")
         self.step_caption.setToolTip("What this step did to the block tables and the pool (Step log: every step)")
-        self.pool_caption.setToolTip("The physical KV-cache pool: one tile per block, one cell per token slot")
         self._caption_html = ""
 
     @property
     def widgets(self) -> tuple:
-        return self.scenario_title, self.scenario_description, self.pool_caption, self.step_caption
+        """Top to bottom; the pool's caption goes with the pool (the window places it)."""
+        return self.scenario_title, self.scenario_description, self.step_caption
 
     def bind(self, controller) -> None:
         controller.frameChanged.connect(self.show_frame)
@@ -49,16 +79,21 @@ class ScenarioHeader:
             frame.scenario_name + (f" — your branch from step {frame.branch_step}" if branched else "")
         )
         self.scenario_description.set_full_text(" ".join(frame.scenario_description.split()))
-        self.pool_caption.setText(
-            f"Physical KV-cache pool · {c.num_blocks} blocks × block size {c.block_size} · {c.num_heads} heads "
-            f"({c.num_kv_heads} KV) × head dim {c.head_dim} · {c.dtype} · {len(frame.free_queue)} in the free queue"
+        self.scenario_description.set_max_lines(DESCRIPTION_LINES if frame.position == 0 else 1)
+        self.pool_caption.set_full_text(
+            f"Physical KV-cache pool · {c.num_blocks} blocks × block size {c.block_size} · "
+            f"{len(frame.free_queue)} in the free queue · {c.num_heads} heads ({c.num_kv_heads} KV) × "
+            f"head dim {c.head_dim} · {c.dtype}"
         )
         if frame.position == 0:
             text = f"Step 0 of {frame.length}: nothing yet. → plays the first step; the Step log lists them all."
         else:
-            text = f"<b>Step {frame.position}</b> · {html.escape(frame.caption or frame.label)}"
-        if frame.note:  # the scenario's narration, after what happened
-            text += f"<br><i>{html.escape(frame.note)}</i>"
+            text = f"<b>Step {frame.position}</b> · "
+            what = html.escape(frame.caption or frame.label)
+            # The scenario's own words on the step first (why it matters), then what the engine did.
+            text += f"<i>{html.escape(frame.note)}</i><br>{what}" if frame.note else what
         if text != self._caption_html:  # relaying out rich text on every step costs
             self._caption_html = text
-            self.step_caption.setHtml(text)
+            self.step_caption.setText(text)
+            if frame.position == 0:  # a new start: back to the height its text needs
+                self.step_caption.fit_to_text()

@@ -51,6 +51,10 @@ class LiveText(QWidget):
     def text(self) -> str:
         return self._html
 
+    def fit_to_text(self) -> None:
+        """Shrink (or grow) to the lines the current text needs: a new start, not every step."""
+        self._relayout(shrink=True)
+
     def plain_text(self) -> str:
         return self._doc.toPlainText()
 
