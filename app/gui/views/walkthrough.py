@@ -79,6 +79,8 @@ class WalkThroughPanel(QWidget):
         )
         for box in (self.kernel_box, self.partition_box):
             box.currentIndexChanged.connect(self._ask)
+        self.partition_label = QLabel("v2 partition:")
+        self.kernel_box.currentIndexChanged.connect(lambda _: self._show_kernel_controls())
         self.head_box.valueChanged.connect(self._ask)
         self.buttons = {}
         controls = QHBoxLayout()
@@ -154,7 +156,7 @@ class WalkThroughPanel(QWidget):
         LIVE_TIMERS.add(self.timer)
         self.timer.timeout.connect(lambda: self._control("next"))
         top = QHBoxLayout()
-        for widget in (self.kernel_box, self.head_box, QLabel("v2 partition:"), self.partition_box):
+        for widget in (self.kernel_box, self.head_box, self.partition_label, self.partition_box):
             top.addWidget(widget)
         self.kernel_box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         layout = QVBoxLayout(self)
@@ -184,7 +186,14 @@ class WalkThroughPanel(QWidget):
         self.plots_scroll.setFrameShape(QFrame.Shape.NoFrame)
         self.plots_scroll.setWidget(plots)
         layout.addWidget(self.plots_scroll, 1)
+        self._show_kernel_controls()
         self.set_theme(theme)
+
+    def _show_kernel_controls(self) -> None:
+        """Only v2 splits the context into partitions: the size menu is hidden for the others."""
+        v2 = self.kernel == "cuda-v2"
+        self.partition_label.setVisible(v2)
+        self.partition_box.setVisible(v2)
 
     # -- requests -------------------------------------------------------------------
     @property
@@ -367,6 +376,7 @@ class WalkThroughPanel(QWidget):
         for item in (self.out_trace, self.out_kernel, self.out_dense):
             item.setVisible(last)
         plot.getAxis("bottom").setTicks(None)  # the tree sets its own
+        self.lane_plot.setVisible(True)
         # The merge tree and the outputs need the height; the scores are the token stages' picture.
         self.score_plot.setVisible(not (merging or last))
         if merging:
@@ -382,6 +392,9 @@ class WalkThroughPanel(QWidget):
             )
             _style_plot(plot, self.theme, title, "value", "dimension")
         else:
+            # The CPU kernel folds whole tiles of ≥ 32 tokens: a short context is one tile, and
+            # a plot of every token in tile 0 says nothing. It shows from two tiles on.
+            self.lane_plot.setVisible(walk.trace.geometry is not None or len(walk.trace.block_folds) > 1)
             axis = "lane (warp, group)" if walk.trace.geometry is not None else "tile (CPU fold)"
             _style_plot(plot, self.theme, "Who reads each token", axis, "token")
             # Lanes and tiles are whole numbers: integer ticks, and room around a single one.
