@@ -6,8 +6,11 @@ GUIDE_HTML = """
 keys and values, cut into fixed-size <b>blocks</b>. Each tile is one physical block; its
 number is the <b>block id</b>. The small cells are its <b>slots</b>, one per token
 (<i>block size</i> = slots per block); a filled cell holds that token's key and value
-vectors for every KV head. Colour = the sequence that owns the block. Grey tiles are in
-the <b>free queue</b>, waiting to be allocated.</p>
+vectors for every KV head. Colour = the request that owns the block: a request's samples or
+beams (request/s0, /s1 …, vLLM's sequence group) share its colour, in the pool, the block
+tables, the scheduler's chips and the CPU pool alike. Past seven requests the colours come
+back lighter or darker with a hatch. Grey tiles are in the <b>free queue</b>, waiting to be
+allocated. The legend above the pool shows each kind of tile (hover an entry).</p>
 <p><b>Ref count</b>: the badge ×2, ×3 … on a tile counts the block tables that hold the
 block. Forking a sequence (parallel sampling, beam search) shares all its blocks: no
 copy, ref counts go up, and the tile shows one band per holder.</p>
@@ -38,13 +41,16 @@ pool through paging and through Orca-style contiguous reservations.</p>
 <b>logical blocks</b> — token <i>t</i> lives in logical block <i>t // block_size</i>, slot
 <i>t % block_size</i>. The <b>block table</b> maps each logical block (L0, L1, …) to the
 physical block holding it; * marks a shared entry. Physical blocks need not be
-contiguous or in order — that is the point of paging.</p>
+contiguous or in order — that is the point of paging. Lines join the selected table's
+entries to their tiles; past a handful of entries only the line of the entry being looked
+up is drawn (hover a token, or a box of the table).</p>
 <p><b>Block-table lookup</b>: after every step the paged-attention kernel runs one decode
 step for every sequence (query = its newest token). For the selected sequence the
 animation lights, in the kernel's real order, each table entry and the physical block
 it reads — no gather into a contiguous buffer, an online softmax across blocks.</p>
-<p><b>Kernel vs dense</b> (right): the kernel's output vector for one head against dense
-attention (torch SDPA) recomputed from the same tokens, the per-head max abs error
+<p><b>Kernel vs dense</b> (the ✓ badge above the pool opens it; in a window narrower
+than 1400 px it folds back to the badge): the kernel's output vector for one head against
+dense attention (torch SDPA) recomputed from the same tokens, the per-head max abs error
 against the bound that fp32 rounding explains for that head (it grows with the head
 dim, the scores' size and the context), and the attention weights over the context
 coloured by the physical block each token was read from. The K/V the kernel read for

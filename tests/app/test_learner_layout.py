@@ -1,0 +1,333 @@
+"""What the last usability review found, and the layout for learners: the token path's tooltip
+stays, one colour per request everywhere, a long table draws only its looked-up line (in a
+colour that stands out in both themes, its label inside its own tile), the pool's legend, the
+Check panel folded to a badge, a narration that grows, controls that apply to the kernel in
+use only, and the welcome's primer in three pictures."""
+
+import pytest
+from pagesim.app.gui.palette import OKABE_ITO, THEMES, SequenceColours, contrast, readable_on
+from pagesim.core.scenario import parse_scenario
+from PySide6.QtCore import QEvent, QPoint, QRectF
+from PySide6.QtGui import QColor, QHelpEvent
+from PySide6.QtTest import QTest
+from PySide6.QtWidgets import QAbstractScrollArea, QApplication, QToolTip
+
+from tests.app.conftest import wait_idle
+
+# One sequence of 12 blocks, one of 3: a long table and a short one.
+LONG_AND_SHORT = (
+    'name = "long and short"\nnum_blocks = 32\nblock_size = 4\nnum_heads = 1\nhead_dim = 8\n'
+    '[[steps]]\nop = "add"\nseq = "long"\ntokens = 48\n'
+    '[[steps]]\nop = "add"\nseq = "short"\ntokens = 10\n'
+)
+
+
+# A synthetic tour (no real model to load): two sequences, a fork, a copy-on-write, notes.
+TOUR = """
+name = "tour"
+description = "Two requests arrive and decode; A is forked and its fork writes into a shared block."
+num_blocks = 24
+block_size = 4
+num_heads = 4
+num_kv_heads = 2
+head_dim = 32
+[[steps]]
+op = "add"
+seq = "A"
+tokens = 6
+note = "A's 6 prompt tokens need only two blocks, taken from the free queue."
+[[steps]]
+op = "add"
+seq = "B"
+tokens = 9
+[[steps]]
+op = "grow"
+seq = "A"
+[[steps]]
+op = "grow"
+seq = "A"
+[[steps]]
+op = "grow"
+seq = "A"
+note = "A's 9th token crosses a block boundary: only now does A take a new block."
+[[steps]]
+op = "fork"
+seq = "A"
+as = "A2"
+[[steps]]
+op = "grow"
+seq = "A2"
+note = "A2 writes into a block it shares. Copy-on-write: it gets its own copy of that one block first."
+"""
+
+
+SCHEDULE_STEP = '[[steps]]\nop = "schedule"\nsteps = 1\n'
+# Preemption by swap on the synthetic model: r3 (two samples) is swapped out at step 15.
+SWAP = (
+    'name = "swap"\npreemption = "swap"\nnum_cpu_blocks = 32\nnum_blocks = 24\nblock_size = 4\n'
+    "num_heads = 2\nnum_kv_heads = 2\nhead_dim = 16\nseed = 4\nwatermark = 0.0\n"
+    '[[steps]]\nop = "submit"\nrequest = "r1"\ntokens = 18\noutput = 20\n'
+    '[[steps]]\nop = "submit"\nrequest = "r2"\ntokens = 14\noutput = 20\n'
+    '[[steps]]\nop = "submit"\nrequest = "r3"\ntokens = 10\noutput = 16\nn = 2\n' + SCHEDULE_STEP * 27
+)
+
+
+@pytest.fixture
+def window(qtbot, settings):
+    """The window on the synthetic tour (the shipped default may run a real model)."""
+    from pagesim.app.gui.main_window import MainWindow
+
+    window = MainWindow("cpu", settings=settings, speed=0.0)
+    qtbot.addWidget(window)
+    window.show()
+    window.load(parse_scenario(TOUR))
+    wait_idle(qtbot, window)
+    yield window
+    window.close()
+
+
+def at_step(window, qtbot, step: int):
+    window.actions.scrubber.setValue(step)
+    return wait_idle(qtbot, window)
+
+
+# -- the token path's tooltip ----------------------------------------------------------------
+@pytest.mark.qt_log_ignore("This plugin does not support raise")  # the offscreen platform's tooltip window
+def test_the_token_paths_tooltip_is_still_its_path_after_qts_own_tooltip_event(window, qtbot):
+    at_step(window, qtbot, 5)
+    tokens = window.token_map
+    seq = window.frame.sequence(window.selected_seq)
+    t = seq.num_tokens - 1
+    columns = tokens._columns()
+    from pagesim.app.gui.views.token_map import CELL
+
+    pos = QPoint((t % columns) * CELL + CELL // 2, (t // columns) * CELL + CELL // 2)
+    QTest.mouseMove(tokens, pos)
+    assert tokens.hovered == t
+    # What Qt sends ~0.7 s after the mouse stops: it replaced the path with the widget's tip.
+    QApplication.sendEvent(tokens, QHelpEvent(QEvent.Type.ToolTip, pos, tokens.mapToGlobal(pos)))
+    assert QToolTip.text() == tokens.describe(t)
+    assert f"physical block #{seq.block_table[t // window.frame.config.block_size]}" in QToolTip.text()
+    QToolTip.hideText()
+
+
+# -- one colour per request --------------------------------------------------------------------
+def test_a_request_its_sequences_and_their_blocks_share_one_colour():
+    colours = SequenceColours()
+    chip = colours.of_request("r3")  # the scheduler asks first, before r3's sequences are seen
+    assert colours("r3/s0") == chip and colours("r3/s1") == chip and colours.pattern("r3/s1") is None
+    assert colours("r1") != chip and colours.of_request("r1") == colours("r1/s0")
+
+
+def _pixel(widget, point) -> str:
+    return widget.grab().toImage().pixelColor(point).name()
+
+
+def test_the_chip_and_cpu_tiles_of_a_swapped_request_are_its_sequences_colour(window, qtbot):
+    from pagesim.app.gui.views.scheduler_view import LANE_H, LANES
+
+    window.load(parse_scenario(SWAP))
+    wait_idle(qtbot, window)
+    at_step(window, qtbot, 14)
+    window.controller.forward()  # step 15, played: r3 (two samples) swapped out to the CPU pool
+    frame = wait_idle(qtbot, window)
+    view = window.scheduler_view
+    window.scheduler_dock.raise_()
+    qtbot.waitUntil(view.isVisible)
+    held = dict(frame.cpu_holders)
+    owners = {seq for seqs in held.values() for seq in seqs}
+    assert owners and all(seq.startswith("r3/") for seq in owners)
+    expected = {window.colours(seq).name() for seq in owners}
+    assert len(expected) == 1  # every sample of r3, one colour
+    cpu_block = min(held)
+    tile = view.cpu_tile_rect(cpu_block)
+    assert _pixel(view, tile.center().toPoint() + QPoint(0, 4)) in expected
+    # The chip in the swapped lane, painted in the same colour.
+    lane = [key for key, _ in LANES].index("swapped")
+    label_w = max(view.fontMetrics().horizontalAdvance(title) for _, title in LANES) + 14
+    chip_point = QPoint(6 + label_w + 4, 6 + lane * LANE_H + LANE_H // 2)
+    assert _pixel(view, chip_point) in expected
+    # And the swap's flight carries it: the tile that lands keeps its colour.
+    from pagesim.app.gui.animation import beats_for
+
+    beats = beats_for(frame, window.selected_seq, window.colours, QColor("grey"), speed=1.0)
+    flights = [colour.name() for beat in beats for _, _, _, colour in beat.swaps]
+    assert flights and set(flights) == expected
+
+
+# -- table → pool lines --------------------------------------------------------------------
+@pytest.fixture
+def long_and_short(window, qtbot):
+    window.load(parse_scenario(LONG_AND_SHORT))
+    wait_idle(qtbot, window)
+    window.controller.seek(2)
+    wait_idle(qtbot, window)
+    window.select_sequence("long")
+    qtbot.wait(20)
+    return window
+
+
+def test_with_twelve_entries_only_the_looked_up_entrys_line_is_drawn(long_and_short, qtbot):
+    from pagesim.app.gui.views.connectors import LINES_ALL_MAX
+
+    window = long_and_short
+    lines = window.table_lines
+    table = window.frame.sequence("long").block_table
+    assert len(table) == 12 > LINES_ALL_MAX
+    assert lines.segments() == []  # no spaghetti: nothing is looked up
+    window.token_map.tokenHovered.emit("long", 7, table[7], 1)  # a token of logical block 7
+    drawn = lines.segments()
+    assert [logical for logical, _, _ in drawn] == [7]
+    end = drawn[0][2].toPoint()
+    tile = window.pool_view.tile_rect(table[7])
+    port = window.pool_view.viewport()
+    assert tile.translated(port.mapTo(window, QPoint(0, 0))).adjusted(-1, -1, 1, 1).contains(end)
+    window.token_map.tokenHovered.emit("long", -1, -1, -1)
+    assert lines.segments() == []
+    # Hovering a box of the table does the same, and lights its tile.
+    view = window.sequence_view
+    _, box = view.entry_rects("long")[3]
+    QTest.mouseMove(view.viewport(), box.center())
+    assert [lg for lg, _, _ in lines.segments()] == [3] and view.lookup == ("long", 3)
+    assert window.pool_view.items[table[3]].glow is not None
+    window.select_sequence("short")  # three entries: a line each
+    assert [lg for lg, _, _ in lines.segments()] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_line_colours_stand_out_from_the_background_in_either_theme(window, qtbot, theme):
+    at_step(window, qtbot, 5)
+    window.apply_theme(theme)
+    background = QColor(THEMES[theme].window)
+    for owner in OKABE_ITO:  # the yellow vanished on the light theme's grey
+        assert contrast(readable_on(QColor(owner), background), background) >= 3.0, owner
+    lines = window.table_lines
+    seq = window.frame.sequence(window.selected_seq)
+    lines.show_sequence(seq.seq_id, seq.block_table, QColor("#F0E442"))
+    assert contrast(lines.colour, background) >= 3.0
+
+
+def test_a_lookup_label_stays_inside_its_own_tile(long_and_short, qtbot):
+    pool = long_and_short.pool_view
+    colour = long_and_short.colours("long")
+    for block, text in ((31, "L21 → #31"), (20, "L11 → #20"), (0, "L0 → #0"), (12, "copy of #11")):
+        pool.clear_overlays()
+        label = pool.add_block_label(block, text, colour)
+        assert label is not None and label.text() == text
+        box = label.sceneBoundingRect()
+        own = QRectF(pool.items[block].pos(), pool.items[block].boundingRect().adjusted(2, 2, -2, -2).size())
+        assert own.contains(box), text
+        others = [item.block_id for item in pool.items if item.block_id != block]
+        assert not [b for b in others if pool.items[b].sceneBoundingRect().adjusted(2, 2, -2, -2).intersects(box)]
+    pool.clear_overlays()
+
+
+# -- the pool's legend -----------------------------------------------------------------------
+@pytest.mark.parametrize("theme", ["dark", "light"])
+def test_the_pool_legend_names_each_kind_of_tile_in_the_themes_colours(window, qtbot, theme):
+    window.apply_theme(theme)
+    legend = window.pool_legend
+    assert legend.isVisible()
+    assert legend.labels() == ["free", "cached", "in use", "shared ×2", "copy-on-write"]
+    # Its swatches are drawn as the tiles are, in the theme's colours.
+    free = legend.swatch_rect("free")
+    assert _pixel(legend, (free.topLeft() + QRectF(0, 0, 3, 3).bottomRight()).toPoint()) == THEMES[theme].free_block
+    assert legend.height() <= 2 * legend._row_height()  # compact: never more than two lines
+
+
+def test_the_legend_explains_the_hatch_once_an_eighth_request_has_a_colour(window, qtbot):
+    legend = window.pool_legend
+    assert "hatch" not in [entry.key for entry in legend.entries()]
+    for request in range(9):
+        window.colours(f"extra{request}")
+    legend.show_frame(window.frame)
+    assert window.colours.pattern("extra8") is not None
+    assert legend.entries()[-1].key == "hatch" and "8th" in legend.labels()[-1]
+    assert legend.swatch_rect("hatch") is not None
+
+
+# -- the Check panel folded to a badge ---------------------------------------------------------
+def test_at_1024_the_check_panel_is_a_badge_that_opens_and_gives_the_pool_its_width(window, qtbot):
+    window.resize(1024, 700)
+    at_step(window, qtbot, 5)
+    qtbot.wait(50)
+    badge, dock = window.check_badge, window.kernel_dock
+    assert badge.isVisible() and not dock.isVisible()
+    assert badge.text().startswith("✓") and window.frame.attention.passed
+    folded = window.pool_view.viewport().width()
+    badge.click()
+    qtbot.waitUntil(dock.isVisible)
+    qtbot.wait(50)
+    assert window.kernel_tabs.currentWidget() is window.kernel_panel and badge.isChecked()
+    opened = window.pool_view.viewport().width()
+    assert folded > opened + 200  # the panel's width went to the pool
+    badge.click()
+    qtbot.waitUntil(lambda: not dock.isVisible())
+    assert not badge.isChecked()
+
+
+def test_narrowing_a_wide_window_folds_the_open_check_panel(window, qtbot):
+    window.resize(1600, 900)
+    qtbot.wait(20)
+    window.check_badge.click()
+    qtbot.waitUntil(window.kernel_dock.isVisible)
+    window.resize(1200, 800)
+    qtbot.waitUntil(lambda: not window.kernel_dock.isVisible())
+    window.check_badge.click()  # opened by hand in a narrow window: it stays open
+    window.resize(1100, 800)
+    qtbot.wait(20)
+    assert window.kernel_dock.isVisible()
+
+
+# -- the narration -----------------------------------------------------------------------------
+def test_the_narration_grows_to_its_text_with_the_scenarios_note_first(window, qtbot):
+    window.resize(1024, 700)
+    frame = at_step(window, qtbot, 7)  # a step with the scenario's own note
+    qtbot.wait(20)
+    narration = window.header.step_caption
+    assert not isinstance(narration, QAbstractScrollArea)  # no box that scrolls
+    assert frame.note and frame.caption
+    text = narration.plain_text()
+    assert text.startswith(f"Step 7 · {frame.note}")
+    assert text.find(frame.caption) > text.find(frame.note) >= 0  # then the engine's sentence
+    assert not narration.is_cut and narration.lines >= 3  # taller than one line: it grew
+    assert narration.height() >= narration.lines * narration.fontMetrics().lineSpacing()
+
+
+# -- controls that apply to the kernel in use -----------------------------------------------------
+def test_the_walkthrough_hides_what_does_not_apply_to_its_kernel(window, qtbot):
+    at_step(window, qtbot, 5)
+    window.show_walkthrough()
+    panel = window.walkthrough
+    qtbot.waitUntil(lambda: panel.walk is not None, timeout=20_000)
+    assert panel.kernel == "cpu"
+    assert not panel.partition_box.isVisible() and not panel.partition_label.isVisible()
+    panel.show_stage(1)  # a short context is one CPU tile: no plot of zeros
+    assert len(panel.walk.trace.block_folds) == 1 and not panel.lane_plot.isVisible()
+    panel.buttons["end"].click()  # the output needs that plot
+    assert panel.lane_plot.isVisible()
+    panel.kernel_box.setCurrentIndex(2)  # CUDA v2: its partitions can be chosen
+    qtbot.waitUntil(lambda: panel.walk is not None and panel.walk.kernel == "cuda-v2", timeout=20_000)
+    assert panel.partition_box.isVisible()
+    panel.show_stage(1)
+    assert panel.lane_plot.isVisible()  # warps and thread groups: lanes that differ
+    wait_idle(qtbot, window)
+
+
+# -- the welcome's primer ----------------------------------------------------------------------
+def test_the_welcome_opens_with_a_primer_in_three_pictures(window, qtbot):
+    dialog = window.show_welcome()
+    qtbot.waitUntil(dialog.isVisible)
+    pictures = dialog.primer_pictures
+    assert [p.kind for p in pictures] == ["attention", "cache", "paging"]
+    for picture, caption in zip(pictures, dialog.primer_captions, strict=True):
+        assert picture.isVisible() and picture.height() >= 90
+        assert caption.text().count(". ") == 0 and caption.text().endswith(".")  # one sentence each
+        image = picture.grab().toImage()
+        shades = {
+            image.pixelColor(x, y).name() for x in range(0, image.width(), 4) for y in range(0, image.height(), 4)
+        }
+        assert len(shades) >= 4, picture.kind  # drawn, not an empty box
+        # Above the list of examples: the ideas first, then where to see them.
+        assert picture.mapTo(dialog, QPoint(0, 0)).y() < dialog.list.mapTo(dialog, QPoint(0, 0)).y()
+    dialog.reject()
