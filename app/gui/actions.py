@@ -269,7 +269,8 @@ class WindowActions:
             "Block-table → pool lines",
             w.table_lines.set_enabled,
             shortcut="L",
-            tip="Draw a line from each block-table entry of the selected sequence to the pool block it names",
+            tip="Draw a line from each block-table entry of the selected sequence to the pool block it names "
+            "(past six entries, only the line of the entry looked up: hover a token or a box of the table)",
         )
         self.lines_action.setCheckable(True)
         self.lines_action.setChecked(True)
