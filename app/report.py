@@ -76,7 +76,8 @@ def format_outputs(timeline: Timeline, tokenizer) -> list[str]:
             score = f" (log-prob {scores[label]:.2f})" if label in scores else ""
             lines.append(f"  {label}{score}: {tokenizer.decode(ids)!r}")
     for seq in sim.sequences.values():
-        lines.append(f"  {seq.seq_id} so far: {tokenizer.decode(seq.token_ids[seq.prompt_len :])!r}")
+        if seq.num_tokens > seq.prompt_len:
+            lines.append(f"  {seq.seq_id} so far: {tokenizer.decode(seq.token_ids[seq.prompt_len :])!r}")
     return ["text:", *lines, ""] if lines else []
 
 

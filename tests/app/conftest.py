@@ -4,8 +4,10 @@ import pytest
 import shiboken6
 from pagesim.app.gui.animation import LIVE_ANIMATIONS
 from pagesim.app.gui.controller import LIVE_THREADS, LIVE_TIMERS
-from pagesim.core.scenario import load_shipped
+from pagesim.core.scenario import load_scenario, load_shipped
 from PySide6.QtCore import QSettings
+
+from tests.scenarios import synthetic
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
@@ -37,11 +39,15 @@ def make_window(qtbot, settings):
 
     windows = []
 
-    def make(scenario="default", speed=0.0):
+    def make(scenario="default", speed=0.0, real=False):
+        """A window on the shipped ``scenario``: its copy on the synthetic token model
+        where the shipped one runs SmolLM2 (the window's own behaviour, at the old speed
+        and with the old numbers), or the shipped one itself with ``real``."""
         window = MainWindow("cpu", settings=settings, speed=speed)
         qtbot.addWidget(window)
         window.show()
-        window.load(load_shipped(scenario))
+        copy = Path(synthetic(scenario))
+        window.load(load_shipped(scenario) if real or not copy.is_file() else load_scenario(copy))
         wait_idle(qtbot, window)
         windows.append(window)
         return window

@@ -5,7 +5,9 @@ import logging
 
 import pytest
 from pagesim.app.gui.controller import Back, Failed, Forward, FrameReply, Load, Seek, SimulationWorker, Undo
-from pagesim.core.scenario import load_shipped
+from pagesim.core.scenario import load_scenario
+
+from tests.scenarios import synthetic
 
 
 @pytest.fixture
@@ -13,7 +15,7 @@ def worker(qtbot):
     worker = SimulationWorker("cpu")
     replies = []
     worker.replied.connect(replies.append)
-    worker.handle(Load(load_shipped("default")))
+    worker.handle(Load(load_scenario(synthetic("default"))))
     worker.replies = replies
     return worker
 
@@ -77,7 +79,7 @@ def test_views_follow_the_controllers_frames_on_their_own(qtbot):
         selection.bind(controller)
         table.bind(controller, selection)
         log.bind(controller)
-        controller.load(load_shipped("default"))
+        controller.load(load_scenario(synthetic("default")))
         qtbot.waitUntil(lambda: controller.frame is not None and not controller.pending, timeout=20_000)
         controller.seek(3)
         qtbot.waitUntil(lambda: controller.frame.position == 3 and not controller.pending, timeout=20_000)

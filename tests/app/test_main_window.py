@@ -216,7 +216,7 @@ def test_clicking_a_block_selects_its_sequence(window, qtbot):
 
 @pytest.mark.parametrize("name", sorted(shipped_scenarios()))
 def test_every_shipped_scenario_plays_to_the_end(make_window, qtbot, name):
-    window = make_window(name)
+    window = make_window(name, real=True)
     window.seek_end()
     frame = wait_idle(qtbot, window, timeout=60_000)
     assert frame.position == frame.length
@@ -610,7 +610,7 @@ def _truncated_texts(window) -> list[str]:
 
 @pytest.mark.parametrize("name", sorted(shipped_scenarios()))
 def test_nothing_is_cut_without_an_ellipsis_at_1024_by_700(make_window, qtbot, name):
-    window = make_window(name)
+    window = make_window(name, real=True)
     window.resize(1024, 700)  # the Check panel folds to its badge…
     window.show_walkthrough()  # …and opened by hand, on its tallest page, it stays open
     window.actions.scrubber.setValue(min(8, window.frame.length))

@@ -3,14 +3,16 @@ always ends on the newest frame, and a frame after a pause is drawn at once."""
 
 from pagesim.app.gui.palette import THEMES
 from pagesim.app.gui.views.plots import HISTORY_REDRAW_MS, MemoryPanel
-from pagesim.core.scenario import load_shipped
+from pagesim.core.scenario import load_scenario
 from pagesim.core.timeline import Timeline
 from pagesim.core.view_model import build_frame
 from pagesim.kernels.cpu_backend import CpuBackend
 
+from tests.scenarios import synthetic
+
 
 def _frames(count: int):
-    timeline = Timeline(load_shipped("default"), CpuBackend())
+    timeline = Timeline(load_scenario(synthetic("default")), CpuBackend())
     frame = build_frame(timeline, None, None, None)
     out = [frame]
     for _ in range(count):

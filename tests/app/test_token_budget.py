@@ -4,10 +4,11 @@ segment per request with its tooltip, and partially prefilled requests in the la
 from pathlib import Path
 
 from pagesim.app.gui.views.token_budget import V0_H, V0_TEXT, segment_widths
-from pagesim.core.scenario import load_scenario, load_shipped
+from pagesim.core.scenario import load_scenario
 from PySide6.QtCore import QPointF
 
 from tests.app.conftest import wait_idle
+from tests.scenarios import synthetic, token_model
 
 CHUNKED = Path(__file__).resolve().parent / "scenarios" / "chunked_prefill_v1.toml"
 
@@ -66,12 +67,12 @@ def test_a_v1_step_shows_decodes_and_a_prefill_chunk_against_the_budget(qtbot, s
 
 
 def test_v0_says_it_has_no_budget_and_a_scenario_without_a_scheduler_hides_it(qtbot, settings):
-    window = open_at(qtbot, settings, load_shipped("preemption_recompute"), 4)
+    window = open_at(qtbot, settings, load_scenario(token_model("preemption_recompute")), 4)
     try:
         bar = window.token_budget
         assert bar.isVisible() and not bar.is_v1 and bar.segments == [] and bar.height() == V0_H
         assert bar.tooltip_at(QPointF(5, 5)) == V0_TEXT
-        window.load(load_shipped("default"))
+        window.load(load_scenario(synthetic("default")))
         qtbot.waitUntil(lambda: window.frame.queues is None and window.controller.pending == 0, timeout=20_000)
         assert not bar.isVisible()
     finally:

@@ -9,6 +9,8 @@ import pytest
 from pagesim.app.cli import main
 from pagesim.core.scenario import load_shipped
 
+from tests.scenarios import token_model
+
 
 def test_run_seed_demo_shows_the_article_tables_and_a_match(capsys):
     assert main(["run", "assets/scenarios/seed_demo.toml", "--backend", "cpu"]) == 0
@@ -143,7 +145,7 @@ def test_waste_prints_the_split_and_writes_per_step_json(tmp_path, capsys):
 
 
 def test_scheduler_scenarios_run_from_the_cli(capsys):
-    assert main(["run", "preemption_swap", "--quiet"]) == 0
+    assert main(["run", token_model("preemption_swap"), "--quiet"]) == 0
     assert capsys.readouterr().out.startswith("PASS")
 
 

@@ -21,6 +21,8 @@ from pagesim.core.scenario import load_scenario
 from pagesim.core.timeline import Timeline
 from pagesim.kernels.cpu_backend import CpuBackend
 
+from tests.scenarios import token_model
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -180,7 +182,9 @@ def test_attach_follows_a_subprocess_publisher(tmp_path):
 
 def test_attach_follows_pagesim_run(tmp_path):
     port, replay = free_port(), free_port()
-    timeline = Timeline(load_scenario("shared_system_prompt"), CpuBackend(), snapshot_data=False, history=False)
+    timeline = Timeline(
+        load_scenario(token_model("shared_system_prompt")), CpuBackend(), snapshot_data=False, history=False
+    )
     converter = kv.KVEventConverter(timeline.sim)
     expected = []
     while not timeline.at_end:
@@ -191,7 +195,7 @@ def test_attach_follows_pagesim_run(tmp_path):
             "-m",
             "pagesim.app.cli",
             "run",
-            "shared_system_prompt",
+            token_model("shared_system_prompt"),
             "--quiet",
             "--kv-events",
             f"tcp://127.0.0.1:{port}",

@@ -7,6 +7,8 @@ import time
 
 from pagesim.app.cli import main
 
+from tests.scenarios import token_model
+
 
 def _one_line_error(text: str) -> str:
     assert "Traceback" not in text
@@ -21,7 +23,7 @@ def test_a_3x2_sweep_prints_its_table_and_writes_json_csv_and_a_png(tmp_path, ca
     code = main(
         [
             "sweep",
-            "preemption_recompute",
+            token_model("preemption_recompute"),
             "--set",
             "block_size=2,4,8",
             "--set",
@@ -50,7 +52,18 @@ def test_a_3x2_sweep_prints_its_table_and_writes_json_csv_and_a_png(tmp_path, ca
 
 
 def test_a_sweep_with_a_model_shape_and_a_gpu_shows_latency(capsys):
-    code = main(["sweep", "parallel_sampling", "--set", "engine=v0,v1", "--model-shape", "llama-3-8b", "--gpu", "h200"])
+    code = main(
+        [
+            "sweep",
+            token_model("parallel_sampling"),
+            "--set",
+            "engine=v0,v1",
+            "--model-shape",
+            "llama-3-8b",
+            "--gpu",
+            "h200",
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "Llama-3-8B on H200 (roofline)" in out and "TTFT ms" in out and "tok/s" in out
@@ -84,7 +97,16 @@ def test_a_variant_that_cannot_run_is_a_row_not_a_failure(capsys):
 def test_latency_prints_each_requests_queue_ttft_and_tpot(tmp_path, capsys):
     report = tmp_path / "latency.json"
     code = main(
-        ["latency", "preemption_recompute", "--model-shape", "llama-3-8b", "--gpu", "h200", "--json", str(report)]
+        [
+            "latency",
+            token_model("preemption_recompute"),
+            "--model-shape",
+            "llama-3-8b",
+            "--gpu",
+            "h200",
+            "--json",
+            str(report),
+        ]
     )
     assert code == 0
     out = capsys.readouterr().out
@@ -93,7 +115,7 @@ def test_latency_prints_each_requests_queue_ttft_and_tpot(tmp_path, capsys):
     assert rows == ["r1", "r2", "r3"]
     doc = json.loads(report.read_text())
     assert doc["summary"]["requests"] == 3 and doc["summary"]["ttft_s"]["mean"] > 0
-    assert main(["latency", "preemption_recompute"]) == 2
+    assert main(["latency", token_model("preemption_recompute")]) == 2
     assert "needs --model-shape and --gpu" in _one_line_error(capsys.readouterr().err)
     assert main(["latency", "seed_demo", "--model-shape", "llama-4", "--gpu", "h200"]) == 2
     assert "unknown model shape 'llama-4'" in _one_line_error(capsys.readouterr().err)

@@ -13,6 +13,7 @@ from pagesim.core.errors import (
 from pagesim.core.operations import Add, Fork, Free, Grow
 
 from tests.core.helpers import check_invariants, state_fingerprint
+from tests.scenarios import token_model
 
 
 @pytest.fixture
@@ -194,10 +195,10 @@ def test_decode_block_tables_kept_between_steps_equal_a_fresh_build(cpu_backend,
     """attention_inputs rewrites only the tables that changed since the last step: every step of
     a scenario (forks, copy-on-write, frees, swaps, beams) must give the fresh build's array,
     width included (the CPU kernel's work split reads it)."""
-    from pagesim.core.scenario import load_shipped
+    from pagesim.core.scenario import load_scenario
     from pagesim.core.timeline import Timeline
 
-    timeline = Timeline(load_shipped(name), cpu_backend)
+    timeline = Timeline(load_scenario(token_model(name)), cpu_backend)
     while not timeline.at_end:
         timeline.forward()  # its attention updated the tables kept from the step before
         sim = timeline.sim

@@ -19,6 +19,8 @@ from pagesim.core.timeline import Timeline
 from pagesim.core.trace import load_workload
 from pagesim.kernels.cpu_backend import CpuBackend
 
+from tests.scenarios import token_model
+
 TRACES = Path(__file__).resolve().parents[1] / "traces" / "vllm_v1"
 
 
@@ -177,7 +179,7 @@ def test_v0_scheduler_events_finished_requests_included():
 
 @pytest.mark.parametrize("name", ["shared_system_prompt", "preemption_swap"])
 def test_v0_scenarios_through_the_timeline(name):
-    timeline = Timeline(load_scenario(name), CpuBackend(), snapshot_data=False, history=False)
+    timeline = Timeline(load_scenario(token_model(name)), CpuBackend(), snapshot_data=False, history=False)
     converter = kv.KVEventConverter(timeline.sim)
     batches = []
     while not timeline.at_end:

@@ -18,6 +18,7 @@ from pagesim.core.timeline import Timeline
 
 from tests.core.helpers import check_invariants
 from tests.core.test_scheduler import check_cpu_pool, make_sim, of
+from tests.scenarios import token_model
 
 
 def three_requests(sim: Simulator) -> None:
@@ -93,7 +94,7 @@ def test_without_a_cpu_pool_a_forked_group_is_prefilled_once_and_forked_again(cp
 
 
 def test_a_swapped_group_returns_in_the_step_its_blocks_free_up(cpu_backend):
-    config = load_scenario("preemption_swap").config
+    config = load_scenario(token_model("preemption_swap")).config
     sim = Simulator(config, cpu_backend)
     three_requests(sim)
     step_until(sim, ev.RequestPreempted)
@@ -104,7 +105,7 @@ def test_a_swapped_group_returns_in_the_step_its_blocks_free_up(cpu_backend):
 
 
 def test_the_swap_scenario_never_idles_while_a_swapped_group_could_fit(cpu_backend):
-    timeline = Timeline(load_scenario("preemption_swap"), cpu_backend)
+    timeline = Timeline(load_scenario(token_model("preemption_swap")), cpu_backend)
     swapped_at = []
     while not timeline.at_end:
         timeline.forward()

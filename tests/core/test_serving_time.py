@@ -24,6 +24,8 @@ from pagesim.core.studies.serving_time import (
 )
 from pagesim.core.studies.workload import RequestSpec
 
+from tests.scenarios import token_model
+
 TINY = ModelShape("tiny", layers=2, hidden=8, heads=2, kv_heads=1, head_dim=4, intermediate=16, vocab=10)
 
 
@@ -107,7 +109,7 @@ def test_a_workload_arrives_on_the_clock_and_an_idle_engine_waits():
 
 
 def test_swaps_are_counted_and_priced_over_the_host_link():
-    scenario = load_scenario("preemption_swap")
+    scenario = load_scenario(token_model("preemption_swap"))
     spec = gpu("h100-sxm")
     result = replay_scenario(scenario, seconds=Roofline(model_shape("llama-3-8b"), spec, 4))
     assert result.preemptions >= 1 and result.swapped_blocks > 0

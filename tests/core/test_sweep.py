@@ -7,9 +7,11 @@ from pagesim.core.scenario import load_scenario
 from pagesim.core.studies.serving_time import gpu, model_shape
 from pagesim.core.studies.sweep import MAX_VARIANTS, Hardware, Source, expand, parse_setting, sweep
 
+from tests.scenarios import token_model
+
 
 def _source(name: str) -> Source:
-    scenario = load_scenario(name)
+    scenario = load_scenario(token_model(name))
     return Source(scenario.name, scenario.config, scenario)
 
 

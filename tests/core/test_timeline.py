@@ -1,10 +1,11 @@
 import pytest
 from pagesim.core.errors import PoolExhaustedError, ScenarioError
 from pagesim.core.operations import Add, Grow
-from pagesim.core.scenario import load_shipped, parse_scenario
+from pagesim.core.scenario import load_scenario, load_shipped, parse_scenario
 from pagesim.core.timeline import Timeline
 
 from tests.core.helpers import check_invariants, state_fingerprint
+from tests.scenarios import token_model
 
 
 def test_stepping_back_restores_exactly_the_earlier_state(cpu_backend):
@@ -106,7 +107,7 @@ def test_incremental_frames_equal_full_ones(cpu_backend):
 
     kept_weights = 0
     for name in ("default", "parallel_sampling", "preemption_swap", "preemption_recompute", "shared_system_prompt"):
-        timeline = Timeline(load_shipped(name), cpu_backend)
+        timeline = Timeline(load_scenario(token_model(name)), cpu_backend)
         frame = build_frame(timeline, None)  # (None: the focus is the first sequence)
         while not timeline.at_end:
             result = timeline.forward()
@@ -178,7 +179,7 @@ def test_a_steps_attention_events_are_built_only_when_asked_for_and_as_before(cp
     from pagesim.core import events as ev
     from pagesim.core.view_model import build_frame
 
-    timeline = Timeline(load_shipped("parallel_sampling"), cpu_backend)
+    timeline = Timeline(load_scenario(token_model("parallel_sampling")), cpu_backend)
     frame = build_frame(timeline, None)
     while not timeline.at_end:
         result = timeline.forward()
@@ -194,7 +195,7 @@ def test_a_steps_attention_events_are_built_only_when_asked_for_and_as_before(cp
         assert isinstance(result.events[-1], ev.KernelLaunched)
         assert result.events[: len(result.op_events)] == result.op_events
     assert result.lookup_of("no such sequence") is None
-    unrecorded = Timeline(load_shipped("parallel_sampling"), cpu_backend).sim.apply(
+    unrecorded = Timeline(load_scenario(token_model("parallel_sampling")), cpu_backend).sim.apply(
         timeline.operations[0], record=False
     )
     assert unrecorded.events == () and unrecorded.lookup_of("A") is None

@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 from pagesim.core.engine import Simulator, StepResult
 from pagesim.core.model_runner import AttentionReport, ModelRunner
-from pagesim.core.scenario import load_shipped
+from pagesim.core.scenario import load_scenario
 from pagesim.core.timeline import Timeline
 from pagesim.core.view_model import build_frame
+
+from tests.scenarios import token_model
 
 ENGINE_TYPES = (StepResult, AttentionReport, Simulator, ModelRunner, Timeline)
 
@@ -29,7 +31,7 @@ def _engine_objects(value, path="frame"):
 
 @pytest.mark.parametrize("name", ["default", "preemption_swap", "beam_search"])
 def test_frames_carry_plain_values_and_the_verdict_computed_in_core(cpu_backend, name):
-    timeline = Timeline(load_shipped(name), cpu_backend)
+    timeline = Timeline(load_scenario(token_model(name)), cpu_backend)
     frame = build_frame(timeline, None)
     assert frame.events is None and frame.step_lookup("A") is None  # not a step: nothing to animate
     while not timeline.at_end:

@@ -68,24 +68,27 @@ def test_the_kernels_loads_come_from_the_lanes_the_replay_names(
 @pytest.fixture(scope="module")
 def scenario_backend():
     """The emulated CUDA backend with every head dim the shipped scenarios use."""
-    from pagesim.core.scenario import load_scenario, shipped_scenarios
+    from pagesim.core.scenario import load_scenario
 
     from tests.cuda_emulation import emulator
+    from tests.scenarios import on_the_token_model
 
     if emulator.find_compiler() is None:
         pytest.skip("needs a C++20 compiler (g++ ≥ 10 or clang++ ≥ 10) to build the CUDA emulation")
-    dims = sorted({load_scenario(n).config.head_dim for n in shipped_scenarios()})
+    dims = sorted({load_scenario(source).config.head_dim for source in on_the_token_model().values()})
     module = emulator.EmulatedModule(emulator.build(names=emulator.backend_module_names(head_dims=dims)))
     return emulator.EmulatedCudaBackend(module)
 
 
 def test_the_replay_ends_at_the_emulated_cuda_kernels_output_in_every_shipped_scenario(scenario_backend, cpu_backend):
-    from pagesim.core.scenario import load_scenario, shipped_scenarios
+    from pagesim.core.scenario import load_scenario
     from pagesim.core.timeline import Timeline
 
+    from tests.scenarios import on_the_token_model
+
     be = scenario_backend
-    for name in sorted(shipped_scenarios()):
-        timeline = Timeline(load_scenario(name), cpu_backend)
+    for name, source in sorted(on_the_token_model().items()):
+        timeline = Timeline(load_scenario(source), cpu_backend)
         report = None
         for result in timeline.run_to_end():
             report = result.attention or report

@@ -26,6 +26,9 @@ HERE = Path(__file__).resolve().parent
 # Timings vary run to run; block hashes are seeded per process (hash(None) in the chain's root).
 TIMING = {"kernel_ms", "kernel_seconds", "dense_seconds", "block_hash"}
 ERRORS = {"max_abs_error", "head_errors", "tolerance", "head_tolerances"}
+# A real model's per-layer check: which layer has the least margin, and by how much, is
+# rounding too (its pass/fail and the tokens are kept).
+ERRORS |= {"worst_layer", "worst_error_to_bound", "logits_max_abs_diff", "sentence"}
 
 
 def _clean(record: dict, exact: bool) -> dict:
@@ -36,6 +39,8 @@ def _clean(record: dict, exact: bool) -> dict:
             continue
         if isinstance(value, dict):
             value = _clean(value, exact)
+        elif key == "beams" and not exact:  # beam search: (name, parent, token, log-prob) without the log-prob
+            value = [list(beam[:3]) for beam in value]
         out[key] = value
     return out
 

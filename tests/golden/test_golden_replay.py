@@ -14,6 +14,12 @@ from tests.golden.replay import path_for, replay
 def test_replay_matches_the_recorded_one(name):
     recorded = json.loads(gzip.decompress(path_for(name).read_bytes()))
     now = replay(name)
+    # A real model's steps: every layer within its bound and the paged engine's tokens the
+    # dense engine's (the recorded file says so too; this says it whatever was recorded).
+    for step in now["steps"]:
+        assert step["passed"], f"step {step['step']} failed its check"
+        if "layers" in step:
+            assert step["layers"]["passed"] and step["layers"]["same_next_tokens"], step["step"]
     assert now["steps"] == recorded["steps"]
     assert len(now["events"]) == len(recorded["events"])
     for i, (got, want) in enumerate(zip(now["events"], recorded["events"], strict=True)):

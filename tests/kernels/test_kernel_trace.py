@@ -5,19 +5,23 @@ a small teaching size)."""
 
 import numpy as np
 import pytest
-from pagesim.core.scenario import load_scenario, shipped_scenarios
+from pagesim.core.scenario import load_scenario
 from pagesim.core.timeline import Timeline
 from pagesim.kernels.cpu_backend import work_split
 from pagesim.kernels.cuda_build import TOKENS_PER_ITER
 from pagesim.kernels.trace import CudaGeometry, trace_cpu, trace_cuda
 
+from tests.scenarios import on_the_token_model
+
 
 @pytest.fixture(scope="module")
 def last_steps(cpu_backend):
-    """Each shipped scenario at its last step with attention: (inputs, report)."""
+    """Each scenario at its last step with attention: (inputs, report). The synthetic token
+    model's (the real model's K/V go through the same kernels: its scenarios replay in the
+    golden test with every layer checked)."""
     out = {}
-    for name in sorted(shipped_scenarios()):
-        timeline = Timeline(load_scenario(name), cpu_backend)
+    for name, source in sorted(on_the_token_model().items()):
+        timeline = Timeline(load_scenario(source), cpu_backend)
         report = None
         for result in timeline.run_to_end():
             if result.attention is not None:
@@ -39,7 +43,7 @@ def rows_of(report, limit=4):
     return [(r, h) for r in range(min(limit, len(report.seq_ids))) for h in sorted({0, heads - 1})]
 
 
-@pytest.mark.parametrize("name", sorted(shipped_scenarios()))
+@pytest.mark.parametrize("name", sorted(on_the_token_model()))
 def test_every_replay_ends_at_the_kernels_output(last_steps, name):
     inputs, report = last_steps[name]
     for row, head in rows_of(report):
@@ -56,7 +60,7 @@ def test_every_replay_ends_at_the_kernels_output(last_steps, name):
 
 
 def test_the_replay_records_each_stage(last_steps):
-    inputs, report = last_steps["long_context"]
+    inputs, report = last_steps["synthetic_long_context"]
     row = int(np.argmax(report.context_lens))
     n = int(report.context_lens[row])
     bs = inputs[1].shape[1]
