@@ -6,8 +6,11 @@ step later drops its per-token detail)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from pagesim.core import events as ev
 from pagesim.core.engine import StepResult
+from pagesim.core.token_text import quoted
 
 # Sequence and request events, told one by one in the order they happened.
 _IN_ORDER = (
@@ -27,8 +30,9 @@ _SWAPS = (ev.BlockSwappedOut, ev.BlockSwappedIn)
 MANY = 2  # more events of a kind than this: one sentence for all of them
 
 
-def step_caption(result: StepResult) -> str:
-    """What ``result``'s step did, most telling first, as one or two short sentences."""
+def step_caption(result: StepResult, text_of: Callable[[Sequence[int]], str] | None = None) -> str:
+    """What ``result``'s step did, most telling first, as one or two short sentences.
+    ``text_of``: a real model's tokenizer (ids to text), to say what was written."""
     # One pass sorts the events by kind (a decode step over 256 sequences has ~500 of them);
     # the sequence and request events keep their order.
     of: dict[type, list] = {}
@@ -59,12 +63,15 @@ def step_caption(result: StepResult) -> str:
         if isinstance(e, ev.SequenceForked):
             shared = sum(1 for s in of.get(ev.BlockShared, []) if s.seq == e.child)
             text += f" ({ev.plural(shared, 'block')}, ref counts up)" if shared else ""
+        if isinstance(e, ev.SequenceAdded) and text_of is not None:
+            prompt = [w.token_id for w in of.get(ev.TokenWritten, []) if w.seq == e.seq]
+            text += f": {quoted(text_of(prompt), 60)}" if prompt else ""
         parts.append(text)
     parts += [kind.summarize(of[kind]) for kind in _BY_KIND + _SWAPS if of.get(kind)]
     written = of.get(ev.TokenWritten, [])
     if written and ev.SequenceAdded not in of:  # a prompt's tokens are told by its arrival
         room_unknown = None if copies else {e.seq for e in of[ev.BlockAllocated]}
-        parts.append(ev.TokenWritten.summarize(written, room_unknown))
+        parts.append(ev.TokenWritten.summarize(written, room_unknown, text_of))
     if not parts:
         parts.append(result.op.describe())
     return "; ".join(parts) + "."

@@ -10,8 +10,10 @@ engine drains it once per step (as vLLM's ``take_events()``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+
+from pagesim.core.token_text import quoted
 
 
 def plural(n: int, word: str) -> str:
@@ -412,12 +414,20 @@ class TokenWritten(Event):
         return f"{self.seq}'s token {self.position} went into block {self.block}, slot {self.slot}"
 
     @classmethod
-    def summarize(cls, events: Sequence[TokenWritten], room_unknown: Iterable[str] | None = ()) -> str:
+    def summarize(
+        cls,
+        events: Sequence[TokenWritten],
+        room_unknown: Iterable[str] | None = (),
+        text_of: Callable[[Sequence[int]], str] | None = None,
+    ) -> str:
         """Per sequence, or one line for a decode step of many. A sequence not in
-        ``room_unknown`` (None: every sequence is) is said to have had room in its last block."""
+        ``room_unknown`` (None: every sequence is) is said to have had room in its last block.
+        ``text_of``: a real model's tokenizer (ids to text), to say what was written."""
         tokens: dict[str, list[TokenWritten]] = {}
         for e in events:
             tokens.setdefault(e.seq, []).append(e)
+        if text_of is not None:
+            return _summarize_text(tokens, room_unknown, text_of)
         if len(tokens) > 2:
             return f"a decode step: {len(tokens)} sequences wrote one token each into their last blocks"
         lines = []
@@ -430,6 +440,27 @@ class TokenWritten(Event):
             room = "" if room_unknown is None or seq in room_unknown else " (room in its last block: no new block)"
             lines.append(f"{seq}'s {which} went into {where}{room}")
         return "; ".join(lines)
+
+
+def _summarize_text(
+    tokens: dict[str, list[TokenWritten]], room_unknown: Iterable[str] | None, text_of: Callable[[Sequence[int]], str]
+) -> str:
+    """What each sequence wrote, in words: ``A wrote " Paris" into block 5, slot 3``."""
+    if len(tokens) > 2:
+        said = ", ".join(
+            f"{seq} {quoted(text_of([e.token_id for e in mine]), 16)}" for seq, mine in list(tokens.items())[:4]
+        )
+        more = ", …" if len(tokens) > 4 else ""
+        return f"a decode step: {len(tokens)} sequences wrote one token each into their last blocks ({said}{more})"
+    lines = []
+    for seq, mine in tokens.items():
+        first, last = mine[0], mine[-1]
+        where = f"block {first.block}, slot {first.slot}"
+        if last.block != first.block or last.slot != first.slot:
+            where += f" … block {last.block}, slot {last.slot}"
+        room = "" if room_unknown is None or seq in room_unknown else " (room in its last block: no new block)"
+        lines.append(f"{seq} wrote {quoted(text_of([e.token_id for e in mine]))} into {where}{room}")
+    return "; ".join(lines)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from pagesim.core.errors import (
 )
 from pagesim.core.operations import Fork, Operation, Submit
 from pagesim.core.scenario import Scenario
+from pagesim.core.token_text import text_function
 from pagesim.kernels.backend import Backend
 
 SNAPSHOT_EVERY = 16
@@ -294,7 +295,7 @@ class Timeline:
             yield replay.forward()
 
     def _record(self, result: StepResult) -> None:
-        caption = step_caption(result)
+        caption = step_caption(result, text_function(self.sim.runner.model))
         if not self.history:
             # A run that reports as it goes keeps nothing per step, and no snapshot past step
             # 0 (a seek, which such a run never makes, replays from the start).

@@ -10,12 +10,15 @@ from dataclasses import dataclass
 
 import numpy as np
 from pagesim.core import events as ev
+from pagesim.core.beam_tree import BeamTree, timeline_beam_trees
 from pagesim.core.config import CacheConfig
 from pagesim.core.engine import Simulator, StepResult
 from pagesim.core.metrics import Metrics
 from pagesim.core.model_runner import AttentionReport
+from pagesim.core.step_work import StepWork, step_work
 from pagesim.core.timeline import Timeline
 from pagesim.core.token_budget import TokenBudget, prefill_progress, step_budget
+from pagesim.core.token_text import PieceOf, piece_function, pieces_of, tokenizer_of
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,14 @@ class SequenceState:
     seq_id: str
     num_tokens: int
     block_table: tuple[int, ...]
+    # A real model's: each token's text and how many tokens the prompt had (None: synthetic ids).
+    pieces: tuple[str, ...] | None = None
+    prompt_len: int = 0
+
+
+def sequence_state(seq, piece: PieceOf | None) -> SequenceState:
+    pieces = None if piece is None else pieces_of(piece, seq.token_ids)
+    return SequenceState(seq.seq_id, seq.num_tokens, tuple(seq.block_table), pieces, seq.prompt_len)
 
 
 @dataclass(frozen=True)
@@ -124,6 +135,11 @@ class Frame:
     # not a v1 schedule step), and the running requests still prefilling: (computed, to compute).
     token_budget: TokenBudget | None = None
     prefilling: dict[str, tuple[int, int]] | None = None
+    # Whether the tokens have text (a real model's tokenizer; each sequence's pieces), not only ids.
+    has_text: bool = False
+    # Any step: what it computed per sequence, prefill or decode, and the prefix hits it skipped.
+    step_work: StepWork | None = None
+    beam_trees: tuple[BeamTree, ...] = ()  # a real model's beam searches, up to this step
 
     @property
     def metrics(self) -> Metrics | None:
@@ -131,6 +147,16 @@ class Frame:
 
     def sequence(self, seq_id: str) -> SequenceState | None:
         return next((s for s in self.sequences if s.seq_id == seq_id), None)
+
+    def slot_texts(self, block: int) -> tuple[str, ...] | None:
+        """The text in each filled slot of ``block``, read through its first holder's table
+        (None: the block has no holder, or the model no text)."""
+        held = self.holders.get(block) if self.has_text else None
+        state = self.sequence(held[0][0]) if held else None
+        if state is None or state.pieces is None:
+            return None
+        start = held[0][1] * self.config.block_size
+        return state.pieces[start : start + int(self.block_fill[block])]
 
     def step_lookup(self, seq_id: str | None) -> tuple[int, ...] | None:
         """The blocks the kernel read for ``seq_id`` in the step that produced this frame, in
@@ -193,6 +219,7 @@ def build_frame(
     """The picture after the timeline's current step. With the ``previous`` frame of the
     step just before (and this step's ``result``), only what the step touched is rebuilt."""
     sim = timeline.sim
+    piece = piece_function(tokenizer_of(sim.runner.model))
     if focus_seq not in sim.sequences:
         focus_seq = next(iter(sim.sequences), None)
     incremental = result is not None and previous is not None and previous.position == timeline.position - 1
@@ -217,7 +244,7 @@ def build_frame(
             and seq_id not in touched_sequences
             and kept.num_tokens == seq.num_tokens
             and len(kept.block_table) == len(seq.block_table)
-            else SequenceState(seq_id, seq.num_tokens, tuple(seq.block_table))
+            else sequence_state(seq, piece)
             for seq_id, seq in sim.sequences.items()
         )
     else:
@@ -225,7 +252,7 @@ def build_frame(
         ref_counts = np.array(sim.pool.ref_counts(), dtype=np.int32)
         block_fill = np.array(sim.block_fills(), dtype=np.int32)
         history = tuple(r.metrics for k in range(1, timeline.position + 1) if (r := timeline.result(k)) is not None)
-        sequences = tuple(SequenceState(s.seq_id, s.num_tokens, tuple(s.block_table)) for s in sim.sequences.values())
+        sequences = tuple(sequence_state(s, piece) for s in sim.sequences.values())
     # The focused sequence's weights, if the step left it alone (most steps of a big batch).
     kept_focus = previous.focus if incremental and focus_seq not in touched_sequences else None
     current = timeline.current
@@ -273,6 +300,9 @@ def build_frame(
         ),
         token_budget=step_budget(sim.scheduler, current.op if current is not None else None),
         prefilling=prefill_progress(sim.scheduler),
+        has_text=piece is not None,
+        step_work=None if current is None else step_work(current.op_events, sim.config.block_size),
+        beam_trees=timeline_beam_trees(timeline),
         caption=timeline.caption(timeline.position),
         note=timeline.note(timeline.position),
         captions=timeline.captions(),
