@@ -153,6 +153,8 @@ class WindowActions:
                 ops.addSeparator()
             elif isinstance(widget, QAction):
                 ops.addAction(widget)
+            elif widget is self.prompt_spin:
+                self.prompt_spin_action = ops.addWidget(widget)  # hidden on a real model (Add asks for text)
             else:
                 ops.addWidget(widget)
 
@@ -326,6 +328,13 @@ class WindowActions:
         if attention is not None:
             check = " · ✓ kernel = dense" if attention.passed else " · ✗ kernel ≠ dense"
         self.step_label.setText(f"step {frame.position} / {frame.length} · {frame.label}{check}")
+        if self.prompt_spin_action.isVisible() == frame.has_text:
+            self.prompt_spin_action.setVisible(not frame.has_text)
+            self.add_action.setToolTip(
+                "Add a sequence with a prompt you type (and how the model samples) (A)"
+                if frame.has_text
+                else "Add a sequence with a prompt of the given length (A)"
+            )
         self.back_action.setEnabled(frame.position > 0)
         self.start_action.setEnabled(frame.position > 0)
         self.forward_action.setEnabled(frame.position < frame.length)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from pagesim.app.report import write_event_log
 from pagesim.core.errors import Interrupted, PagesimError, PoolExhaustedError, ScenarioError
-from pagesim.core.operations import Operation
+from pagesim.core.operations import Add, Operation
+from pagesim.core.sampling import SamplingParams
 from pagesim.core.scenario import Scenario
 from pagesim.core.studies.request_latency import ScenarioLatency, scenario_latency
 from pagesim.core.studies.serving_time import gpu, model_shape
@@ -20,6 +21,7 @@ from pagesim.core.studies.stand_in import memory_only
 from pagesim.core.studies.sweep import Hardware, Source, SweepResult, VariantResult, sweep
 from pagesim.core.studies.waste import WastePool, WasteStudy, pool_from_preset, pool_of_blocks, study
 from pagesim.core.timeline import Timeline
+from pagesim.core.token_text import prompt_ids
 from pagesim.core.view_model import Frame, build_frame
 from pagesim.core.walkthrough import WalkThrough, walk_through
 from pagesim.kernels.backend import BackendUnavailableError
@@ -57,6 +59,17 @@ class Seek:
 @dataclass(frozen=True)
 class Push:
     op: Operation
+
+
+@dataclass(frozen=True)
+class PushText:
+    """Add ``seq`` with a prompt typed as text (a user message in the chat template with
+    ``as_chat``), encoded on the worker with the timeline's model."""
+
+    seq: str
+    text: str
+    as_chat: bool
+    sampling: SamplingParams | None
 
 
 @dataclass(frozen=True)
@@ -124,6 +137,7 @@ Request = (
     | Back
     | Seek
     | Push
+    | PushText
     | Undo
     | Redo
     | Focus
@@ -276,6 +290,7 @@ class SimulationWorker(QObject):
             Back: self._back,
             Seek: self._seek,
             Push: lambda r: self._emit(self._timeline.push(r.op)),
+            PushText: self._push_text,
             Undo: self._undo,
             Redo: lambda r: self._emit(self._timeline.redo()),
             Focus: self._set_focus,
@@ -331,6 +346,10 @@ class SimulationWorker(QObject):
         started = time.perf_counter()
         timeline.sim.runner.warm_up()
         self.replied.emit(KernelReady(timeline.sim.config.dtype, time.perf_counter() - started))
+
+    def _push_text(self, request: PushText) -> None:
+        ids = prompt_ids(self._timeline.sim.runner.model, request.text, request.as_chat)
+        self._emit(self._timeline.push(Add(request.seq, prompt=tuple(ids), sampling=request.sampling)))
 
     def _undo(self, _: Undo) -> None:
         self._timeline.undo()
@@ -507,6 +526,11 @@ class SimulationController(QObject):
     def apply(self, op: Operation) -> None:
         self.pause()
         self._send(Push(op))
+
+    def add_text(self, seq: str, text: str, as_chat: bool, sampling: SamplingParams | None) -> None:
+        """Add ``seq`` with a prompt typed as text (a real model's tokenizer encodes it)."""
+        self.pause()
+        self._send(PushText(seq, text, as_chat, sampling))
 
     def undo(self) -> None:
         self._edit(Undo(), lambda f: f.can_undo, "nothing to undo: no action of yours on this timeline")

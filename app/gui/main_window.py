@@ -11,6 +11,7 @@ from importlib import resources
 
 from pagesim.app.gui import gc_guard
 from pagesim.app.gui.actions import LAYOUT_VERSION, SPEEDS, WindowActions
+from pagesim.app.gui.add_dialog import AddPromptDialog
 from pagesim.app.gui.animation import AnimationDirector, beats_for
 from pagesim.app.gui.attach import KVAttach
 from pagesim.app.gui.controller import SimulationController
@@ -28,6 +29,7 @@ from pagesim.app.gui.views.plots import KernelPanel, MemoryPanel, WastePanel
 from pagesim.app.gui.views.pool_legend import PoolLegend
 from pagesim.app.gui.views.pool_view import PoolView
 from pagesim.app.gui.views.scheduler_view import SchedulerView
+from pagesim.app.gui.views.sequence_text import SequenceText
 from pagesim.app.gui.views.sequence_view import SequenceView
 from pagesim.app.gui.views.step_log import StepLog
 from pagesim.app.gui.views.swap_flight import SwapFlight
@@ -114,6 +116,7 @@ class MainWindow(QMainWindow):
         self.walkthrough_tab.bind(c)
         self.table_lines.bind(c, self.selection, self.colours, self.theme)
         self.token_map.bind(c, self.selection, self.colours, self.kernel_panel.head_box.value)
+        self.sequence_text.bind(c, self.selection)
         self.header.bind(c)
         self.pool_legend.bind(c)
         self.check_badge.bind(c)
@@ -190,6 +193,8 @@ class MainWindow(QMainWindow):
         left_layout.addWidget(self.sequence_view, 3)
         left_layout.addWidget(self.token_map.caption)
         left_layout.addWidget(token_scroll, 1)
+        self.sequence_text = SequenceText(self.colours, self.theme)  # a real model's text (hidden otherwise)
+        left_layout.addWidget(self.sequence_text, 1)
         self.sequences_dock = self._dock("Sequences and block tables", left_panel, left, "seqs")
         # The kernel's two views share one dock as tabs: the check, and the walk-through.
         self.kernel_tabs = QTabWidget()
@@ -283,10 +288,22 @@ class MainWindow(QMainWindow):
         return new_sequence_name(s.seq_id for s in self.frame.sequences) if self.frame else new_sequence_name(())
 
     def add_sequence(self) -> None:
+        if self.frame is not None and self.frame.has_text:  # a real model: a prompt typed as text
+            if getattr(self, "add_dialog", None) is not None:
+                self.add_dialog.deleteLater()  # the last one's values were read when it closed
+            self.add_dialog = AddPromptDialog(self._new_name(), self)
+            self.add_dialog.accepted.connect(self._add_typed)
+            self.add_dialog.open()  # window-modal, returns at once
+            return
         self.settings.setValue("prompt_len", self.actions.prompt_spin.value())
         name = self._new_name()
         self.selection.expect(name)
         self.controller.apply(Add(name, self.actions.prompt_spin.value()))
+
+    def _add_typed(self) -> None:
+        dialog = self.add_dialog
+        self.selection.expect(dialog.seq)
+        self.controller.add_text(dialog.seq, dialog.text, dialog.as_chat.isChecked(), dialog.sampling())
 
     def grow_selected(self, tokens: int) -> None:
         if seq := self._need_selection("grow"):
@@ -314,6 +331,7 @@ class MainWindow(QMainWindow):
             self.pool_view.show_frame(self.frame, seq_id)
             self.table_lines.show_selected()
             self.token_map.refresh()
+            self.sequence_text.refresh()
         self.controller.set_focus(seq_id)
 
     def _block_clicked(self, block: int) -> None:
@@ -377,7 +395,7 @@ class MainWindow(QMainWindow):
         for view in (
             self.pool_view, self.sequence_view, self.kernel_panel, self.memory_panel, self.waste_panel,
             self.walkthrough, self.token_map, self.scheduler_view, self.token_budget, self.table_lines, self.status,
-            self.pool_legend, self.check_badge, self.studies,
+            self.pool_legend, self.check_badge, self.studies, self.sequence_text,
         ):  # fmt: skip
             view.set_theme(self.theme)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from pagesim.app.gui.palette import SequenceColours, Theme, readable_on
+from pagesim.core.token_text import quoted
 from pagesim.core.view_model import Frame
 from PySide6.QtCore import QPoint, QPointF, QRectF, QSizeF, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QFontMetricsF, QPainter, QPainterPath, QPen
@@ -90,9 +91,11 @@ class BlockItem(QGraphicsItem):
         shared = " — shared, copy-on-write on the next write" if self.ref_count > 1 else ""
         if self.cached:
             shared += "\nin the prefix cache (full block, hashed with its prefix)"
+        texts = self.view.slot_texts(self.block_id)
+        said = "".join(f"\n  slot {i}: {quoted(text)}" for i, text in enumerate(texts or ()))
         return (
             f"Physical block {self.block_id}\nref count {self.ref_count}{shared}\n"
-            f"held by {owners}\n{self.fill}/{bs} slots hold tokens"
+            f"held by {owners}\n{self.fill}/{bs} slots hold tokens{':' if said else ''}{said}"
         )
 
     def paint(self, painter: QPainter, option: QStyleOptionGraphicsItem, widget=None) -> None:
@@ -340,6 +343,10 @@ class PoolView(QGraphicsView):
             item = self.items[block]
             changed += item.set_state(int(ref_counts[block]), int(fills[block]), owners, selected, cached)
         return changed
+
+    def slot_texts(self, block: int) -> tuple[str, ...] | None:
+        """The text in each filled slot of ``block`` in the frame shown (a real model's)."""
+        return None if self._shown is None else self._shown.slot_texts(block)
 
     def tile_rect(self, block: int):
         """The block's tile in viewport coordinates, or None if there is no such block."""

@@ -7,12 +7,15 @@ from collections.abc import Callable
 
 import numpy as np
 from pagesim.app.gui.palette import Theme
+from pagesim.core.token_text import quoted, visible
 from pagesim.core.view_model import Frame
-from PySide6.QtCore import QEvent, QRect, QSize, Signal
+from PySide6.QtCore import QEvent, QRect, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QPainter
 from PySide6.QtWidgets import QLabel, QSizePolicy, QToolTip, QWidget
 
 CELL = 14
+# A real model's tokens show their text: wider cells, a long token elided ("…").
+TEXT_CELL_W, TEXT_CELL_H = 48, 18
 GENERIC_TIP = "The selected sequence's tokens: hover one to see where its K/V lives"
 
 
@@ -32,6 +35,7 @@ class TokenMap(QWidget):
         self.num_tokens = 0
         self.block_size = 1
         self.weights: np.ndarray | None = None
+        self.pieces: tuple[str, ...] | None = None  # each token's text (None: synthetic ids)
         self.hovered = -1
         self.colour = QColor(theme.muted)
         self.setMouseTracking(True)
@@ -71,10 +75,11 @@ class TokenMap(QWidget):
             weights = frame.focus.weights[head]
         size = frame.config.block_size
         self.show_sequence(
-            state.seq_id, state.block_table, state.num_tokens, size, weights, self._colours(state.seq_id)
+            state.seq_id, state.block_table, state.num_tokens, size, weights, self._colours(state.seq_id), state.pieces
         )
+        spaces = " (· a space, ↵ a newline)" if state.pieces is not None else ""
         self.caption.setText(
-            f"Tokens of {state.seq_id}: {state.num_tokens}, a shade per block (hover one: where its K/V lives)"
+            f"Tokens of {state.seq_id}: {state.num_tokens}, a shade per block{spaces} (hover one: where its K/V lives)"
         )
         self.caption.setToolTip(
             f"token t lives in logical block ⌊t/{size}⌋ at offset t mod {size}; "
@@ -85,27 +90,37 @@ class TokenMap(QWidget):
         self.theme = theme
         self.update()
 
-    def show_sequence(self, seq_id, block_table, num_tokens: int, block_size: int, weights=None, colour=None) -> None:
-        """``colour``: the sequence's own (as in the pool); its blocks alternate two shades of it."""
+    def show_sequence(
+        self, seq_id, block_table, num_tokens: int, block_size: int, weights=None, colour=None, pieces=None
+    ) -> None:
+        """``colour``: the sequence's own (as in the pool); its blocks alternate two shades of it.
+        ``pieces``: each token's text, drawn in its cell (a real model's)."""
         colour = QColor(colour) if colour is not None else QColor(self.theme.muted)
         block_table = list(block_table)
-        state = (seq_id, block_table, num_tokens, block_size, colour)
-        shown = (self.seq_id, self.block_table, self.num_tokens, self.block_size, self.colour)
+        state = (seq_id, block_table, num_tokens, block_size, colour, pieces)
+        shown = (self.seq_id, self.block_table, self.num_tokens, self.block_size, self.colour, self.pieces)
         same_weights = weights is self.weights or (
             weights is not None and self.weights is not None and np.array_equal(weights, self.weights)
         )
         if state == shown and same_weights:
             return  # most steps grow some other sequence: nothing to repaint
-        self.colour = colour
+        self.colour, self.pieces = colour, pieces
         self.seq_id, self.block_table = seq_id, block_table
         self.num_tokens, self.block_size, self.weights = num_tokens, block_size, weights
         self.updateGeometry()
         self.update()
 
-    def _columns(self) -> int:
-        # Whole blocks per row, so a row break never splits a block.
-        per_row = max(1, self.width() // (CELL * self.block_size)) if self.block_size else 1
-        return per_row * self.block_size
+    @property
+    def cell(self) -> tuple[int, int]:
+        """A token's cell: (width, height)."""
+        return (TEXT_CELL_W, TEXT_CELL_H) if self.pieces is not None else (CELL, CELL)
+
+    def _columns(self, width: int | None = None) -> int:
+        # Whole blocks per row, so a row break never splits a block (unless one block is wider).
+        width = self.width() if width is None else width
+        cell_w, size = self.cell[0], max(1, self.block_size)
+        blocks = width // (cell_w * size)
+        return blocks * size if blocks else max(1, width // cell_w)
 
     def sizeHint(self) -> QSize:
         return QSize(200, self.heightForWidth(max(200, self.width())))
@@ -114,20 +129,26 @@ class TokenMap(QWidget):
         return True
 
     def heightForWidth(self, width: int) -> int:
-        per_row = max(1, width // (CELL * max(1, self.block_size))) * max(1, self.block_size)
-        return max(CELL, -(-self.num_tokens // per_row) * CELL)
+        cell_h = self.cell[1]
+        return max(cell_h, -(-self.num_tokens // self._columns(width)) * cell_h)
 
     def token_at(self, x: int, y: int) -> int:
         columns = self._columns()
-        t = (y // CELL) * columns + x // CELL
-        return t if 0 <= x < columns * CELL and 0 <= t < self.num_tokens else -1
+        cell_w, cell_h = self.cell
+        t = (y // cell_h) * columns + x // cell_w
+        return t if 0 <= x < columns * cell_w and 0 <= t < self.num_tokens else -1
+
+    def token_text(self, t: int) -> str | None:
+        """Token ``t``'s text as its cell shows it (whitespace visible), None without text."""
+        return None if self.pieces is None or t >= len(self.pieces) else visible(self.pieces[t])
 
     def describe(self, t: int) -> str:
         bs = self.block_size
         logical, offset = divmod(t, bs)
         physical = self.block_table[logical]
+        said = "" if self.pieces is None or t >= len(self.pieces) else f"{quoted(self.pieces[t])}: "
         text = (
-            f"token {t} → logical block {logical} (⌊{t}/{bs}⌋), offset {offset} ({t} mod {bs})\n"
+            f"{said}token {t} → logical block {logical} (⌊{t}/{bs}⌋), offset {offset} ({t} mod {bs})\n"
             f"block table: L{logical} → physical block #{physical} · slot {offset} (flat slot {physical * bs + offset})"
         )
         if self.weights is not None and t < len(self.weights):
@@ -137,16 +158,23 @@ class TokenMap(QWidget):
     def paintEvent(self, event) -> None:
         painter = QPainter(self)
         columns = self._columns()
+        cell_w, cell_h = self.cell
         font = painter.font()
-        font.setPointSizeF(6.5)
+        font.setPointSizeF(6.5 if self.pieces is None else 8.0)
         painter.setFont(font)
+        metrics = painter.fontMetrics()
         for t in range(self.num_tokens):
             row, column = divmod(t, columns)
-            rect = QRect(column * CELL, row * CELL, CELL - 1, CELL - 1)
+            rect = QRect(column * cell_w, row * cell_h, cell_w - 1, cell_h - 1)
             colour = QColor(self.colour if (t // self.block_size) % 2 == 0 else self.colour.darker(160))
             if t == self.hovered:
                 colour = QColor(self.theme.highlight)
             painter.fillRect(rect, colour)
+            if (text := self.token_text(t)) is not None:
+                ink = QColor("#000000") if colour.lightness() > 140 else QColor("#ffffff")  # readable on its shade
+                painter.setPen(ink)
+                shown = metrics.elidedText(text, Qt.TextElideMode.ElideRight, cell_w - 4)
+                painter.drawText(rect.adjusted(2, 0, -1, 0), int(Qt.AlignmentFlag.AlignVCenter), shown)
             if t % self.block_size == 0:  # a block starts: mark it
                 painter.setPen(QColor(self.theme.text))
                 painter.drawLine(rect.topLeft(), rect.bottomLeft())

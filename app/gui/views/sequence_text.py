@@ -1,0 +1,118 @@
+"""The selected sequence as text: its prompt, then what the model wrote, each block's run of
+text tinted as its physical block is in the pool, a mark where each block starts.
+
+Only a real model's tokens have text; on the synthetic model (hashed ids) the view hides.
+"""
+
+from __future__ import annotations
+
+from html import escape
+
+from pagesim.app.gui.palette import Theme
+from pagesim.app.gui.views.live_text import LiveText
+from pagesim.core.view_model import Frame, SequenceState
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import QSizePolicy, QTextBrowser, QVBoxLayout, QWidget
+
+BLOCK_MARK = "▏"  # starts each block's run: "▏#5"
+TINT = 0.35  # how much of the block's colour shows behind its text
+TIP = (
+    "The selected sequence's text: the prompt, then (bold) what the model wrote. Each run between "
+    f"{BLOCK_MARK} marks is one block's tokens, tinted like its physical block in the pool; "
+    "a block shared with another sequence is underlined and its mark says how many hold it (×2: ref count 2)"
+)
+
+
+def _mix(colour: QColor, background: QColor, amount: float) -> str:
+    """``colour`` laid over ``background`` at ``amount`` opacity, as #rrggbb for rich text."""
+    mixed = QColor.fromRgbF(
+        *(c * amount + b * (1 - amount) for c, b in zip(colour.getRgbF()[:3], background.getRgbF()[:3], strict=True))
+    )
+    return mixed.name()
+
+
+class SequenceText(QWidget):
+    def __init__(self, colours, theme: Theme, parent=None) -> None:
+        super().__init__(parent)
+        self.colours, self.theme = colours, theme
+        self.caption = LiveText(lines=1, max_lines=2)  # changes every step: repainted, not re-laid out
+        self.caption.setText("Text")
+        self.caption.setToolTip(TIP)
+        self.browser = QTextBrowser()
+        self.browser.setToolTip(TIP)
+        self.browser.setOpenLinks(False)
+        self.browser.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Expanding)
+        self.browser.setMinimumHeight(60)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.caption)
+        layout.addWidget(self.browser, 1)
+        self._frame: Frame | None = None
+        self._selection = None
+        self._shown: tuple | None = None  # what the browser shows: redrawn only when it changes
+        self.setVisible(False)
+
+    def bind(self, controller, selection) -> None:
+        self._selection = selection
+        controller.frameChanged.connect(self.show_frame)
+
+    def show_frame(self, frame: Frame) -> None:
+        self._frame = frame
+        if self.isVisibleTo(self.parentWidget()) != frame.has_text:
+            self.setVisible(frame.has_text)
+        if frame.has_text:
+            self.refresh()
+
+    def set_theme(self, theme: Theme) -> None:
+        self.theme, self._shown = theme, None
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Show the selected sequence of the newest frame (again after a new selection)."""
+        frame = self._frame
+        if frame is None or not frame.has_text or self._selection is None:
+            return
+        state = frame.sequence(self._selection.current) if self._selection.current else None
+        if state is None or state.pieces is None:
+            self._show(("none",), "Text: select a sequence", "")
+            return
+        shared = tuple(int(frame.ref_counts[b]) for b in state.block_table)
+        owners = tuple(frame.holders.get(b, ((state.seq_id, 0),))[0][0] for b in state.block_table)
+        key = (state, shared, owners, frame.config.block_size, self.theme.name)
+        written = state.num_tokens - state.prompt_len
+        caption = (
+            f"Text of {state.seq_id}: prompt {state.prompt_len} + <b>{written} written</b> · "
+            f"{BLOCK_MARK}#n starts block n, ×2 shared"
+        )
+        self._show(key, caption, self._html(state, frame.config.block_size, shared, owners))
+
+    def _show(self, key: tuple, caption: str, html: str) -> None:
+        if key == self._shown:
+            return
+        self._shown = key
+        self.caption.setText(caption)
+        self.browser.setHtml(html)
+
+    def _html(self, state: SequenceState, block_size: int, ref_counts, owners) -> str:
+        background = QColor(self.theme.window)
+        runs = []
+        for logical, block in enumerate(state.block_table):
+            start = logical * block_size
+            colour = QColor(self.colours(owners[logical]))
+            if logical % 2:
+                colour = colour.darker(140)
+            tint = _mix(colour, background, TINT)
+            is_shared = ref_counts[logical] > 1
+            mark = f"{BLOCK_MARK}#{block}" + (f"×{ref_counts[logical]}" if is_shared else "")
+            runs.append(f'<span style="color:{self.theme.muted}; font-size:small">{escape(mark)}</span>')
+            style = f"background-color:{tint};" + (" text-decoration:underline;" if is_shared else "")
+            text = ""
+            for t in range(start, min(start + block_size, state.num_tokens)):
+                piece = escape(state.pieces[t])
+                text += f"<b>{piece}</b>" if t >= state.prompt_len else piece
+            runs.append(f'<span style="{style}">{text}</span>')
+        body = "".join(runs).replace("\n", "<br>")
+        return f'<div style="white-space:pre-wrap; color:{self.theme.text}">{body}</div>'
+
+    def plain_text(self) -> str:
+        return self.browser.toPlainText()

@@ -1,0 +1,84 @@
+"""A real model's tokens as text in the window: the token map, a tile's tooltip, the text
+view of the selected sequence, the captions, and Add with a typed prompt."""
+
+import re
+
+from pagesim.app.gui.views.sequence_text import BLOCK_MARK
+from pagesim.core import events as ev
+from pagesim.core.models.catalog import load_model
+from pagesim.core.token_text import visible
+
+from tests.app.conftest import wait_idle
+
+STEPS = 3  # the tour's two prompts, then A's first generated token
+
+
+def _at_step(qtbot, window, step):
+    """The frame of ``step``, played (its events kept: the caption comes from them)."""
+    window.actions.scrubber.setValue(step - 1)
+    wait_idle(qtbot, window, timeout=60_000)
+    window.controller.forward()
+    return wait_idle(qtbot, window, timeout=60_000)
+
+
+def test_a_real_models_tokens_show_their_text_in_the_map_the_pool_the_text_view_and_the_caption(make_window, qtbot):
+    window = make_window("default", real=True)
+    frame = _at_step(qtbot, window, STEPS)
+    assert frame.has_text
+    window.select_sequence("A")
+    state = frame.sequence("A")
+    assert state.pieces[:2] == ("The", " capital")  # the tour's first prompt
+    # The token map draws each token's text, whitespace made visible.
+    token_map = window.token_map
+    assert token_map.pieces == state.pieces
+    assert token_map.token_text(1) == "·capital"
+    assert '" capital"' in token_map.describe(1)
+    # A tile's tooltip lists the text in each of its slots.
+    block = state.block_table[0]
+    tip = window.pool_view.items[block].toolTip()
+    assert 'slot 1: " capital"' in tip and 'slot 0: "The"' in tip
+    # The text view: the sequence's text, a mark per block, what was written in bold.
+    text_view = window.sequence_text
+    assert text_view.isVisible()
+    plain = text_view.plain_text()
+    assert plain.count(BLOCK_MARK) == len(state.block_table)
+    assert re.sub(BLOCK_MARK + r"#\d+(×\d+)?", "", plain) == "".join(state.pieces)
+    assert "<b>" in text_view.browser.toHtml() or "font-weight" in text_view.browser.toHtml()
+    # The caption says what was written, in words.
+    written = [e for e in frame.events if isinstance(e, ev.TokenWritten) and e.seq == "A"]
+    assert written
+    said = "".join(state.pieces[e.position] for e in written)
+    assert f'A wrote "{said}" into block {written[0].block}, slot {written[0].slot}' in frame.caption
+    assert visible(said) == token_map.token_text(written[0].position)
+
+
+def test_the_text_view_hides_on_the_synthetic_model(make_window, qtbot):
+    window = make_window("default")
+    frame = _at_step(qtbot, window, 3)
+    assert not frame.has_text and all(s.pieces is None for s in frame.sequences)
+    assert not window.sequence_text.isVisible()
+    assert window.token_map.token_text(0) is None
+    assert window.actions.prompt_spin_action.isVisible()
+
+
+def test_add_with_a_typed_prompt_adds_a_sequence_whose_tokens_decode_to_it(make_window, qtbot):
+    window = make_window("default", real=True)
+    before = wait_idle(qtbot, window, timeout=60_000)
+    assert not window.actions.prompt_spin_action.isVisible()  # a real model: Add asks for text
+    window.add_sequence()
+    dialog = window.add_dialog
+    assert dialog.isVisible() and dialog.prompt.toolTip() and dialog.as_chat.toolTip()
+    dialog.prompt.setPlainText("Paged memory is like a library")
+    dialog.temperature.setValue(0.7)
+    dialog.seed.setValue(3)
+    dialog.max_tokens.setValue(5)
+    dialog.buttons.button(dialog.buttons.StandardButton.Ok).click()
+    qtbot.waitUntil(lambda: window.frame.position != before.position or window.last_error, timeout=60_000)
+    assert window.last_error is None
+    frame = wait_idle(qtbot, window, timeout=60_000)
+    added = frame.operations[frame.position - 1]
+    assert added.seq == dialog.seq and added.sampling.temperature == 0.7 and added.sampling.max_tokens == 5
+    tokenizer = load_model("smollm2-135m").tokenizer
+    assert tokenizer.decode(added.prompt, skip_special=True) == "Paged memory is like a library"
+    assert "".join(frame.sequence(dialog.seq).pieces) == "Paged memory is like a library"
+    assert window.selected_seq == dialog.seq
