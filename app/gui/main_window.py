@@ -29,7 +29,7 @@ from pagesim.app.gui.views.plots import KernelPanel, MemoryPanel, WastePanel
 from pagesim.app.gui.views.pool_legend import PoolLegend
 from pagesim.app.gui.views.pool_view import PoolView
 from pagesim.app.gui.views.scheduler_view import SchedulerView
-from pagesim.app.gui.views.sequence_text import SequenceText
+from pagesim.app.gui.views.sequence_text import SequenceText, TokensAndText
 from pagesim.app.gui.views.sequence_view import SequenceView
 from pagesim.app.gui.views.step_log import StepLog
 from pagesim.app.gui.views.swap_flight import SwapFlight
@@ -191,10 +191,9 @@ class MainWindow(QMainWindow):
         left_layout = QVBoxLayout(left_panel)
         left_layout.setContentsMargins(0, 0, 0, 0)
         left_layout.addWidget(self.sequence_view, 3)
-        left_layout.addWidget(self.token_map.caption)
-        left_layout.addWidget(token_scroll, 1)
-        self.sequence_text = SequenceText(self.colours, self.theme)  # a real model's text (hidden otherwise)
-        left_layout.addWidget(self.sequence_text, 1)
+        self.sequence_text = SequenceText(self.colours, self.theme)  # a real model's text (its tab hidden otherwise)
+        self.tokens_and_text = TokensAndText(self.token_map.caption, token_scroll, self.sequence_text)
+        left_layout.addWidget(self.tokens_and_text, 1)
         self.sequences_dock = self._dock("Sequences and block tables", left_panel, left, "seqs")
         # The kernel's two views share one dock as tabs: the check, and the walk-through.
         self.kernel_tabs = QTabWidget()

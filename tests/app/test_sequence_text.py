@@ -39,10 +39,13 @@ def test_a_real_models_tokens_show_their_text_in_the_map_the_pool_the_text_view_
     assert 'slot 1: " capital"' in tip and 'slot 0: "The"' in tip
     # The text view: the sequence's text, a mark per block, what was written in bold.
     text_view = window.sequence_text
+    tabs = window.tokens_and_text
+    assert tabs.isTabVisible(tabs.indexOf(text_view))
+    tabs.setCurrentWidget(text_view)
     assert text_view.isVisible()
     plain = text_view.plain_text()
     assert plain.count(BLOCK_MARK) == len(state.block_table)
-    assert re.sub(BLOCK_MARK + r"#\d+(×\d+)?", "", plain) == "".join(state.pieces)
+    assert re.sub(BLOCK_MARK + r"#\d+(×\d+)?", "", plain).replace("↵\n", "\n") == "".join(state.pieces)
     assert "<b>" in text_view.browser.toHtml() or "font-weight" in text_view.browser.toHtml()
     # The caption says what was written, in words.
     written = [e for e in frame.events if isinstance(e, ev.TokenWritten) and e.seq == "A"]
@@ -56,7 +59,7 @@ def test_the_text_view_hides_on_the_synthetic_model(make_window, qtbot):
     window = make_window("default")
     frame = _at_step(qtbot, window, 3)
     assert not frame.has_text and all(s.pieces is None for s in frame.sequences)
-    assert not window.sequence_text.isVisible()
+    assert not window.tokens_and_text.isTabVisible(window.tokens_and_text.indexOf(window.sequence_text))
     assert window.token_map.token_text(0) is None
     assert window.actions.prompt_spin_action.isVisible()
 

@@ -1,7 +1,7 @@
 """The selected sequence as text: its prompt, then what the model wrote, each block's run of
 text tinted as its physical block is in the pool, a mark where each block starts.
 
-Only a real model's tokens have text; on the synthetic model (hashed ids) the view hides.
+Only a real model's tokens have text; on the synthetic model (hashed ids) its tab hides.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from pagesim.app.gui.palette import Theme
 from pagesim.app.gui.views.live_text import LiveText
 from pagesim.core.view_model import Frame, SequenceState
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import QSizePolicy, QTextBrowser, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QSizePolicy, QTabWidget, QTextBrowser, QVBoxLayout, QWidget
 
 BLOCK_MARK = "▏"  # starts each block's run: "▏#5"
 TINT = 0.35  # how much of the block's colour shows behind its text
 TIP = (
-    "The selected sequence's text: the prompt, then (bold) what the model wrote. Each run between "
-    f"{BLOCK_MARK} marks is one block's tokens, tinted like its physical block in the pool; "
+    "The selected sequence's text: the prompt, then (bold) what the model wrote. Each run after a "
+    f"{BLOCK_MARK}#n mark is the tokens of physical block n, tinted like that block in the pool (↵: a newline token); "
     "a block shared with another sequence is underlined and its mark says how many hold it (×2: ref count 2)"
 )
 
@@ -42,7 +42,7 @@ class SequenceText(QWidget):
         self.browser.setToolTip(TIP)
         self.browser.setOpenLinks(False)
         self.browser.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Expanding)
-        self.browser.setMinimumHeight(60)
+        self.browser.setMinimumHeight(48)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.caption)
@@ -50,7 +50,7 @@ class SequenceText(QWidget):
         self._frame: Frame | None = None
         self._selection = None
         self._shown: tuple | None = None  # what the browser shows: redrawn only when it changes
-        self.setVisible(False)
+        self.tabs: QTabWidget | None = None  # the tabs it shares with the token map
 
     def bind(self, controller, selection) -> None:
         self._selection = selection
@@ -58,8 +58,9 @@ class SequenceText(QWidget):
 
     def show_frame(self, frame: Frame) -> None:
         self._frame = frame
-        if self.isVisibleTo(self.parentWidget()) != frame.has_text:
-            self.setVisible(frame.has_text)
+        index = self.tabs.indexOf(self) if self.tabs is not None else -1
+        if index >= 0 and self.tabs.isTabVisible(index) != frame.has_text:
+            self.tabs.setTabVisible(index, frame.has_text)
         if frame.has_text:
             self.refresh()
 
@@ -80,10 +81,7 @@ class SequenceText(QWidget):
         owners = tuple(frame.holders.get(b, ((state.seq_id, 0),))[0][0] for b in state.block_table)
         key = (state, shared, owners, frame.config.block_size, self.theme.name)
         written = state.num_tokens - state.prompt_len
-        caption = (
-            f"Text of {state.seq_id}: prompt {state.prompt_len} + <b>{written} written</b> · "
-            f"{BLOCK_MARK}#n starts block n, ×2 shared"
-        )
+        caption = f"Text of {state.seq_id}: {state.prompt_len}-token prompt + <b>{written} written</b>"
         self._show(key, caption, self._html(state, frame.config.block_size, shared, owners))
 
     def _show(self, key: tuple, caption: str, html: str) -> None:
@@ -111,8 +109,29 @@ class SequenceText(QWidget):
                 piece = escape(state.pieces[t])
                 text += f"<b>{piece}</b>" if t >= state.prompt_len else piece
             runs.append(f'<span style="{style}">{text}</span>')
-        body = "".join(runs).replace("\n", "<br>")
+        body = "".join(runs).replace("\n", "↵<br>")  # the newline is a token too: shown where it is
         return f'<div style="white-space:pre-wrap; color:{self.theme.text}">{body}</div>'
 
     def plain_text(self) -> str:
         return self.browser.toPlainText()
+
+
+class TokensAndText(QTabWidget):
+    """The token map (its caption above it) and, on a real model, the text view: two tabs
+    under the sequences, so the sequence table keeps its height in a small window."""
+
+    def __init__(self, token_caption: QWidget, token_scroll: QWidget, text_view: SequenceText, parent=None) -> None:
+        super().__init__(parent)
+        self.setDocumentMode(True)
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Expanding)
+        tokens = QWidget()
+        layout = QVBoxLayout(tokens)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(token_caption)
+        layout.addWidget(token_scroll, 1)
+        self.addTab(tokens, "Tokens")
+        self.setTabToolTip(0, "The selected sequence token by token: where each token's K/V lives")
+        self.addTab(text_view, "Text")
+        self.setTabToolTip(1, "The selected sequence as text, each block's run tinted like its block (a real model's)")
+        self.setTabVisible(1, False)  # until a frame has text
+        text_view.tabs = self

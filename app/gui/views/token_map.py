@@ -77,13 +77,13 @@ class TokenMap(QWidget):
         self.show_sequence(
             state.seq_id, state.block_table, state.num_tokens, size, weights, self._colours(state.seq_id), state.pieces
         )
-        spaces = " (· a space, ↵ a newline)" if state.pieces is not None else ""
         self.caption.setText(
-            f"Tokens of {state.seq_id}: {state.num_tokens}, a shade per block{spaces} (hover one: where its K/V lives)"
+            f"Tokens of {state.seq_id}: {state.num_tokens}, a shade per block (hover one: where its K/V lives)"
         )
+        spaces = "\nEach cell shows its token's text: · a space, ↵ a newline" if state.pieces is not None else ""
         self.caption.setToolTip(
             f"token t lives in logical block ⌊t/{size}⌋ at offset t mod {size}; "
-            "the block table maps the logical block to a physical one"
+            f"the block table maps the logical block to a physical one{spaces}"
         )
 
     def set_theme(self, theme: Theme) -> None:
