@@ -45,6 +45,8 @@ class AddPromptDialog(QDialog):
         self.seed = QSpinBox()
         self.seed.setRange(0, 2**31 - 1)
         self.seed.setToolTip("The draws' seed (with a temperature above 0): the same seed writes the same text")
+        self.seed.setEnabled(False)  # greedy picks need no seed
+        self.temperature.valueChanged.connect(lambda t: self.seed.setEnabled(t > 0))
         self.max_tokens = QSpinBox()
         self.max_tokens.setRange(0, 100_000)
         self.max_tokens.setSpecialValueText(NO_LIMIT)
