@@ -44,6 +44,11 @@ physical block holding it; * marks a shared entry. Physical blocks need not be
 contiguous or in order — that is the point of paging. Lines join the selected table's
 entries to their tiles; past a handful of entries only the line of the entry being looked
 up is drawn (hover a token, or a box of the table).</p>
+<p><b>Text</b> (a real model): the token map shows each token's text (· a space, ↵ a
+newline), a tile's tooltip the text in its slots, and the <b>Text</b> tab the selected
+sequence's prompt and, in bold, what the model wrote — a ▏#n mark where block <i>n</i>
+starts, each block's run tinted like its tile (×2: shared). <b>Add</b> asks for a prompt
+you type; the model's tokenizer turns it into token ids.</p>
 <p><b>Block-table lookup</b>: after every step the paged-attention kernel runs one decode
 step for every sequence (query = its newest token). For the selected sequence the
 animation lights, in the kernel's real order, each table entry and the physical block
