@@ -261,8 +261,10 @@ def _validate_tables(block_tables: np.ndarray, context_lens: np.ndarray, num_seq
         raise KernelInputError(f"block_tables must be ({num_seqs}, max_blocks); got {block_tables.shape}")
     if context_lens.shape != (num_seqs,):
         raise KernelInputError(f"context_lens must be ({num_seqs},); got {context_lens.shape}")
-    if num_seqs == 0:
-        return
+    from pagesim.kernels.table_check import tables_in_range  # (Numba's import: not for every command)
+
+    if num_seqs == 0 or tables_in_range(block_tables, context_lens, block_size, num_blocks):
+        return  # (else the checks below find what is wrong and say so)
     if context_lens.min() < 1:
         bad = int(np.argmin(context_lens))
         raise KernelInputError(f"context_lens[{bad}] = {context_lens[bad]}: every sequence needs ≥ 1 token")

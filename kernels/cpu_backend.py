@@ -254,12 +254,13 @@ def kernel_for(head_dim: int, kind: int):
 
 
 @numba.njit(cache=True, boundscheck=False)
-def _write_slots(cache, slot_mapping, rows):
-    block_size = cache.shape[1]
+def _write_slots(key_cache, value_cache, slot_mapping, keys, values):
+    block_size = key_cache.shape[1]
     for i in range(slot_mapping.shape[0]):
         block = slot_mapping[i] // block_size
         offset = slot_mapping[i] % block_size
-        cache[block, offset] = rows[i]
+        key_cache[block, offset] = keys[i]
+        value_cache[block, offset] = values[i]
 
 
 def _kernel_view(array: np.ndarray) -> np.ndarray:
@@ -279,8 +280,11 @@ class CpuBackend(Backend):
 
     def write_kv(self, key_cache, value_cache, slot_mapping, keys, values) -> None:
         slots = np.ascontiguousarray(slot_mapping, dtype=np.int64)
-        _write_slots(_kernel_view(key_cache), slots, _kernel_view(np.ascontiguousarray(keys, key_cache.dtype)))
-        _write_slots(_kernel_view(value_cache), slots, _kernel_view(np.ascontiguousarray(values, key_cache.dtype)))
+        keys, values = np.ascontiguousarray(keys, key_cache.dtype), np.ascontiguousarray(values, key_cache.dtype)
+        # One call for both: a real model writes every layer's K/V every step, each call microseconds.
+        _write_slots(
+            _kernel_view(key_cache), _kernel_view(value_cache), slots, _kernel_view(keys), _kernel_view(values)
+        )
 
     def copy_blocks(self, key_cache, value_cache, block_mapping) -> None:
         mapping = np.asarray(block_mapping, dtype=np.int64).reshape(-1, 2)
