@@ -36,7 +36,7 @@ from pagesim.core.config import CacheConfig
 from pagesim.core.errors import InvalidOperationError
 from pagesim.core.kv_cache import CacheCheckpoint, PagedKVCache, SwapSpace
 from pagesim.core.layer_check import LayerCheck, check_layer, gather_slots
-from pagesim.core.llama_model import LOGITS_TOLERANCE, DenseReference, LlamaModel, LogitsCheck
+from pagesim.core.llama_model import DenseReference, LlamaModel, LogitsCheck
 from pagesim.core.model_runner import AttentionReport, ModelRunner, RunnerSnapshot, check_memory
 from pagesim.core.models import DenseKVCache, ModelFile
 from pagesim.core.models.catalog import SHAPE_FIELDS, check_shapes, load_model
@@ -149,7 +149,7 @@ class LlamaRunner(ModelRunner):
             check = replace(
                 self._forward_check,
                 logits_diff=max(c.max_abs_diff for c in self.logits_checks),
-                logits_tolerance=LOGITS_TOLERANCE,
+                logits_tolerance=self.reference.tolerance,
                 tokens_agree=all(c.paged_token == c.dense_token for c in self.logits_checks),
             )
             self._forward_check = None

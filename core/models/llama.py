@@ -10,8 +10,13 @@ runner writes k and v into its blocks and calls its paged kernel; :class:`DenseK
 keeps one contiguous row per layer and calls torch's SDPA — the reference the paged path
 is checked against.
 
-Weights are the loader's fp32 arrays (Q and K rows already in Hugging Face's halves
-layout, so RoPE rotates the first half of each head against the second).
+Weights are the loader's arrays (Q and K rows already in Hugging Face's halves layout,
+so RoPE rotates the first half of each head against the second): fp32, or bf16 (their bit
+patterns as uint16). With bf16 weights the matmuls run in bf16 (oneDNN's AMX or
+AVX512-BF16 kernels, fp32 accumulation, the result rounded to bf16), and so does the
+SwiGLU product between the MLP's matmuls; the residual stream, the norms, RoPE and
+attention's q, k, v and output stay fp32, and the logits come out of the LM head in bf16
+(a step of 0.125 at SmolLM2's largest) as fp32 tensors. With fp32 weights all is fp32.
 """
 
 from __future__ import annotations
@@ -51,28 +56,41 @@ class LayerWeights:
     w_down: torch.Tensor
 
 
+def as_tensor(w: np.ndarray) -> torch.Tensor:
+    """A loader's array as a tensor sharing its memory (torch wants it writable): fp32, or
+    bf16 bit patterns as uint16 (or ml_dtypes' bfloat16), which torch's bfloat16 views."""
+    w = w if w.flags.writeable else w.copy()
+    if w.dtype == np.uint16 or w.dtype.name == "bfloat16":
+        return torch.from_numpy(w.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(w)
+
+
 class Llama:
     def __init__(self, config: LlamaConfig, weights: dict[str, np.ndarray]) -> None:
         self.config = c = config
 
-        def t(name: str) -> torch.Tensor:  # shares the loader's memory (torch wants it writable)
-            w = weights[name]
-            return torch.from_numpy(w if w.flags.writeable else w.copy())
+        def t(name: str) -> torch.Tensor:
+            return as_tensor(weights[name])
+
+        def vector(name: str) -> torch.Tensor:  # norms: fp32 whatever the weights' dtype
+            return t(name).float()
 
         self.embed = t("token_embd.weight")
-        self.norm = t("output_norm.weight")
+        self.dtype = self.embed.dtype  # the matmuls' dtype: the weights'
+        self.dtype_name = "bfloat16" if self.dtype == torch.bfloat16 else "float32"
+        self.norm = vector("output_norm.weight")
         self.lm_head = self.embed if c.tie_embeddings else t("output.weight")
         self.layers = []
         for i in range(c.num_layers):
             p = f"blk.{i}."
             self.layers.append(
                 LayerWeights(
-                    attn_norm=t(p + "attn_norm.weight"),
+                    attn_norm=vector(p + "attn_norm.weight"),
                     wq=t(p + "attn_q.weight"),
                     wk=t(p + "attn_k.weight"),
                     wv=t(p + "attn_v.weight"),
                     wo=t(p + "attn_output.weight"),
-                    ffn_norm=t(p + "ffn_norm.weight"),
+                    ffn_norm=vector(p + "ffn_norm.weight"),
                     w_gate=t(p + "ffn_gate.weight"),
                     w_up=t(p + "ffn_up.weight"),
                     w_down=t(p + "ffn_down.weight"),
@@ -80,7 +98,7 @@ class Llama:
             )
         inv_freq = c.rope_theta ** -(torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim)
         if "rope_freqs.weight" in weights:  # Llama 3.1+: per-frequency factors (llama.cpp divides by them)
-            inv_freq = inv_freq / torch.from_numpy(weights["rope_freqs.weight"]).double()
+            inv_freq = inv_freq / t("rope_freqs.weight").double()
         self.inv_freq = inv_freq.float()
         self.q_size = c.num_heads * c.head_dim
 
@@ -93,25 +111,32 @@ class Llama:
     @torch.inference_mode()
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, attention: Attention) -> torch.Tensor:
         """Hidden states ``(T, hidden)`` after the final norm, for a flat batch of tokens."""
-        c = self.config
-        x = self.embed[token_ids]
+        c, dtype = self.config, self.dtype
+
+        def project(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # out in the weights' dtype
+            return F.linear(x.to(dtype), w)
+
+        def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # fp32 out
+            return project(x, w).float()
+
+        x = self.embed[token_ids].float()
         cos, sin = self.rope(positions)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, c.rms_eps)
-            q = F.linear(h, layer.wq).view(-1, c.num_heads, c.head_dim)
-            k = F.linear(h, layer.wk).view(-1, c.num_kv_heads, c.head_dim)
-            v = F.linear(h, layer.wv).view(-1, c.num_kv_heads, c.head_dim)
+            q = linear(h, layer.wq).view(-1, c.num_heads, c.head_dim)
+            k = linear(h, layer.wk).view(-1, c.num_kv_heads, c.head_dim)
+            v = linear(h, layer.wv).view(-1, c.num_kv_heads, c.head_dim)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
             o = attention(i, q, k, v)
-            x = x + F.linear(o.reshape(-1, self.q_size), layer.wo)
+            x = x + linear(o.reshape(-1, self.q_size), layer.wo)
             h = rms_norm(x, layer.ffn_norm, c.rms_eps)
-            x = x + F.linear(F.silu(F.linear(h, layer.w_gate)) * F.linear(h, layer.w_up), layer.w_down)
+            x = x + linear(F.silu(project(h, layer.w_gate)) * project(h, layer.w_up), layer.w_down)
         return rms_norm(x, self.norm, c.rms_eps)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head)
+        return F.linear(hidden.to(self.lm_head.dtype), self.lm_head).float()
 
 
 class DenseKVCache:
@@ -153,6 +178,39 @@ class DenseKVCache:
             mask = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]
         out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=True)
         return out[0].transpose(0, 1)  # (new, heads, head_dim)
+
+
+class DenseBatchKVCache:
+    """A batch of sequences' K and V, each sequence's contiguous per layer (``(num_layers,
+    batch, num_kv_heads, capacity, head_dim)``), attended with one SDPA call per layer over
+    the whole batch: the dense engine a paged decode step is timed against. Every sequence
+    holds ``length`` tokens and gets one new token per forward. Use it as a forward's
+    ``attention``."""
+
+    def __init__(self, config: LlamaConfig, batch: int, capacity: int) -> None:
+        self.config = config
+        self.length = 0
+        shape = (config.num_layers, batch, config.num_kv_heads, capacity, config.head_dim)
+        self.keys = torch.zeros(shape)
+        self.values = torch.zeros(shape)
+
+    def fill(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Every sequence holds the same ``(num_layers, num_kv_heads, n, head_dim)`` K and V."""
+        n = keys.shape[2]
+        self.keys[:, :, :, :n] = keys[:, None]
+        self.values[:, :, :, :n] = values[:, None]
+        self.length = n
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        position = self.length
+        self.keys[layer, :, :, position] = k
+        self.values[layer, :, :, position] = v
+        if layer == self.config.num_layers - 1:
+            self.length = position + 1
+        end = position + 1
+        keys, values = self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+        out = F.scaled_dot_product_attention(q[:, :, None], keys, values, enable_gqa=True)
+        return out[:, :, 0]  # (batch, heads, head_dim)
 
 
 @dataclass(frozen=True)
