@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numba
@@ -24,6 +24,10 @@ from pagesim.core.atomic_write import atomic_write
 from pagesim.core.config import CacheConfig
 from pagesim.core.engine import Simulator
 from pagesim.core.errors import PagesimError
+from pagesim.core.models.bench import QUICK_PLAN, ModelBenchPlan, run_model_bench
+from pagesim.core.models.catalog import load_model
+from pagesim.core.models.precision import DTYPE_ENV, bf16_matmul_flags, describe_dtype, resolve_dtype
+from pagesim.core.models.threads import apply_chosen_threads
 from pagesim.core.operations import Add, Fork, Free, Grow, Schedule, Submit
 from pagesim.core.scenario import Scenario, load_shipped
 from pagesim.core.studies.workload import generate
@@ -404,12 +408,97 @@ def write_results(path: Path, report: dict) -> None:
     print(f"wrote {path}")
 
 
+def _print_model_row(name: str, row) -> None:
+    if name == "load":
+        first, cached = row["first"], row["cached"]
+        print(
+            f"load: first {first['load_s']:.2f} s (empty cache: {first['cache_status']}), cached "
+            f"{cached['load_s']:.2f} s (imports before it: {cached['import_s']:.2f} s); targets ≤ "
+            f"{row['first_target_s']:.0f} s and ≤ {row['cached_target_s']:.0f} s"
+        )
+    elif name == "rss":
+        print(
+            f"peak RSS: {row['peak_rss_mb']:.0f} MB with {row['weights_mb']:.0f} MB of weights and "
+            f"{row['kv_cache_mb']:.0f} MB of KV cache ({row['batch']} × {row['context']} tokens): "
+            f"{row['over_weights_and_kv_mb']:+.0f} MB beyond them, target ≤ +{row['headroom_mb']:.0f} MB"
+        )
+    elif name == "threads":
+        for r in row:
+            busy = "the other core busy" if r["other_core_busy"] else "as the machine is"
+            print(
+                f"threads: a paged decode step on {r['threads']} thread{'s' if r['threads'] > 1 else ''}, {busy} "
+                f"(load {r['load_average']:.1f}): {r['paged_ms']:.1f} ms"
+            )
+    elif name == "decode":
+        print(
+            f"decode: {row['batch']} sequences at context {row['context']}: paged {row['paged_ms']:.1f} ms, dense "
+            f"{row['dense_ms']:.1f} ms = {row['paged_over_dense']:.3f}× (CPU time {row['paged_over_dense_cpu']:.3f}×), "
+            f"target ≤ {row['target']:.2f}×; logits within {row['logits_max_abs_diff']:.1e}"
+            + ("" if row["same_next_tokens"] else ", DIFFERENT next tokens")
+        )
+    elif name == "prefill":
+        target = row["target_tokens_per_s"]
+        rate = f" and ≥ {target:.0f} tokens/s" if target else ""
+        print(
+            f"prefill: {row['tokens']} tokens: paged {row['paged_tokens_per_s']:.0f} tokens/s, dense "
+            f"{row['dense_tokens_per_s']:.0f} = {row['paged_over_dense_speed']:.3f}× the speed (CPU time "
+            f"{row['paged_over_dense_speed_cpu']:.3f}×), target ≥ {row['target_speed_ratio']:.1f}×{rate}; "
+            f"logits within {row['logits_max_abs_diff']:.1e}"
+        )
+
+
+def run_model_benchmarks(args: argparse.Namespace, path: Path) -> int:
+    """``pagesim bench --model``: the real model's loads, memory, threads, decode and prefill."""
+    if args.backend == "cuda":
+        print("error: --model runs on the CPU backend (its dense engine is torch on the CPU)", file=sys.stderr)
+        return 2
+    os.environ[DTYPE_ENV] = args.dtype  # the measuring processes load the same weights
+    dtype, why = resolve_dtype(args.dtype)
+    threads = apply_chosen_threads()
+    load_before = os.getloadavg()
+    file = load_model(args.model, dtype)
+    backend = CpuBackend()
+    info = machine_info(backend)
+    model = {
+        "name": file.config.name,
+        "path": str(file.path),
+        "dtype": dtype,
+        "dtype_choice": args.dtype,
+        "dtype_why": why,
+        "bf16_matmul_flags": bf16_matmul_flags(),
+        "threads": threads,
+        "weights_mb": file.weight_bytes / 2**20,
+    }
+    print(f"pagesim bench --model · {info['cpu']} · {info['cores']} cores · load average {load_before[0]:.1f}")
+    print(f"{model['name']} · {describe_dtype(dtype)} ({why}) · {threads} · {backend.device}")
+    plan = QUICK_PLAN if args.quick else ModelBenchPlan()
+    results = run_model_bench(args.model, file, backend, plan, _print_model_row)
+    targets_met = {
+        "load": results["load"]["meets_target"],
+        "rss": results["rss"]["meets_target"],
+        "decode": all(r["meets_target"] for r in results["decode"]),
+        "prefill": results["prefill"]["meets_target"],
+    }
+    report = {
+        "machine": info | {"load_average_before": load_before, "load_average_after": os.getloadavg()},
+        "model": model,
+        "plan": asdict(plan),
+        **results,
+        "targets_met": targets_met,
+        "quick": args.quick,
+    }
+    write_results(path, report)
+    return 0
+
+
 def run_benchmarks(args: argparse.Namespace) -> int:
     path = bench_json(args)
     # Checked before the minutes of measuring, not after.
     if reason := writable_problem(path, "--json"):
         print(f"error: {reason}", file=sys.stderr)
         return 2
+    if args.model:
+        return run_model_benchmarks(args, path)
     backend = select_backend(args.backend)
     if backend.name == "cuda":
         write_results(path, run_cuda_benchmarks(args, backend))

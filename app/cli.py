@@ -17,7 +17,7 @@ from pagesim.app.kv_attach import add_parser as add_attach_parser
 from pagesim.app.kv_attach import cmd_attach
 from pagesim.app.kv_publisher import add_run_options as add_kv_event_options
 from pagesim.app.kv_publisher import open_step_publisher
-from pagesim.app.options import add_backend_option, add_bench_options, writable_problem
+from pagesim.app.options import add_backend_option, add_bench_options, add_dtype_option, writable_problem
 from pagesim.app.report import (
     TABLE_HEADER,
     dump_step,
@@ -133,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus: the smallest set of mass ≥ P")
     gen.add_argument("--top-k", type=int, default=0, metavar="K", help="the K most likely tokens only (0: off)")
     gen.add_argument("--seed", type=int, default=0, metavar="S", help="the draws' seed (the same seed, the same text)")
+    add_dtype_option(gen, None)  # fp32 unless asked: the paged and dense engines agree token for token
     add_backend_option(gen)
 
     add_attach_parser(sub)  # pagesim attach ENDPOINT: a vLLM server's prefix cache, live

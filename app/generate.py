@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 
@@ -17,6 +18,8 @@ from pagesim.core.atomic_write import atomic_write
 from pagesim.core.engine import Simulator
 from pagesim.core.errors import InvalidOperationError
 from pagesim.core.models.catalog import config_for_model, load_model
+from pagesim.core.models.precision import DTYPE_ENV, describe_dtype, resolve_dtype
+from pagesim.core.models.threads import apply_chosen_threads
 from pagesim.core.operations import Add, Grow
 from pagesim.core.sampling import SamplingParams
 from pagesim.kernels.selection import select_backend
@@ -46,6 +49,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return 2
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed, args.max_tokens)
     stream = args.json is None or str(args.json) != "-"
+    if args.dtype is not None:
+        os.environ[DTYPE_ENV] = args.dtype  # every load of the model in this run (config, runner) agrees
+    dtype, why = resolve_dtype()
+    threads = apply_chosen_threads()
     model = load_model(args.model)
     tok = model.tokenizer
     messages = [{"role": "user", "content": args.prompt}]
@@ -55,6 +62,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     blocks = -(-(len(prompt) + args.max_tokens) // args.block_size)
     config = config_for_model(args.model, num_blocks=blocks, block_size=args.block_size)
     sim = Simulator(config, select_backend(args.backend, args.cuda_kernel))
+    if stream:
+        name = model.config.name or model.path.name
+        print(f"{name} · {describe_dtype(dtype)} ({why}) · {threads} · {sim.runner.device}\n")
     result = sim.apply(Add(SEQ, prompt=prompt, sampling=sampling))
     runner = sim.runner
     pending, attention = runner.logits_checks[0], result.attention  # what the first token is chosen from
@@ -93,6 +103,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.json is not None:
         report = {
             "model": args.model,
+            "dtype": dtype,
+            "threads": threads,
             "prompt": args.prompt,
             "chat": args.chat,
             "sampling": {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed},

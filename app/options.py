@@ -6,9 +6,14 @@ import argparse
 import os
 from pathlib import Path
 
+from pagesim.core.language_model import BUNDLED_MODEL
+
 BACKEND_CHOICES = ["auto", "cpu", "cuda"]
 DEFAULT_BENCH_JSON = Path("bench-results/bench.json")
 DEFAULT_GUI_BENCH_JSON = Path("bench-results/gui-bench.json")
+DEFAULT_MODEL_BENCH_JSON = Path("bench-results/model-bench.json")
+# core.models.precision's choices (importing that package would load torch, which most commands never need)
+DTYPE_CHOICES = ["auto", "fp32", "bf16"]
 
 
 def add_backend_option(parser: argparse.ArgumentParser) -> None:
@@ -29,21 +34,43 @@ def add_backend_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_dtype_option(parser: argparse.ArgumentParser, default: str | None) -> None:
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        default=default,
+        help="a real model's weights and matmuls: fp32, bf16, or auto (bf16 where the CPU has AMX or AVX512-BF16); "
+        f"default: {default or 'PAGESIM_DTYPE, else fp32'}",
+    )
+
+
 def add_bench_options(parser: argparse.ArgumentParser) -> None:
     add_backend_option(parser)
     parser.add_argument(
         "--json",
         type=Path,
         metavar="PATH",
-        help=f"write the results here (default: {DEFAULT_BENCH_JSON}, or {DEFAULT_GUI_BENCH_JSON} with --gui)",
+        help=f"write the results here (default: {DEFAULT_BENCH_JSON}, {DEFAULT_GUI_BENCH_JSON} with --gui, "
+        f"{DEFAULT_MODEL_BENCH_JSON} with --model)",
     )
     parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (a smoke run)")
+    parser.add_argument(
+        "--model",
+        nargs="?",
+        const=BUNDLED_MODEL,
+        metavar="M",
+        help="benchmark a real model instead (default smollm2-135m, or a .gguf path): loads, peak memory, threads, "
+        "decode steps and a prefill, the paged engine against the dense one; CPU only",
+    )
+    add_dtype_option(parser, "auto")
 
 
 def bench_json(args: argparse.Namespace, gui: bool = False) -> Path:
     """Where a benchmark writes its results: ``--json`` as given, else the default."""
     if getattr(args, "json", None) is not None:
         return args.json
+    if getattr(args, "model", None):
+        return DEFAULT_MODEL_BENCH_JSON
     return DEFAULT_GUI_BENCH_JSON if gui else DEFAULT_BENCH_JSON
 
 

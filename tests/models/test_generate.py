@@ -19,9 +19,12 @@ def test_generate_answers_the_question_and_reports_every_step(tmp_path, capsys, 
     args = ["generate", QUESTION, "--chat", "--max-tokens", "12", "--json", str(out), "--backend", "cpu"]
     assert main(args) == 0
     printed = capsys.readouterr().out
-    assert "Paris" in printed.splitlines()[0]  # streamed first, then the table and the verdict
+    header, _, text = printed.splitlines()[:3]
+    assert "fp32 weights (the default)" in header and "thread" in header  # what runs: weights, threads, kernel
+    assert "Paris" in text  # streamed after the header, then the table and the verdict
     assert "block table of sequence 0" in printed and "✓" in printed
     report = json.loads(out.read_text())
+    assert report["dtype"] == "float32"
     tok = smollm.tokenizer
     assert report["prompt_token_ids"] == tok.encode_chat([{"role": "user", "content": QUESTION}])
     assert "Paris" in report["text"]

@@ -7,8 +7,7 @@ import pytest
 import torch
 from pagesim.core.errors import PagesimError
 from pagesim.core.llama_model import LOGITS_TOLERANCE, LOGITS_TOLERANCE_BF16, DenseReference
-from pagesim.core.models import DenseKVCache, DenseLlamaEngine, Llama, load_gguf
-from pagesim.core.models import precision, threads
+from pagesim.core.models import DenseKVCache, DenseLlamaEngine, Llama, load_gguf, precision, threads
 from pagesim.core.models.gguf_loader import cache_root, to_bfloat16_bits
 from pagesim.core.models.llama import DenseBatchKVCache
 
