@@ -180,6 +180,7 @@ class Simulator:
         sequence. ``record=False`` keeps no events (large simulations)."""
         self.events.enabled = record
         self.events.clear()
+        self.registry.forwards.clear()
         try:
             self.execute(op)
         except Exception:

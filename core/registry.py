@@ -34,6 +34,9 @@ class SequenceRegistry:
         self.sequences: dict[str, Sequence] = {}
         # Preemption by swap: sequences whose blocks wait in the CPU pool, off the GPU.
         self.swapped: dict[str, Sequence] = {}
+        # A real model's forwards in the operation under way: ("prefill" | "decode", tokens,
+        # seconds); the engine clears it at each operation (the synthetic model runs none).
+        self.forwards: list[tuple[str, int, float]] = []
 
     # -- lookups ----------------------------------------------------------------------------
     def sequence(self, seq_id: str) -> Sequence:
@@ -139,6 +142,7 @@ class SequenceRegistry:
         starts = [len(s.token_ids) for s in seqs]
         done = self.blocks.append(seqs, token_ids, skip)
         self.runner.write_kv(seqs, starts, token_ids, done.slots, done.copies, skip)
+        self._note_forward("prefill" if skip or any(len(ids) > 1 for ids in token_ids) else "decode")
 
     def decode(
         self,
@@ -168,6 +172,12 @@ class SequenceRegistry:
             return
         done = self.blocks.append(seqs, tokens, starts=starts)
         self.runner.write_kv(seqs, starts, [[t] for t in tokens], done.slots, done.copies)
+        self._note_forward("decode")
+
+    def _note_forward(self, kind: str) -> None:
+        seconds = getattr(self.runner, "paged_seconds", None)  # a real model's forward only
+        if seconds is not None:
+            self.forwards.append((kind, self.runner.computed_tokens, seconds))
 
     @staticmethod
     def _next_tokens(model, seqs: list[Sequence], seq_ids: list[str]) -> list[int]:

@@ -301,7 +301,14 @@ def build_frame(
         token_budget=step_budget(sim.scheduler, current.op if current is not None else None),
         prefilling=prefill_progress(sim.scheduler),
         has_text=piece is not None,
-        step_work=None if current is None else step_work(current.op_events, sim.config.block_size),
+        step_work=None
+        if current is None
+        else step_work(
+            current.op_events,
+            sim.config.block_size,
+            max((s.num_tokens for s in sequences), default=0),
+            sim.registry.forwards if hasattr(sim.runner, "paged_seconds") else None,
+        ),
         beam_trees=timeline_beam_trees(timeline),
         caption=timeline.caption(timeline.position),
         note=timeline.note(timeline.position),

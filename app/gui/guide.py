@@ -37,6 +37,14 @@ the queue, to be prefilled again) or by <i>swap</i> (its blocks go to a CPU pool
 come back bit for bit, green). Parallel samples and beams are forks, preempted together.
 The memory panel lists the queues. <b>Waste vs contiguous</b> replays a workload on this
 pool through paging and through Orca-style contiguous reservations.</p>
+<p><b>Prefill and decode</b> (the bar under the narration): a <i>prefill</i> computes a whole
+prompt (or several tokens) in one pass, solid; a <i>decode</i> computes one new token per
+running sequence, hatched, reading every earlier token's K/V from its blocks; prompt tokens
+a prefix-cache hit found in the pool are <i>skipped</i>, dashed and empty. Each row's Tokens
+cell says "+N prefill" or "+1 decode" for the step. <b>Beam tree</b> (a tab beside Memory):
+a beam search drawn step by step, each kept beam's token and its total log-probability;
+live beams coloured, pruned ones faded (the blocks only they held were freed), and the final
+texts ranked at the end.</p>
 <p><b>Sequences and block tables</b> (left): a sequence's tokens are split into
 <b>logical blocks</b> — token <i>t</i> lives in logical block <i>t // block_size</i>, slot
 <i>t % block_size</i>. The <b>block table</b> maps each logical block (L0, L1, …) to the

@@ -22,6 +22,7 @@ from pagesim.app.gui.selection import Selection
 from pagesim.app.gui.settings import read_setting
 from pagesim.app.gui.status import StatusReporter
 from pagesim.app.gui.studies import StudyDocks
+from pagesim.app.gui.views.beam_tree import BeamTreeView
 from pagesim.app.gui.views.check_badge import CheckBadge, CheckFold
 from pagesim.app.gui.views.connectors import TableToPoolLines
 from pagesim.app.gui.views.header import ScenarioHeader
@@ -32,6 +33,7 @@ from pagesim.app.gui.views.scheduler_view import SchedulerView
 from pagesim.app.gui.views.sequence_text import SequenceText, TokensAndText
 from pagesim.app.gui.views.sequence_view import SequenceView
 from pagesim.app.gui.views.step_log import StepLog
+from pagesim.app.gui.views.step_work import StepWorkBar
 from pagesim.app.gui.views.swap_flight import SwapFlight
 from pagesim.app.gui.views.token_budget import TokenBudgetBar, scheduler_panel
 from pagesim.app.gui.views.token_map import TokenMap
@@ -93,7 +95,7 @@ class MainWindow(QMainWindow):
         self.pool_legend = PoolLegend(self.theme, self.colours)
         self.check_badge = CheckBadge(self.theme)
         self._build_central()
-        self._scheduler_raised = False
+        self._scheduler_raised = self._beam_tree_raised = False
         self._build_docks()
         # The Check panel folds to its badge by default and in narrow windows: the pool gets the width.
         self.check_fold = CheckFold(self, self.kernel_dock, self.kernel_tabs, self.kernel_panel, self.check_badge)
@@ -125,6 +127,8 @@ class MainWindow(QMainWindow):
         self.studies.bind(c)
         self.scheduler_view.bind(c)
         self.token_budget.bind(c)
+        self.step_work_bar.bind(c)
+        self.beam_tree.bind(c)
         self.files.bind(c)
         c.frameChanged.connect(self._on_frame)
         c.poolRefused.connect(lambda needed, free: self.pool_view.show_refusal(needed, free, self.last_error or ""))
@@ -162,6 +166,8 @@ class MainWindow(QMainWindow):
         layout.setContentsMargins(8, 6, 8, 4)
         for widget in self.header.widgets:
             layout.addWidget(widget)
+        self.step_work_bar = StepWorkBar(self.colours, self.theme)  # what the step computed: prefill or decode
+        layout.addWidget(self.step_work_bar)
         caption_row = QHBoxLayout()  # the pool's caption, and the kernel check's badge at its right
         caption_row.addWidget(self.header.pool_caption, 1)
         caption_row.addWidget(self.check_badge)
@@ -228,6 +234,9 @@ class MainWindow(QMainWindow):
         self.step_log_dock = self._dock("Step log", self.step_log, bottom, "steplog")
         self.step_log_dock.visibilityChanged.connect(lambda shown: shown and self.step_log.catch_up())
         self.tabifyDockWidget(self.memory_dock, self.step_log_dock)  # into the same group: no orphaned tab bar
+        self.beam_tree = BeamTreeView(self.colours, self.theme)
+        self.beam_tree_dock = self._dock("Beam tree", self.beam_tree, bottom, "beamtree")
+        self.tabifyDockWidget(self.memory_dock, self.beam_tree_dock)
         self.memory_dock.raise_()
         self.resizeDocks([self.sequences_dock, self.kernel_dock], [380, 420], Qt.Orientation.Horizontal)
         self.resizeDocks([self.memory_dock], [200], Qt.Orientation.Vertical)
@@ -252,7 +261,7 @@ class MainWindow(QMainWindow):
         """The worker built ``scenario``'s timeline; its first frame comes next."""
         self.colours.reset()
         self.selection.reset()
-        self._scheduler_raised = False
+        self._scheduler_raised = self._beam_tree_raised = False
         self.waste_panel.clear()  # a study of the last scenario's pool says nothing of this one
         self.frame = None
 
@@ -397,6 +406,8 @@ class MainWindow(QMainWindow):
             self.pool_legend, self.check_badge, self.studies, self.sequence_text,
         ):  # fmt: skip
             view.set_theme(self.theme)
+        self.step_work_bar.set_theme(self.theme)
+        self.beam_tree.set_theme(self.theme)
 
     # -- frames in -------------------------------------------------------------------
     def _show_walk_lookup(self, seq: str, logical: int, physical: int, slot: int = -1) -> None:
@@ -418,6 +429,12 @@ class MainWindow(QMainWindow):
         if frame.queues is not None and not self._scheduler_raised:  # a scheduler scenario: its queues in front
             self._scheduler_raised = True
             self.scheduler_dock.raise_()
+        if frame.beam_trees and not self._beam_tree_raised:  # the search's first step: its tree in front
+            self._beam_tree_raised = True
+            self.beam_tree_dock.raise_()
+            if self.height() >= 900:  # room for a few branches without scrolling (a small window keeps its pool)
+                tall = max(self.beam_tree_dock.height(), self.height() // 3)
+                self.resizeDocks([self.beam_tree_dock], [tall], Qt.Orientation.Vertical)
         attended = frame.attention is not None and self.selected_seq in frame.attention.seq_ids
         stale_focus = frame.focus is None or frame.focus.seq_id != self.selected_seq
         if stale_focus and attended:

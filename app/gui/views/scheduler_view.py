@@ -21,6 +21,12 @@ POOL_CAPTION_TOP = 6 + len(LANES) * LANE_H + 8  # the CPU pool's caption, below 
 TILES_TOP = POOL_CAPTION_TOP + 20  # and its tiles below that
 
 
+PHASE_TIPS = {
+    "prefill": "prefill: its prompt (or several tokens at once) computed in one pass, all its tokens' K/V written",
+    "decode": "decode: one new token per sequence, attending to the K/V already cached in its blocks",
+}
+
+
 def request_of(seq_id: str) -> str:
     """The request a scheduler sequence belongs to (``r3/s1`` → ``r3``)."""
     return seq_id.split("/")[0]
@@ -95,6 +101,11 @@ class SchedulerView(QWidget):
             for index, request in enumerate(requests):
                 progress = (frame.prefilling or {}).get(request) if key == "running" else None
                 label = request if progress is None else f"{request} · prefilling {progress[0]}/{progress[1]}"
+                # What this step computed for it (a v1 step's token budget says so already).
+                work = frame.step_work if key == "running" and frame.token_budget is None else None
+                phase = work.request_phase(request) if work is not None else None
+                if phase is not None and progress is None:
+                    label = f"{request} · {phase}"
                 chip_w = max(CHIP_W, painter.fontMetrics().horizontalAdvance(label) + 16)
                 if x + chip_w > self.width() - 6:
                     more = f"+{len(requests) - index}"
@@ -153,7 +164,13 @@ class SchedulerView(QWidget):
                 "the rest in the next steps' token budgets (chunked prefill)"
             )
         v1 = self.frame is not None and self.frame.config.scheduler == "v1"
-        return f"{request}: " + (V1_RUNNING if v1 and lane == "running" else dict(LANES)[lane])
+        text = f"{request}: " + (V1_RUNNING if v1 and lane == "running" else dict(LANES)[lane])
+        frame = self.frame
+        work = frame.step_work if frame is not None and lane == "running" and frame.token_budget is None else None
+        phase = work.request_phase(request) if work is not None else None
+        if phase is not None:
+            text += "\nThis step: " + PHASE_TIPS[phase]
+        return text
 
     def event(self, event) -> bool:
         if event.type() == QEvent.Type.ToolTip:

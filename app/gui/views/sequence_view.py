@@ -114,6 +114,12 @@ class SequenceView(QTreeWidget):
         self.customContextMenuRequested.connect(self._context_menu)
         self.itemSelectionChanged.connect(self._selection_changed)
         self._rows: dict[str, QTreeWidgetItem] = {}
+        self._phased: set[str] = set()  # rows whose Tokens cell says what the step computed
+        self.headerItem().setToolTip(
+            1,
+            "Tokens it holds; then what this step computed for it: +N prefill (a prompt, or several tokens in "
+            "one pass) or +1 decode (one new token)",
+        )
         self._shown: dict[str, tuple] = {}  # per row: (tokens, table, ref counts) it shows
         self._updating = False
         self._hovered_entry: tuple[str, int] | None = None
@@ -167,7 +173,8 @@ class SequenceView(QTreeWidget):
                 elif touched is not None and seq.seq_id not in touched:
                     continue  # this step left the row as it was
                 self._fill_row(item, seq, frame)
-            if added or touched is None:
+            widened = self._show_phases(frame)
+            if added or touched is None or widened:
                 for column in range(3):
                     self.resizeColumnToContents(column)
         finally:
@@ -201,6 +208,29 @@ class SequenceView(QTreeWidget):
         if shown is None or shown[2] != refs:
             item.setData(TABLE_COLUMN, Qt.ItemDataRole.UserRole + 2, refs)
         self._shown[seq.seq_id] = (seq.num_tokens, seq.block_table, refs)
+
+    def _show_phases(self, frame: Frame) -> bool:
+        """Each row's Tokens cell says what this step did to it: "+38 prefill" or "+1 decode"
+        (only rows the step or the last one computed). True: a cell needs a wider column."""
+        work = {w.seq: w for w in frame.step_work.sequences} if frame.step_work is not None else {}
+        phased = self._phased
+        counts = {s.seq_id: s.num_tokens for s in frame.sequences} if work or phased else {}
+        widened = False
+        for seq_id in phased | work.keys():
+            item = self._rows.get(seq_id)
+            if item is None:
+                continue
+            done = work.get(seq_id)
+            text = str(counts[seq_id])
+            if done is not None:
+                text += f"  +{done.tokens} {done.kind}" if done.tokens else "  prefix hit"
+            with QSignalBlocker(self.model()):
+                item.setText(1, text)
+                item.setToolTip(1, f"This step: {done.describe()}" if done is not None else "Tokens it holds")
+            self._repaint_if_shown(item)
+            widened |= self.fontMetrics().horizontalAdvance(text) + 16 > self.columnWidth(1)
+        self._phased = set(work)
+        return widened
 
     def _repaint_if_shown(self, item: QTreeWidgetItem) -> None:
         """Repaint a row if it is on screen. Finding a row's rectangle walks the rows above it
