@@ -3,12 +3,14 @@
 import pytest
 from pagesim.core.errors import ScenarioError
 from pagesim.core.operations import Add
-from pagesim.core.scenario import load_shipped, parse_scenario
+from pagesim.core.scenario import load_scenario, parse_scenario
 from pagesim.core.timeline import Timeline
+
+from tests.scenarios import token_model
 
 
 def test_every_step_of_the_tour_says_what_it_did_to_the_pool(cpu_backend):
-    timeline = Timeline(load_shipped("default"), cpu_backend)
+    timeline = Timeline(load_scenario(token_model("default")), cpu_backend)
     timeline.run_to_end()
     captions = timeline.captions()
     assert len(captions) == timeline.length and all(captions)
@@ -21,20 +23,20 @@ def test_every_step_of_the_tour_says_what_it_did_to_the_pool(cpu_backend):
 
 
 def test_old_steps_keep_their_caption_after_dropping_their_detail(cpu_backend):
-    timeline = Timeline(load_shipped("default"), cpu_backend)
+    timeline = Timeline(load_scenario(token_model("default")), cpu_backend)
     timeline.run_to_end()
     assert timeline.result(3).detail_dropped  # its TokenWritten events are gone…
     assert "A's token 6 went into block 1, slot 2" in timeline.caption(3)  # …its caption is not
 
 
 def test_steps_not_played_yet_show_their_operation(cpu_backend):
-    timeline = Timeline(load_shipped("default"), cpu_backend)
+    timeline = Timeline(load_scenario(token_model("default")), cpu_backend)
     timeline.forward()
     assert timeline.captions()[1] == "add B (9 tok) (not played yet)"
 
 
 def test_notes_are_read_kept_with_their_step_and_saved():
-    scenario = load_shipped("default")
+    scenario = load_scenario(token_model("default"))
     assert scenario.note(6).startswith("A2 writes into a block it shares")
     again = parse_scenario(scenario.to_toml())
     assert again.notes == scenario.notes and again.operations == scenario.operations
@@ -43,7 +45,7 @@ def test_notes_are_read_kept_with_their_step_and_saved():
 
 
 def test_a_branch_drops_the_scripts_narration_after_it(cpu_backend):
-    timeline = Timeline(load_shipped("default"), cpu_backend)
+    timeline = Timeline(load_scenario(token_model("default")), cpu_backend)
     timeline.seek(6)
     assert timeline.note(6).startswith("Forking")
     timeline.push(Add("U", 3))

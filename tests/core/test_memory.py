@@ -9,11 +9,12 @@ from pagesim.core.engine import Simulator
 from pagesim.core.events import AttentionComputed, KernelLaunched
 from pagesim.core.kv_cache import ChunkedKVReference
 from pagesim.core.operations import Add, Fork, Free, Grow
-from pagesim.core.scenario import Scenario, load_shipped
+from pagesim.core.scenario import Scenario, load_scenario, load_shipped
 from pagesim.core.timeline import KEEP_ATTENTION, MAX_SNAPSHOTS, Timeline
 from pagesim.core.token_model import TokenModel
 
 from tests.core.helpers import check_invariants, held_kv, state_fingerprint
+from tests.scenarios import token_model
 
 
 def _rows(n: int, seed: int, dtype=np.float16) -> np.ndarray:
@@ -77,7 +78,7 @@ def test_the_newest_checkpoint_undoes_changes_to_live_blocks_only(cpu_backend):
 
 
 def test_old_steps_drop_their_detail_and_a_seek_brings_it_back(cpu_backend):
-    timeline = Timeline(load_shipped("default"), cpu_backend)
+    timeline = Timeline(load_scenario(token_model("default")), cpu_backend)
     originals = [timeline.forward() for _ in range(KEEP_ATTENTION + 6)]
     old = timeline.result(2)
     assert old.detail_dropped and old.attention is None
@@ -97,9 +98,9 @@ def test_old_steps_drop_their_detail_and_a_seek_brings_it_back(cpu_backend):
 
 
 def test_an_export_holds_every_event_even_of_steps_that_dropped_their_detail(cpu_backend):
-    full = Timeline(load_shipped("default"), cpu_backend)
+    full = Timeline(load_scenario(token_model("default")), cpu_backend)
     expected = [r.events for r in full.run_to_end()]
-    timeline = Timeline(load_shipped("default"), cpu_backend)
+    timeline = Timeline(load_scenario(token_model("default")), cpu_backend)
     timeline.run_to_end()
     assert any(timeline.result(k).detail_dropped for k in range(1, timeline.length + 1))
     exported = [r.events for r in timeline.events_through_now()]

@@ -1,7 +1,7 @@
 import pytest
 from pagesim.core.errors import PoolExhaustedError, ScenarioError
 from pagesim.core.operations import Add, Grow
-from pagesim.core.scenario import load_scenario, load_shipped, parse_scenario
+from pagesim.core.scenario import load_scenario, parse_scenario
 from pagesim.core.timeline import Timeline
 
 from tests.core.helpers import check_invariants, state_fingerprint
@@ -9,7 +9,7 @@ from tests.scenarios import token_model
 
 
 def test_stepping_back_restores_exactly_the_earlier_state(cpu_backend):
-    timeline = Timeline(load_shipped("default"), cpu_backend, snapshot_every=4)
+    timeline = Timeline(load_scenario(token_model("default")), cpu_backend, snapshot_every=4)
     fingerprints = [state_fingerprint(timeline.sim)]
     while not timeline.at_end:
         timeline.forward()
@@ -26,15 +26,15 @@ def test_stepping_back_restores_exactly_the_earlier_state(cpu_backend):
 
 
 def test_replay_is_deterministic_across_fresh_runs(cpu_backend):
-    one = Timeline(load_shipped("default"), cpu_backend)
-    two = Timeline(load_shipped("default"), cpu_backend)
+    one = Timeline(load_scenario(token_model("default")), cpu_backend)
+    two = Timeline(load_scenario(token_model("default")), cpu_backend)
     one.run_to_end()
     two.seek(two.length)
     assert state_fingerprint(one.sim) == state_fingerprint(two.sim)
 
 
 def test_a_user_operation_branches_the_timeline(cpu_backend):
-    timeline = Timeline(load_shipped("default"), cpu_backend, snapshot_every=2)
+    timeline = Timeline(load_scenario(token_model("default")), cpu_backend, snapshot_every=2)
     timeline.seek(6)
     timeline.push(Add("user", 3))
     assert timeline.length == 7 and timeline.at_end
@@ -45,7 +45,7 @@ def test_a_user_operation_branches_the_timeline(cpu_backend):
 
 
 def test_a_refused_user_operation_changes_nothing(cpu_backend):
-    timeline = Timeline(load_shipped("default"), cpu_backend)
+    timeline = Timeline(load_scenario(token_model("default")), cpu_backend)
     timeline.seek(3)
     before = (state_fingerprint(timeline.sim), list(timeline.operations))
     with pytest.raises(PoolExhaustedError):
@@ -91,7 +91,7 @@ def test_a_seek_past_a_failing_step_stops_on_the_step_before_it_and_names_it(cpu
 
 
 def test_every_step_reached_by_seeking_has_its_attention_check(cpu_backend):
-    timeline = Timeline(load_shipped("default"), cpu_backend, snapshot_every=4)
+    timeline = Timeline(load_scenario(token_model("default")), cpu_backend, snapshot_every=4)
     timeline.seek(12)  # steps 1..11 replayed without attention on the way
     for step in (5, 9, 12, 1):
         timeline.seek(step)
@@ -128,7 +128,7 @@ def test_incremental_frames_equal_full_ones(cpu_backend):
 
 
 def test_an_action_mid_scenario_sets_the_future_aside_and_undo_brings_it_back(cpu_backend):
-    timeline = Timeline(load_shipped("default"), cpu_backend, snapshot_every=4)
+    timeline = Timeline(load_scenario(token_model("default")), cpu_backend, snapshot_every=4)
     script = list(timeline.operations)
     fingerprints = [state_fingerprint(timeline.sim)]
     while not timeline.at_end:
@@ -161,7 +161,7 @@ def test_an_action_mid_scenario_sets_the_future_aside_and_undo_brings_it_back(cp
 
 
 def test_a_new_action_after_undo_drops_the_redo_branch(cpu_backend):
-    timeline = Timeline(load_shipped("default"), cpu_backend)
+    timeline = Timeline(load_scenario(token_model("default")), cpu_backend)
     timeline.seek(3)
     timeline.push(Add("U", 5))
     timeline.undo()
@@ -170,7 +170,7 @@ def test_a_new_action_after_undo_drops_the_redo_branch(cpu_backend):
     assert not timeline.can_redo and timeline.operations[3] == Add("V", 3)
     timeline.undo()
     timeline.undo() if timeline.can_undo else None
-    assert timeline.operations == list(load_shipped("default").operations)
+    assert timeline.operations == list(load_scenario(token_model("default")).operations)
 
 
 def test_a_steps_attention_events_are_built_only_when_asked_for_and_as_before(cpu_backend):
@@ -204,7 +204,7 @@ def test_a_steps_attention_events_are_built_only_when_asked_for_and_as_before(cp
 def test_the_caption_log_kept_between_calls_equals_a_rebuild(cpu_backend):
     """captions() rewrites only the lines of steps recorded since the last call: after steps,
     a long seek's replay, a user's action, undo and redo it must equal a rebuild from scratch."""
-    timeline = Timeline(load_shipped("default"), cpu_backend, snapshot_every=4)
+    timeline = Timeline(load_scenario(token_model("default")), cpu_backend, snapshot_every=4)
 
     def check():
         kept = timeline.captions()
