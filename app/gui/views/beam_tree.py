@@ -115,7 +115,7 @@ class BeamTreeCanvas(QWidget):
             depth_w: dict[int, float] = {}
             for node in tree.nodes:
                 text_w = min(MAX_TEXT_W, metrics.horizontalAdvance(self._label(node, tree)))
-                score_w = metrics.horizontalAdvance(f"{node.logprob:.2f}")
+                score_w = metrics.horizontalAdvance(f"b00 #0 {node.logprob:.2f}")
                 depth_w[node.depth] = max(depth_w.get(node.depth, 0), text_w + 12, score_w + 12)
             lefts, x = {}, MARGIN
             for depth in sorted(depth_w):
@@ -240,6 +240,8 @@ class BeamTreeCanvas(QWidget):
         small.setPointSizeF(max(6.0, small.pointSizeF() * 0.85))
         painter.setFont(small)
         score = f"{node.logprob:.2f}" if node.rank is None else f"#{node.rank + 1} {node.logprob:.2f}"
+        if node.state == LIVE:  # the sequence's row in the table: beam/b0 → b0
+            score = f"{node.beam.rsplit('/', 1)[-1]} {score}"
         painter.setPen(QColor(theme.muted) if node.state != LIVE else text_colour)
         painter.drawText(rect.adjusted(3, rect.height() / 2, -3, -1), Qt.AlignmentFlag.AlignCenter, score)
         painter.setFont(QFont(self.font()))

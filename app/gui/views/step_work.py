@@ -63,7 +63,9 @@ class StepWorkBar(QWidget):
             return V1_LINE
         work = self.work
         if work is None:
-            return f"Step {frame.position}: no token computed" + ("" if frame.position else " yet")
+            if not frame.position:
+                return "No step yet: each step's bar shows the tokens it computes, prefill or decode"
+            return f"Step {frame.position}: no token computed (it only moved blocks: nothing for the model to run)"
         timing = work.timing()
         return f"Step {frame.position} · {work.summary()}" + (f" · {timing}" if timing else "")
 
