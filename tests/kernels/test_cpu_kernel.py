@@ -1,3 +1,5 @@
+import itertools
+
 import numba
 import numpy as np
 import pytest
@@ -111,16 +113,17 @@ def test_a_head_size_kernel_computes_what_the_generic_kernel_does(cpu_backend, l
     query, key_cache, value_cache, block_tables, context_lens = case
     _, part_blocks, parts = work_split(len(lens), block_tables.shape[1], 16)
     outputs = []
-    for kernel in (kernel_for(64, KIND_FLOAT32), _paged_attention_kernel):
+    for kernel, prefetch in itertools.product((kernel_for(64, KIND_FLOAT32), _paged_attention_kernel), (False, True)):
         out = np.empty(query.shape, np.float32)
         part_m = np.empty((len(lens), parts, 8), np.float32)
         part_l = np.empty((len(lens), parts, 8), np.float32)
         part_acc = np.empty((len(lens), parts, 8, 64) if parts > 1 else (1, 1, 1, 1), np.float32)
         scale = np.float32(default_scale(64))
         kernel(out, query, key_cache, value_cache, block_tables, context_lens, scale, KIND_FLOAT32, part_blocks,
-               part_m, part_l, part_acc)  # fmt: skip
+               part_m, part_l, part_acc, prefetch)  # fmt: skip
         outputs.append(out)
-    np.testing.assert_allclose(outputs[0], outputs[1], atol=1e-6, rtol=0)
+    assert np.array_equal(outputs[0], outputs[1]) and np.array_equal(outputs[2], outputs[3])  # a hint, no more
+    np.testing.assert_allclose(outputs[0], outputs[2], atol=1e-6, rtol=0)
     np.testing.assert_allclose(outputs[0], dense_for(*case, default_scale(64)), atol=tolerance("float32") / 10, rtol=0)
     assert (parts > 1) == (len(lens) == 3)
 
