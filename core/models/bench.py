@@ -5,10 +5,11 @@ dense engine (the same weights, each sequence's K/V contiguous, torch's SDPA), t
 alternately in one process; model loads and the resident high-water mark in fresh
 processes. ``pagesim bench --model`` prints and writes what these return.
 
-Both engines start from the same context: one real prompt prefilled once by the dense
-engine, its K/V copied into every sequence's blocks (scattered over the pool by a seeded
-permutation) and into every row of the dense batch. A timed decode step writes the token
-after it (the same slot every repeat), so each repeat does the same work."""
+Both engines start from the same context: one real prompt prefilled once by the paged
+engine, its blocks copied to every other sequence's (each sequence's scattered over the
+pool by a seeded permutation), the same K/V read back into every row of the dense batch.
+A timed decode step writes the token after it (the same slot every repeat), so each
+repeat does the same work."""
 
 from __future__ import annotations
 
@@ -116,37 +117,40 @@ def slots_of(table: list[int], positions, block_size: int) -> np.ndarray:
 
 class PagedDecode:
     """``batch`` sequences that each hold the same ``context - 1`` tokens' K/V in their own
-    scattered blocks, and the decode step that adds one token to each (paged) — and, with
-    ``dense``, the same step through the dense engine."""
+    scattered blocks (as if each had prefilled the prompt), and the decode step that adds
+    one token to each (paged) — and, with ``dense``, the same step through the dense
+    engine."""
 
     def __init__(self, file: ModelFile, backend: Backend, batch: int, context: int, block_size: int, dense: bool):
-        c = file.config
         rng = np.random.default_rng(batch)
         blocks_each = -(-context // block_size)
-        self.runner = paged_runner(file, backend, batch * blocks_each, block_size)
-        self.llama = llama = self.runner.llama
-        held = context - 1
+        self.runner = runner = paged_runner(file, backend, batch * blocks_each, block_size)
+        self.llama = runner.llama
+        self.held = held = context - 1
         ids = context_ids(file, held)
-        prefilled = DenseKVCache(c, capacity=held)
-        DenseLlamaEngine(llama).step(prefilled, ids)
-        keys, values = prefilled.keys[:, :, :held], prefilled.values[:, :, :held]  # (layers, kv, n, d)
-        del prefilled
         tables = rng.permutation(batch * blocks_each).reshape(batch, blocks_each).tolist()
         self.seqs = [Sequence(f"s{b}", token_ids=ids, block_table=tables[b]) for b in range(batch)]
-        for layer, cache in enumerate(self.runner.caches):
-            k = keys[layer].transpose(0, 1).contiguous().numpy()  # (n, kv, d), as the pool holds a token
-            v = values[layer].transpose(0, 1).contiguous().numpy()
-            for seq in self.seqs:
-                cache.write(slots_of(seq.block_table, range(held), block_size), k, v)
         for seq in self.seqs:
-            self.runner.add_sequence(seq.seq_id)
+            runner.add_sequence(seq.seq_id)
+            # The runner's own dense rows go: the paged forward never reads them, and this
+            # benchmark's dense engine is its own (they would be 3 MB a sequence of waste).
+            runner.reference.free(seq.seq_id)
+        # The context: one paged prefill, its blocks copied to every other sequence's.
+        first = self.seqs[0]
+        runner._forward([(first, 0, ids)], slots_of(first.block_table, range(held), block_size), 0)
+        for cache in runner.caches:
+            for seq in self.seqs[1:]:
+                for src, dst in zip(first.block_table, seq.block_table, strict=True):
+                    cache.copy_block(src, dst)
         self.new_tokens = [ids[(7 * b) % held] for b in range(batch)]
         self.computed = [(seq, held, [t]) for seq, t in zip(self.seqs, self.new_tokens, strict=True)]
         self.slots = np.array([slots_of(s.block_table, [held], block_size)[0] for s in self.seqs], np.int64)
-        self.held = held
         self.dense_cache = None
-        if dense:
-            self.dense_cache = DenseBatchKVCache(c, batch, capacity=context)
+        if dense:  # the same K/V, read back from the pool: (layers, kv heads, tokens, head dim)
+            stored = [cache.read_sequence(first.block_table, held) for cache in runner.caches]
+            keys = torch.stack([torch.from_numpy(k).transpose(0, 1) for k, _ in stored])
+            values = torch.stack([torch.from_numpy(v).transpose(0, 1) for _, v in stored])
+            self.dense_cache = DenseBatchKVCache(file.config, batch, capacity=context)
             self.dense_cache.fill(keys, values)
         self.dense_logits: torch.Tensor | None = None
 
