@@ -324,6 +324,17 @@ print(json.dumps(rss_run(sys.argv[1], sys.argv[2], plan)))
 """
 
 
+def peak_rss_bytes() -> int:
+    """This process's resident high-water mark: Linux's VmHWM, which starts afresh at exec.
+    (``getrusage``'s ru_maxrss does not: exec carries over the high-water mark of the address
+    space it replaces, so a child of a 2 GB benchmark read 2 GB, whatever it used itself.)"""
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # (no /proc: kilobytes on Linux)
+
+
 def rss_run(model: str, dtype: str, plan: ModelBenchPlan) -> dict:
     """In a fresh process: load the model, decode steps of the largest batch at the context
     and one prefill through the paged engine alone; the resident high-water mark."""
@@ -341,13 +352,14 @@ def rss_run(model: str, dtype: str, plan: ModelBenchPlan) -> dict:
     runner.add_sequence("p")
     ids = context_ids(file, plan.prefill_tokens)
     runner._forward([(Sequence("p", block_table=table), 0, ids)], slots_of(table, range(len(ids)), plan.block_size), 0)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kilobytes
+    peak = peak_rss_bytes()
     weights = file.weight_bytes
     budget = weights + kv_bytes + RSS_HEADROOM_MB * 2**20
     return {
         "batch": max(plan.batches),
         "context": plan.context,
         "peak_rss_mb": peak / 2**20,
+        "ru_maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # (inherits the parent's)
         "weights_mb": weights / 2**20,
         "kv_cache_mb": kv_bytes / 2**20,
         "headroom_mb": RSS_HEADROOM_MB,
