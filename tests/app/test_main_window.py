@@ -615,7 +615,7 @@ def test_nothing_is_cut_without_an_ellipsis_at_1024_by_700(make_window, qtbot, n
     window.resize(1024, 700)  # the Check panel folds to its badge…
     window.show_walkthrough()  # …and opened by hand, on its tallest page, it stays open
     window.actions.scrubber.setValue(min(8, window.frame.length))
-    wait_idle(qtbot, window)
+    wait_idle(qtbot, window, timeout=90_000)  # eight steps of SmolLM2, each checked against its dense engine
     qtbot.wait(50)  # the layout settles at the new size
     # The window fits the size at all: the docks' minimum heights once summed to 713 px.
     assert window.size().toTuple() == (1024, 700)

@@ -28,9 +28,14 @@ def test_run_writes_a_json_report(tmp_path, capsys):
     assert report["passed"] is True and report["backend"] == "cpu"
     assert len(report["steps"]) == len(load_shipped("default").operations)
     step = report["steps"][5]
-    assert step["op"] == "fork A → A2" and step["used_blocks"] + step["free_blocks"] == 24
+    assert step["op"] == "fork A → A2" and step["used_blocks"] + step["free_blocks"] == 32
     assert set(step["sequences"]) == {"A", "B", "A2"}
     assert all(s["max_abs_error"] <= step["tolerance"] for s in step["sequences"].values())
+    # The tour runs SmolLM2: a step that ran the model reports every layer's check
+    grow = report["steps"][2]
+    assert grow["layers"]["passed"] and grow["layers"]["same_next_tokens"]
+    assert 0 <= grow["layers"]["worst_layer"] < 30 and grow["layers"]["logits_max_abs_diff"] < 1e-3
+    assert "layers" not in step  # a fork runs no forward
 
 
 def test_dump_holds_exactly_the_kernels_inputs_and_outputs(tmp_path, cpu_backend):

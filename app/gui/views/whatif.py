@@ -108,6 +108,7 @@ class WhatIfPanel(QWidget):
         self.add_button.clicked.connect(self.add_setting)
         self.grid_label = ElidedLabel(max_lines=1)
         self.grid_label.setTextFormat(Qt.TextFormat.PlainText)
+        self.grid_label.setMinimumWidth(60)  # squeezed to nothing in a narrow window, it could not even say "…"
         self.clear_button = QPushButton("Clear grid")
         self.clear_button.setToolTip("Forget the settings added to the grid")
         self.clear_button.clicked.connect(self.clear_grid)
