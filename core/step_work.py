@@ -26,7 +26,8 @@ class SequenceWork:
 
     def describe(self) -> str:
         if self.kind == DECODE:
-            return f"{self.seq}: decode, 1 token (its newest; every earlier token's K/V is read from the cache)"
+            count = "1 token" if self.tokens == 1 else f"{self.tokens} tokens, one forward each"
+            return f"{self.seq}: decode, {count} (every earlier token's K/V is read from the cache)"
         text = f"{self.seq}: prefill, {self.tokens} token{'s' * (self.tokens != 1)} computed in one pass"
         if self.cached:
             text += f"; {self.cached} prompt tokens skipped (prefix-cache hit: their K/V already in the pool)"
@@ -73,7 +74,9 @@ class StepWork:
         if self.prefill_tokens:
             parts.append(f"prefill {self.prefill_tokens} token{'s' * (self.prefill_tokens != 1)}")
         if self.decode_tokens:
-            parts.append(f"decode {self.decode_tokens} (1 per sequence)")
+            several = any(w.kind == DECODE and w.tokens > 1 for w in self.sequences)
+            each = "one forward each" if several else "1 per sequence"
+            parts.append(f"decode {self.decode_tokens} ({each})")
         if self.cached_tokens:
             parts.append(f"{self.cached_tokens} skipped (prefix-cache hit)")
         return " · ".join(parts) or "no token computed"
@@ -114,8 +117,12 @@ def step_work(events, block_size: int, longest: int = 0, forwards=None) -> StepW
             cached[event.seq] = cached.get(event.seq, 0) + block_size
     if not written and not cached:
         return None
+    # A real model's grow by N runs N decode forwards, one token each: decode, not prefill.
+    decode_only = bool(forwards) and all(kind == DECODE for kind, _, _ in forwards)
     work = [
-        SequenceWork(seq, PREFILL if seq in arrived or count > 1 else DECODE, count, cached.get(seq, 0))
+        SequenceWork(
+            seq, PREFILL if seq in arrived or (count > 1 and not decode_only) else DECODE, count, cached.get(seq, 0)
+        )
         for seq, count in written.items()
     ]
     work += [SequenceWork(seq, PREFILL, 0, hits) for seq, hits in cached.items() if seq not in written]

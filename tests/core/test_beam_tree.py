@@ -97,3 +97,13 @@ def test_step_work_counts_prefill_decode_and_prefix_hits():
     assert (work[1].prefill_tokens, work[1].cached_tokens) == (2, 8)
     assert work[2].sequences[0].kind == DECODE and work[2].decode_tokens == 1
     assert work[3].sequences[0].kind == PREFILL and work[3].prefill_tokens == 3  # a grow of 3
+
+
+def test_a_real_models_grow_by_several_tokens_is_decode_one_forward_each():
+    wrote = [ev.TokenWritten("A", p, 7, 1, p % 4) for p in (5, 6)]
+    real = step_work(wrote, 4, forwards=[(DECODE, 1, 0.02), (DECODE, 1, 0.03)])
+    assert [(w.kind, w.tokens) for w in real.sequences] == [(DECODE, 2)]
+    assert real.decode_seconds == 0.05 and real.timing() == "50 ms"
+    assert "one forward each" in real.summary()
+    synthetic = step_work(wrote, 4)  # the token model writes a grow's tokens in one pass
+    assert [(w.kind, w.tokens) for w in synthetic.sequences] == [(PREFILL, 2)]
