@@ -10,18 +10,15 @@ import pyqtgraph as pg
 from pagesim.app.gui.palette import Theme
 from pagesim.app.gui.views.elided_label import ElidedLabel
 from pagesim.app.gui.views.plots import _key, _style_plot, add_plot
-from pagesim.app.gui.views.presets import gpu_box, model_shape_box
+from pagesim.app.gui.views.presets import gpu_box, model_shape_box, result_table
 from pagesim.core.studies.request_latency import DEFAULT_GPU, DEFAULT_MODEL_SHAPE, ScenarioLatency
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QHBoxLayout,
-    QHeaderView,
     QLabel,
     QPushButton,
     QSplitter,
-    QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
@@ -76,17 +73,7 @@ class LatencyPanel(QWidget):
         self.summary = ElidedLabel(max_lines=2)  # a long stall reason ends in "…", whole in the tooltip
         self.summary.setTextFormat(Qt.TextFormat.PlainText)
         self.summary.set_full_text(PROMPT)
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.table.verticalHeader().setVisible(False)
-        for column, (name, tip) in enumerate(COLUMNS):
-            item = QTableWidgetItem(name)
-            item.setToolTip(tip)
-            self.table.setHorizontalHeaderItem(column, item)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.table.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 6)  # a line a row
-        self.table.setToolTip("One row per request, in the order they arrived")
+        self.table = result_table(COLUMNS, "One row per request, in the order they arrived")
         self.plots = pg.GraphicsLayoutWidget()
         self.plots.setMinimumHeight(90)
         self.plot = add_plot(self.plots, 0, 0)

@@ -1,12 +1,12 @@
-"""Combo boxes of core's model-shape and GPU presets, shared by the study panels: each entry
-shows the preset's own name, keeps its key (what core looks it up by) as item data, and
-says where its figures come from in its tooltip."""
+"""What the study panels share: combo boxes of core's model-shape and GPU presets (each
+entry shows the preset's own name, keeps its key, what core looks it up by, as item data,
+and says where its figures come from in its tooltip), and their read-only result tables."""
 
 from __future__ import annotations
 
 from pagesim.core.studies.serving_time import GIB, GPUS, MODEL_SHAPES
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QComboBox
+from PySide6.QtWidgets import QAbstractItemView, QComboBox, QHeaderView, QTableWidget, QTableWidgetItem
 
 
 def _fill(box: QComboBox, entries: dict[str, tuple[str, str]], default: str) -> QComboBox:
@@ -34,3 +34,20 @@ def gpu_box(default: str, tooltip: str) -> QComboBox:
     box = _fill(QComboBox(), entries, default)
     box.setToolTip(tooltip)
     return box
+
+
+def result_table(columns: list[tuple[str, str]] | tuple[tuple[str, str], ...], tooltip: str) -> QTableWidget:
+    """A read-only table of whole rows, one line a row, its columns as wide as their contents;
+    ``columns``: (header, what it means) each."""
+    table = QTableWidget(0, len(columns))
+    table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+    table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+    table.verticalHeader().setVisible(False)
+    for column, (name, tip) in enumerate(columns):
+        item = QTableWidgetItem(name)
+        item.setToolTip(tip)
+        table.setHorizontalHeaderItem(column, item)
+    table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+    table.verticalHeader().setDefaultSectionSize(table.fontMetrics().height() + 6)
+    table.setToolTip(tooltip)
+    return table

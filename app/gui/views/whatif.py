@@ -10,7 +10,7 @@ import pyqtgraph as pg
 from pagesim.app.gui.palette import OKABE_ITO, Theme
 from pagesim.app.gui.views.elided_label import ElidedLabel
 from pagesim.app.gui.views.plots import _style_plot, add_plot
-from pagesim.app.gui.views.presets import gpu_box, model_shape_box
+from pagesim.app.gui.views.presets import gpu_box, model_shape_box, result_table
 from pagesim.core.config import CacheConfig
 from pagesim.core.errors import InvalidStudyError
 from pagesim.core.studies.request_latency import DEFAULT_GPU, DEFAULT_MODEL_SHAPE
@@ -19,16 +19,13 @@ from pagesim.core.studies.whatif import PANEL_KNOBS, suggested_values
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QFont, QPixmap
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QComboBox,
     QHBoxLayout,
-    QHeaderView,
     QLabel,
     QLineEdit,
     QProgressBar,
     QPushButton,
     QSplitter,
-    QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
@@ -141,17 +138,7 @@ class WhatIfPanel(QWidget):
             "block-size variants by their token slots (pool column) too"
         )
         self.plots.setMinimumHeight(90)
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.table.verticalHeader().setVisible(False)
-        for column, (name, tip) in enumerate(COLUMNS):
-            item = QTableWidgetItem(name)
-            item.setToolTip(tip)
-            self.table.setHorizontalHeaderItem(column, item)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.table.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 6)  # a line a row
-        self.table.setToolTip("One row per variant, the original first")
+        self.table = result_table(COLUMNS, "One row per variant, the original first")
         body = QSplitter(Qt.Orientation.Horizontal)
         body.addWidget(self.plots)
         body.addWidget(self.table)
