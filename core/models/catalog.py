@@ -1,8 +1,9 @@
 """Which model a name means, loaded once per process: ``"smollm2-135m"`` (the bundled
 SmolLM2-135M-Instruct) or a path to a Llama-architecture ``.gguf`` file, its weights in the
-dtype ``PAGESIM_DTYPE`` chooses (fp32 unless asked: core.models.precision); and the cache
-configuration's shape fields a model sets (heads, KV heads, head dim), which a scenario
-header may repeat but not contradict."""
+dtype ``PAGESIM_DTYPE`` chooses (fp32 unless asked: core.models.precision), and the first
+load in a process sets torch's and Numba's thread counts (core.models.threads: one each on a
+machine of two cores or fewer); and the cache configuration's shape fields a model sets
+(heads, KV heads, head dim), which a scenario header may repeat but not contradict."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pagesim.core.config import CacheConfig
 from pagesim.core.language_model import BUNDLED_MODEL as BUNDLED_NAME
 from pagesim.core.models.gguf_loader import LlamaConfig, ModelFile, ModelFileError, bundled_model_path, load_gguf
 from pagesim.core.models.precision import resolve_dtype
+from pagesim.core.models.threads import apply_chosen_threads
 
 SHAPE_FIELDS = ("num_heads", "num_kv_heads", "head_dim")
 
@@ -39,6 +41,13 @@ def _load(path: str, cache_dir: str | None, stamp: tuple[int, int], dtype: str) 
     return load_gguf(path, dtype=dtype)
 
 
+@functools.cache
+def _choose_threads_once() -> None:
+    """The first real model of a process (the CLI, the app, a scenario) sets both thread
+    pools; a later change by the caller stands."""
+    apply_chosen_threads()
+
+
 def load_model(name: str, dtype: str | None = None) -> ModelFile:
     """The model ``name`` means, loaded (and cached in this process: a scenario's parse and
     its runner share one load; a file changed on disk is loaded again), its weights in
@@ -49,6 +58,7 @@ def load_model(name: str, dtype: str | None = None) -> ModelFile:
     except OSError as e:
         raise ModelFileError(f"{path}: {e.strerror or e}") from None
     dtype = dtype or resolve_dtype()[0]
+    _choose_threads_once()
     return _load(str(path.resolve()), os.environ.get("PAGESIM_CACHE_DIR"), (st.st_mtime_ns, st.st_size), dtype)
 
 

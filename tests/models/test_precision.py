@@ -2,6 +2,10 @@
 run by the Llama in bf16 matmuls with fp32 between them; thread counts; the dense batch
 engine the model benchmark times the paged engine against."""
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -144,3 +148,21 @@ def test_threads_one_on_two_cores_else_a_core_left_over(monkeypatch):
     monkeypatch.setenv(threads.THREADS_ENV, "none")
     with pytest.raises(PagesimError, match="PAGESIM_THREADS"):
         threads.chosen_threads()
+
+
+def test_the_first_model_load_sets_both_thread_pools_once(tiny, tmp_path):
+    """In a fresh process (the pools are process-wide): the first load chooses, a later
+    choice of the caller's stands through the next load."""
+    code = (
+        "import sys, numba, torch\n"
+        "from pagesim.core.models.catalog import load_model\n"
+        "load_model(sys.argv[1])\n"
+        "first = (torch.get_num_threads(), numba.get_num_threads())\n"
+        "torch.set_num_threads(2)\n"
+        "load_model(sys.argv[1])\n"
+        "print(first, torch.get_num_threads())\n"
+    )
+    env = os.environ | {threads.THREADS_ENV: "1", "PAGESIM_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-c", code, str(tiny[0])], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["(1,", "1)", "2"]
