@@ -7,7 +7,7 @@ use only, and the welcome's primer in three pictures."""
 import pytest
 from pagesim.app.gui.palette import OKABE_ITO, THEMES, SequenceColours, contrast, readable_on
 from pagesim.core.scenario import parse_scenario
-from PySide6.QtCore import QEvent, QPoint, QRectF
+from PySide6.QtCore import QEvent, QPoint, QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QHelpEvent
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QAbstractScrollArea, QApplication, QToolTip
@@ -102,7 +102,19 @@ def test_the_token_paths_tooltip_is_still_its_path_after_qts_own_tooltip_event(w
     from pagesim.app.gui.views.token_map import CELL
 
     pos = QPoint((t % columns) * CELL + CELL // 2, (t // columns) * CELL + CELL // 2)
-    QTest.mouseMove(tokens, pos)
+    # Straight to the widget: through the window system, a move lands on whatever top-level
+    # window an earlier test left at that point.
+    from PySide6.QtGui import QMouseEvent
+
+    move = QMouseEvent(
+        QEvent.Type.MouseMove,
+        QPointF(pos),
+        QPointF(tokens.mapToGlobal(pos)),
+        Qt.MouseButton.NoButton,
+        Qt.MouseButton.NoButton,
+        Qt.KeyboardModifier.NoModifier,
+    )
+    QApplication.sendEvent(tokens, move)
     assert tokens.hovered == t
     # What Qt sends ~0.7 s after the mouse stops: it replaced the path with the widget's tip.
     QApplication.sendEvent(tokens, QHelpEvent(QEvent.Type.ToolTip, pos, tokens.mapToGlobal(pos)))
