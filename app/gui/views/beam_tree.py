@@ -6,11 +6,12 @@ queue), the final hypotheses ranked in a list below. Drawn from the frame's ``be
 from __future__ import annotations
 
 from pagesim.app.gui.palette import SequenceColours, Theme, readable_on
+from pagesim.app.gui.views.tooltips import answer_tooltip
 from pagesim.core.beam_tree import FINAL, LIVE, PRUNED, BeamNode, BeamTree
 from pagesim.core.view_model import Frame
-from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt
+from PySide6.QtCore import QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFont, QPainter, QPainterPath, QPen
-from PySide6.QtWidgets import QScrollArea, QSizePolicy, QToolTip, QWidget
+from PySide6.QtWidgets import QScrollArea, QSizePolicy, QWidget
 
 MARGIN, COL_GAP, ROW_H, BOX_H, TITLE_H, LINE_H = 8, 20, 32, 29, 22, 18
 MAX_TEXT_W = 110  # a long token is elided in its box (whole in the tooltip)
@@ -156,10 +157,7 @@ class BeamTreeCanvas(QWidget):
         return DEFAULT_TIP if self.trees else EMPTY_TEXT
 
     def event(self, event) -> bool:
-        if event.type() == QEvent.Type.ToolTip:
-            QToolTip.showText(event.globalPos(), self.tooltip_at(QPointF(event.pos())), self)
-            return True
-        return super().event(event)
+        return answer_tooltip(self, event) or super().event(event)
 
     def paintEvent(self, event) -> None:
         painter = QPainter(self)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from pagesim.app.gui.palette import SequenceColours, Theme
 from pagesim.app.gui.views.token_budget import segment_widths
+from pagesim.app.gui.views.tooltips import answer_tooltip
 from pagesim.core.step_work import DECODE, SequenceWork, StepWork
 from pagesim.core.view_model import Frame
-from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt
+from PySide6.QtCore import QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QBrush, QColor, QPainter, QPen
-from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
+from PySide6.QtWidgets import QSizePolicy, QWidget
 
 MARGIN, TITLE_H, BAR_H = 2, 15, 12  # compact: at 1024 × 700 every pixel of height is the pool's
 HEIGHT = TITLE_H + BAR_H + 2 * MARGIN + 2
@@ -110,10 +111,7 @@ class StepWorkBar(QWidget):
         return f"{self.title()}{scale}\n\n{DEFAULT_TIP}"
 
     def event(self, event) -> bool:
-        if event.type() == QEvent.Type.ToolTip:
-            QToolTip.showText(event.globalPos(), self.tooltip_at(QPointF(event.pos())), self)
-            return True
-        return super().event(event)
+        return answer_tooltip(self, event) or super().event(event)
 
     def paintEvent(self, event) -> None:
         painter = QPainter(self)

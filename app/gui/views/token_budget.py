@@ -6,11 +6,12 @@ which chunk of whose prompt it was. A v0 scenario gets a sentence instead: v0 ha
 from __future__ import annotations
 
 from pagesim.app.gui.palette import SequenceColours, Theme
+from pagesim.app.gui.views.tooltips import answer_tooltip
 from pagesim.core.token_budget import BudgetSegment
 from pagesim.core.view_model import Frame
-from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt
+from PySide6.QtCore import QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QBrush, QColor, QPainter, QPen
-from PySide6.QtWidgets import QSizePolicy, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QSizePolicy, QVBoxLayout, QWidget
 
 MARGIN, TITLE_H, BAR_H, SCALE_H = 6, 18, 24, 16
 FULL_H, V0_H = TITLE_H + BAR_H + SCALE_H + 2 * MARGIN, TITLE_H + 2 * MARGIN
@@ -136,10 +137,7 @@ class TokenBudgetBar(QWidget):
         return DEFAULT_TIP if self.is_v1 else V0_TEXT
 
     def event(self, event) -> bool:
-        if event.type() == QEvent.Type.ToolTip:
-            QToolTip.showText(event.globalPos(), self.tooltip_at(QPointF(event.pos())), self)
-            return True
-        return super().event(event)
+        return answer_tooltip(self, event) or super().event(event)
 
     # -- painting ------------------------------------------------------------------------
     def paintEvent(self, event) -> None:
