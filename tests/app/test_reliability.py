@@ -11,6 +11,7 @@ import pytest
 import shiboken6
 from pagesim.app.gui.settings import SETTINGS, SPEED_VALUES, read_setting
 from pagesim.core.scenario import load_shipped
+from pagesim.core.timeline import Timeline
 from PySide6.QtCore import QByteArray, QSettings
 from PySide6.QtGui import QPixmap
 
@@ -296,7 +297,14 @@ LONG_SCENARIO = (
 )
 
 
-def test_the_window_closes_within_a_second_during_a_long_seek(make_window, qtbot, tmp_path):
+def test_the_window_closes_within_a_second_during_a_long_seek(make_window, qtbot, tmp_path, monkeypatch):
+    check_stop = Timeline._check_stop
+
+    def slow_check_stop(timeline):  # a millisecond a step: the seek takes 6 s on any machine
+        time.sleep(0.001)
+        check_stop(timeline)
+
+    monkeypatch.setattr(Timeline, "_check_stop", slow_check_stop)
     window = make_window("seed_demo")
     path = tmp_path / "long.toml"
     path.write_text(LONG_SCENARIO)

@@ -2,10 +2,12 @@
 side by side with the original, and its serving time on a preset model and GPU. The
 scenarios (tests/app/study_scenarios.py) run the synthetic model: the studies replay memory only."""
 
+import threading
 import time
 
 import pytest
 from pagesim.core.scenario import load_shipped, parse_scenario, shipped_scenarios
+from pagesim.core.studies import sweep as sweep_module
 from pagesim.core.studies.serving_time import GPUS, MODEL_SHAPES
 from pagesim.core.studies.sweep import Hardware, SweepResult, VariantResult
 from PySide6.QtCore import Qt
@@ -91,7 +93,19 @@ def test_a_bad_value_is_one_line_and_nothing_runs(toy, qtbot):
 LONG_GRID = ",".join(str(n) for n in range(30, 230))  # 200 variants: seconds of replays
 
 
-def test_cancel_stops_the_whatif_and_the_rows_so_far_stay(toy, qtbot):
+def test_cancel_stops_the_whatif_and_the_rows_so_far_stay(toy, qtbot, monkeypatch):
+    clicked = threading.Event()
+    replay = sweep_module.run_variant
+    calls = []
+
+    def held(*args):  # variants after the first wait for the click: the sweep cannot end before it
+        calls.append(args)
+        result = replay(*args)
+        if len(calls) > 1:
+            clicked.wait(30)
+        return result
+
+    monkeypatch.setattr(sweep_module, "run_variant", held)
     window = toy(REQUESTS)
     panel = window.studies.whatif
     panel.knob_box.setCurrentText("num_blocks")
@@ -101,6 +115,7 @@ def test_cancel_stops_the_whatif_and_the_rows_so_far_stay(toy, qtbot):
     assert panel.progress.maximum() == 201 and not panel.run_button.isEnabled()
     with qtbot.waitSignal(window.controller.sweepCancelled, timeout=30_000) as blocker:
         panel.cancel_button.click()
+        clicked.set()
     wait_idle(qtbot, window)
     done = blocker.args[0]
     assert 1 <= done < 201 and panel.table.rowCount() == done
