@@ -23,22 +23,23 @@ from pagesim.core.timeline import Timeline
 from pagesim.kernels.cpu_backend import CpuBackend
 
 HERE = Path(__file__).resolve().parent
-# Timings vary run to run; block hashes are seeded per process (hash(None) in the chain's root).
-TIMING = {"kernel_ms", "kernel_seconds", "dense_seconds", "block_hash"}
+# Timings vary run to run; block hashes are seeded per process (hash(None) in the chain's root);
+# the device's description names the kernel's thread count, which the machine sets.
+TIMING = {"kernel_ms", "kernel_seconds", "dense_seconds", "block_hash", "device"}
 ERRORS = {"max_abs_error", "head_errors", "tolerance", "head_tolerances"}
 # A real model's per-layer check: which layer has the least margin, and by how much, is
 # rounding too (its pass/fail and the tokens are kept).
 ERRORS |= {"worst_layer", "worst_error_to_bound", "logits_max_abs_diff", "sentence"}
 
 
-def _clean(record: dict, exact: bool) -> dict:
+def clean(record: dict, exact: bool) -> dict:
     drop = TIMING | (set() if exact else ERRORS)
     out = {}
     for key, value in record.items():
         if key in drop:
             continue
         if isinstance(value, dict):
-            value = _clean(value, exact)
+            value = clean(value, exact)
         elif key == "beams" and not exact:  # beam search: (name, parent, token, log-prob) without the log-prob
             value = [list(beam[:3]) for beam in value]
         out[key] = value
@@ -50,10 +51,10 @@ def replay(name: str, exact: bool = False) -> dict:
     steps, events = [], []
     while not timeline.at_end:
         result = timeline.forward()
-        steps.append(_clean(step_report(result), exact))
+        steps.append(clean(step_report(result), exact))
         for event in result.events:
             record = {"step": result.step, "event": type(event).__name__, **asdict(event)}
-            events.append(_clean(record, exact))
+            events.append(clean(record, exact))
     return json.loads(json.dumps({"scenario": name, "steps": steps, "events": events}))
 
 

@@ -7,12 +7,14 @@ import json
 import pytest
 from pagesim.core.scenario import shipped_scenarios
 
-from tests.golden.replay import path_for, replay
+from tests.golden.replay import clean, path_for, replay
 
 
 @pytest.mark.parametrize("name", sorted(shipped_scenarios()))
 def test_replay_matches_the_recorded_one(name):
     recorded = json.loads(gzip.decompress(path_for(name).read_bytes()))
+    # (Files recorded before a key was dropped still hold it.)
+    recorded = {key: [clean(r, False) for r in recorded[key]] for key in ("steps", "events")}
     now = replay(name)
     # A real model's steps: every layer within its bound and the paged engine's tokens the
     # dense engine's (the recorded file says so too; this says it whatever was recorded).
