@@ -29,6 +29,7 @@ from pagesim.core.errors import (
     PoolExhaustedError,
 )
 from pagesim.core.events import EventLog
+from pagesim.core.layer_check import LayerDetail
 from pagesim.core.metrics import Metrics
 from pagesim.core.model_runner import AttentionReport, RunnerSnapshot
 from pagesim.core.operations import Add, Fork, Free, Grow, Operation, Schedule, Submit
@@ -173,6 +174,30 @@ class Simulator:
         """Softmax weights (num_heads, context_len) of ``seq_id``'s newest token, from its
         dense K/V, and the physical block each context token was read from."""
         return self.runner.attention_weights(self.sequence(seq_id))
+
+    def worst_layer(self) -> int | None:
+        """The layer with the least margin in the last step's check of every layer (None: the
+        step ran no forward, or the model attends once)."""
+        report = self.last_attention
+        layers = report.layers if report is not None else None
+        return layers.worst_layer if layers is not None and layers.seq_ids else None
+
+    def shown_layer(self, layer: int | None) -> int:
+        """The layer a view shows: ``layer`` (clamped to the model's), or with None the last
+        step's worst, else the one the step's report shows."""
+        runner = self.runner
+        if layer is not None:
+            return min(max(0, layer), runner.num_layers - 1)
+        worst = self.worst_layer()
+        return worst if worst is not None else runner.check_layer
+
+    def layer_detail(self, seq_id: str, layer: int, context_len: int) -> LayerDetail:
+        """A real model's layer ``layer`` for ``seq_id``'s newest token (see
+        :meth:`LlamaRunner.layer_detail`)."""
+        seq = self.sequence(seq_id)
+        if self.runner.num_layers == 1:
+            raise InvalidOperationError("the synthetic model has one attention: no layer to choose")
+        return self.runner.layer_detail(seq, layer, context_len)
 
     # -- operations -----------------------------------------------------------------------
     def apply(self, op: Operation, attend: bool = True, record: bool = True) -> StepResult:

@@ -73,6 +73,21 @@ class LayerCheck:
         return text
 
 
+@dataclass(frozen=True)
+class LayerDetail:
+    """One sequence's newest token in one layer: what the Check panel and the walk-through show."""
+
+    layer: int
+    query: np.ndarray  # (num_heads, head_dim), in the cache's dtype: what the kernel reads
+    output: np.ndarray  # (num_heads, head_dim): the paged kernel's, float32
+    dense: np.ndarray  # (num_heads, head_dim): over the K/V gathered through the block table
+    errors: np.ndarray  # (num_heads,): max |paged − dense|
+    bounds: np.ndarray  # (num_heads,): what rounding explains
+    weights: np.ndarray  # (num_heads, context_len): softmax over the context
+    block_tables: np.ndarray  # (1, num_blocks): the kernel's input
+    context_lens: np.ndarray  # (1,)
+
+
 def gather_slots(tables: list[list[int]], context_lens: list[int], block_size: int) -> list[np.ndarray]:
     """Each sequence's slot of every position, through its block table."""
     out = []
@@ -87,6 +102,16 @@ def check_layer(key_cache, value_cache, slots: list[np.ndarray], query: np.ndarr
     sequence, and ``paged`` its kernel output; dense attention over each sequence's K/V
     gathered from the layer's cache at ``slots``. Returns (errors, bounds), each
     (num_seqs, num_heads)."""
+    dense, bounds, _ = gathered_attention(key_cache, value_cache, slots, query, scale)
+    errors = np.abs(paged.astype(np.float32) - dense).max(axis=2)
+    return errors, bounds
+
+
+def gathered_attention(key_cache, value_cache, slots: list[np.ndarray], query: np.ndarray, scale: float):
+    """Dense attention of ``query`` (num_seqs, num_heads, head_dim) over each sequence's K/V
+    gathered from a layer's cache at ``slots`` (the article's gather reference). Returns
+    (dense (num_seqs, num_heads, head_dim), rounding bounds (num_seqs, num_heads), the
+    gathered keys (num_seqs, num_kv_heads, longest, head_dim), all float32)."""
     num_kv, head_dim = key_cache.shape[-2:]
     flat_keys, flat_values = key_cache.reshape(-1, num_kv, head_dim), value_cache.reshape(-1, num_kv, head_dim)
     lengths = np.array([len(s) for s in slots])
@@ -103,5 +128,4 @@ def check_layer(key_cache, value_cache, slots: list[np.ndarray], query: np.ndarr
         v_abs[row] = np.abs(v).max(axis=(0, 2))
     query32 = query.astype(np.float32)
     dense = dense_attention_rows(query32, keys, values, lengths, scale).numpy()
-    errors = np.abs(paged.astype(np.float32) - dense).max(axis=2)
-    return errors, error_bounds(query32, scale, lengths, k_norm, v_abs)
+    return dense, error_bounds(query32, scale, lengths, k_norm, v_abs), keys

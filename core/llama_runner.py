@@ -35,7 +35,7 @@ from pagesim.core.blocks import BlockPool
 from pagesim.core.config import CacheConfig
 from pagesim.core.errors import InvalidOperationError
 from pagesim.core.kv_cache import CacheCheckpoint, PagedKVCache, SwapSpace
-from pagesim.core.layer_check import LayerCheck, check_layer, gather_slots
+from pagesim.core.layer_check import LayerCheck, LayerDetail, check_layer, gather_slots, gathered_attention
 from pagesim.core.llama_model import DenseReference, LlamaModel, LogitsCheck
 from pagesim.core.model_runner import AttentionReport, ModelRunner, RunnerSnapshot, check_memory
 from pagesim.core.models import DenseKVCache, ModelFile
@@ -50,6 +50,7 @@ class LlamaRunnerSnapshot(RunnerSnapshot):
     layer_swaps: tuple | None = None
     logits: tuple[tuple[str, torch.Tensor], ...] = ()
     reference: tuple | None = None  # the dense engine's rows and logits
+    layer_queries: tuple[tuple[str, np.ndarray], ...] = ()
 
     def without_data(self) -> LlamaRunnerSnapshot:
         return replace(super().without_data(), layers=None, layer_swaps=None, reference=None)
@@ -89,8 +90,7 @@ class LlamaRunner(ModelRunner):
         super().__init__(config, backend, True, model=model)
         self.model: LlamaModel = model
         self.llama = model.llama
-        self.check_layer = num_layers - 1  # the layer whose decode attention the report shows
-        others = range(num_layers - 1)
+        others = range(num_layers - 1)  # the last layer's cache is the base runner's: the report shows it
         self.caches = [PagedKVCache(config, backend) for _ in others] + [self.cache]
         self.swaps = [SwapSpace(config, self.cache.dtype) for _ in others] + [self.swap_space]
         self.reference = DenseReference(self.llama)
@@ -102,6 +102,13 @@ class LlamaRunner(ModelRunner):
         self.check_layers = True  # every layer's attention against dense (off: a benchmark's forward)
         self.layer_check: LayerCheck | None = None  # the operation's forwards', until its report takes it
         self._forward_check: LayerCheck | None = None
+        # Each sequence's newest token's query in every layer (num_layers, num_heads, head_dim),
+        # float32: a layer's attention can be shown and replayed after the step.
+        self._layer_queries: dict[str, np.ndarray] = {}
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.caches)
 
     # -- a sequence's rows ------------------------------------------------------------------
     def add_sequence(self, seq_id: str) -> None:
@@ -113,11 +120,14 @@ class LlamaRunner(ModelRunner):
         self.reference.fork(parent, child)
         if parent in self.model.logits:
             self.model.logits[child] = self.model.logits[parent]
+        if parent in self._layer_queries:
+            self._layer_queries[child] = self._layer_queries[parent]
 
     def free_sequence(self, seq_id: str) -> None:
         super().free_sequence(seq_id)
         self.reference.free(seq_id)
         self.model.logits.pop(seq_id, None)
+        self._layer_queries.pop(seq_id, None)
 
     # -- the forward ----------------------------------------------------------------------------
     def write_kv(self, seqs, starts, token_ids, slots, copies, skip: int = 0) -> None:
@@ -168,7 +178,7 @@ class LlamaRunner(ModelRunner):
         seen: dict[str, np.ndarray] = {}
         last_rows = query_starts[1:] - 1  # each sequence's newest token
         slots = gather_slots([s.block_table for s in seqs], context_lens.tolist(), self.config.block_size)
-        layer_errors, layer_bounds = [], []
+        layer_errors, layer_bounds, layer_queries = [], [], []
 
         def attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             cache = self.caches[layer]
@@ -183,6 +193,7 @@ class LlamaRunner(ModelRunner):
                 )
             if layer == check:
                 seen.update(q=q.numpy().copy(), k=keys.copy(), v=values.copy())
+            layer_queries.append(q.numpy()[last_rows])  # (fancy indexing copies)
             out = np.ascontiguousarray(backend.to_numpy(out), dtype=np.float32)
             if self.check_layers:  # (its time is the check's, not the paged forward's)
                 started = time.perf_counter()
@@ -207,6 +218,8 @@ class LlamaRunner(ModelRunner):
                 self.dense.append(seq_id, hit_k, hit_v)
             self.dense.append(seq_id, seen["k"][lo:hi], seen["v"][lo:hi])
             self._last_query[seq_id] = seen["q"][hi - 1].copy()
+        for i, queries in enumerate(np.stack(layer_queries, axis=1)):
+            self._layer_queries[seqs[i].seq_id] = queries
 
     def attend(self, seqs: list[Sequence]):
         """The checked layer's decode attention over every live sequence (as for the synthetic
@@ -242,6 +255,35 @@ class LlamaRunner(ModelRunner):
         token_blocks = np.repeat(np.array(seq.block_table), c.block_size)[: seq.num_tokens]
         return weights.astype(np.float32), token_blocks
 
+    def layer_cache(self, layer: int) -> PagedKVCache:
+        if not 0 <= layer < self.num_layers:
+            raise InvalidOperationError(f"layer {layer} is outside 0..{self.num_layers - 1}")
+        return self.caches[layer]
+
+    def layer_detail(self, seq: Sequence, layer: int, context_len: int) -> LayerDetail:
+        """``seq``'s newest token in ``layer`` over its first ``context_len`` tokens: the paged
+        kernel's output over that layer's cache, dense attention over the K/V gathered through
+        the block table, and the softmax weights (the layer check's comparison, for one row)."""
+        cache, backend = self.layer_cache(layer), self.backend
+        query = self._layer_queries[seq.seq_id][layer][None]  # (1, H, D)
+        stored = query.astype(cache.dtype)
+        tables, lens = padded_tables([seq]), np.array([context_len], np.int32)
+        device_query = backend.to_device(stored)
+        out = backend.paged_attention(device_query, cache.key_cache, cache.value_cache, tables, lens, self.scale)
+        output = np.asarray(backend.to_numpy(out), dtype=np.float32)[0]
+        slots = gather_slots([seq.block_table], [context_len], self.config.block_size)
+        arrays = backend.to_numpy(cache.key_cache), backend.to_numpy(cache.value_cache)
+        dense, bounds, keys = gathered_attention(*arrays, slots, stored, self.scale)
+        c = self.config
+        kv_of_head = np.arange(c.num_heads) // (c.num_heads // c.num_kv_heads)
+        q = stored[0].astype(np.float32)
+        scores = np.einsum("hd,htd->ht", q, keys[0][kv_of_head, :context_len]) * self.scale
+        weights = np.exp(scores - scores.max(axis=1, keepdims=True))
+        weights /= weights.sum(axis=1, keepdims=True)
+        errors = np.abs(output - dense[0]).max(axis=1)
+        weights = weights.astype(np.float32)
+        return LayerDetail(layer, stored[0], output, dense[0], errors, bounds[0], weights, tables, lens)
+
     # -- snapshots -----------------------------------------------------------------------------------
     def snapshot(self, live_blocks: Iterable[int], with_data: bool = True) -> LlamaRunnerSnapshot:
         live = set(live_blocks)
@@ -258,6 +300,7 @@ class LlamaRunner(ModelRunner):
             layer_swaps=swaps,
             logits=logits,
             reference=reference,
+            layer_queries=tuple(self._layer_queries.items()),
         )
 
     def can_restore(self, snap: LlamaRunnerSnapshot) -> bool:
@@ -270,6 +313,7 @@ class LlamaRunner(ModelRunner):
         self, snap: LlamaRunnerSnapshot, sequences: Iterable[Sequence], swapped: Iterable[Sequence], pool: BlockPool
     ) -> None:
         self.model.logits = dict(snap.logits)
+        self._layer_queries = dict(snap.layer_queries)
         if snap.cache is not None:
             for cache, swap, point, data in zip(self.caches, self.swaps, snap.layers, snap.layer_swaps, strict=False):
                 cache.restore(point)

@@ -22,7 +22,7 @@ from pagesim.core import events as ev
 from pagesim.core.blocks import BlockPool
 from pagesim.core.config import CacheConfig
 from pagesim.core.dense_check import DenseCheck, DenseCheckSnapshot, RowStack
-from pagesim.core.errors import OutOfMemoryError
+from pagesim.core.errors import InvalidOperationError, OutOfMemoryError
 from pagesim.core.kv_cache import CacheCheckpoint, PagedKVCache, SwapSpace
 from pagesim.core.language_model import LanguageModel
 from pagesim.core.layer_check import LayerCheck
@@ -174,6 +174,16 @@ class ModelRunner:
         self._query_stack = RowStack()  # the decode batch's queries, restacked where they changed
         self._last_tables: tuple[tuple[str, ...], list[list[int]], np.ndarray] | None = None  # _block_tables'
 
+    @property
+    def num_layers(self) -> int:
+        """Layers with a paged cache each (the synthetic model attends once)."""
+        return 1
+
+    @property
+    def check_layer(self) -> int:
+        """The layer whose decode attention the step's report shows."""
+        return self.num_layers - 1
+
     # -- a sequence's rows: its dense reference and its decode query ----------------------
     def add_sequence(self, seq_id: str) -> None:
         if self.kv_data:
@@ -278,9 +288,16 @@ class ModelRunner:
         token_blocks = np.repeat(np.array(seq.block_table), c.block_size)[: seq.num_tokens]
         return weights.astype(np.float32), token_blocks
 
-    def cache_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """The paged key and value caches as NumPy arrays (host copies when they live on a GPU)."""
-        return self.backend.to_numpy(self.cache.key_cache), self.backend.to_numpy(self.cache.value_cache)
+    def cache_arrays(self, layer: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The paged key and value caches as NumPy arrays (host copies when they live on a
+        GPU): ``layer``'s on a real model (None: the report's)."""
+        cache = self.cache if layer is None else self.layer_cache(layer)
+        return self.backend.to_numpy(cache.key_cache), self.backend.to_numpy(cache.value_cache)
+
+    def layer_cache(self, layer: int) -> PagedKVCache:
+        if layer != self.check_layer:
+            raise InvalidOperationError(f"layer {layer} is outside 0..{self.num_layers - 1}")
+        return self.cache
 
     @property
     def backend_name(self) -> str:

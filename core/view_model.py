@@ -87,6 +87,13 @@ class FocusDetail:
     kv_mismatch: str | None  # None: the K/V read through the table are bit for bit what was written
     weights: np.ndarray  # (num_heads, context_len): softmax over the context
     token_blocks: np.ndarray  # (context_len,): physical block read for each token
+    # A real model's: the layer shown, how many there are, the step's worst (None: no forward ran).
+    layer: int = 0
+    num_layers: int = 1
+    worst_layer: int | None = None
+    # The dense side: the dense engine's own K/V (the report's layer), or the K/V gathered
+    # through the block table from the layer's cache (any other layer).
+    gathered: bool = False
 
 
 @dataclass(frozen=True)
@@ -140,6 +147,10 @@ class Frame:
     # Any step: what it computed per sequence, prefill or decode, and the prefix hits it skipped.
     step_work: StepWork | None = None
     beam_trees: tuple[BeamTree, ...] = ()  # a real model's beam searches, up to this step
+    # Layers with a paged cache each (a real model's; the synthetic model attends once) and
+    # the one with the least margin in this step's check of every layer (None: no forward ran).
+    num_layers: int = 1
+    worst_layer: int | None = None
 
     @property
     def metrics(self) -> Metrics | None:
@@ -174,20 +185,49 @@ def _cpu_holders(sim: Simulator) -> tuple[tuple[int, tuple[str, ...]], ...]:
     return tuple(sorted((block, tuple(seqs)) for block, seqs in holders.items()))
 
 
-def focus_detail(sim: Simulator, seq_id: str | None, unchanged: FocusDetail | None = None) -> FocusDetail | None:
+def focus_detail(
+    sim: Simulator, seq_id: str | None, unchanged: FocusDetail | None = None, layer: int | None = None
+) -> FocusDetail | None:
     """``unchanged``: the previous step's detail of the same sequence, which that step did not
-    touch: its softmax weights still hold (the kernel's output and the checks are new)."""
+    touch: its softmax weights still hold (the kernel's output and the checks are new).
+    ``layer``: a real model's layer to show (None: the step's worst, else the report's)."""
     report = sim.last_attention
     if seq_id is None or report is None or seq_id not in report.seq_ids or seq_id not in sim.sequences:
         return None
     row = report.index_of(seq_id)
-    if unchanged is not None and unchanged.seq_id == seq_id and unchanged.context_len == report.context_lens[row]:
+    context_len = int(report.context_lens[row])
+    runner = sim.runner
+    num_layers = runner.num_layers
+    worst = sim.worst_layer()
+    shown = sim.shown_layer(layer)
+    if shown != runner.check_layer:
+        detail = sim.layer_detail(seq_id, shown, context_len)
+        block_size = sim.config.block_size
+        table = detail.block_tables[0]
+        return FocusDetail(
+            seq_id=seq_id,
+            context_len=context_len,
+            output=detail.output,
+            dense=detail.dense,
+            head_errors=detail.errors,
+            head_tolerances=detail.bounds,
+            head_passed=detail.errors <= detail.bounds,
+            kv_mismatch=sim.verify_kv(seq_id),
+            weights=detail.weights,
+            token_blocks=np.repeat(table, block_size)[:context_len],
+            layer=shown,
+            num_layers=num_layers,
+            worst_layer=worst,
+            gathered=True,
+        )
+    same = unchanged is not None and unchanged.seq_id == seq_id and unchanged.layer == shown
+    if same and unchanged.context_len == context_len:
         weights, token_blocks = unchanged.weights, unchanged.token_blocks
     else:
         weights, token_blocks = sim.attention_weights(seq_id)
     return FocusDetail(
         seq_id=seq_id,
-        context_len=int(report.context_lens[row]),
+        context_len=context_len,
         output=report.output[row],
         dense=report.dense[row],
         head_errors=report.head_errors[row],
@@ -196,6 +236,9 @@ def focus_detail(sim: Simulator, seq_id: str | None, unchanged: FocusDetail | No
         kv_mismatch=sim.verify_kv(seq_id),
         weights=weights,
         token_blocks=token_blocks,
+        layer=shown,
+        num_layers=num_layers,
+        worst_layer=worst,
     )
 
 
@@ -214,7 +257,11 @@ def touched_by(result: StepResult, sim: Simulator) -> tuple[frozenset, frozenset
 
 
 def build_frame(
-    timeline: Timeline, focus_seq: str | None, result: StepResult | None = None, previous: Frame | None = None
+    timeline: Timeline,
+    focus_seq: str | None,
+    result: StepResult | None = None,
+    previous: Frame | None = None,
+    focus_layer: int | None = None,
 ) -> Frame:
     """The picture after the timeline's current step. With the ``previous`` frame of the
     step just before (and this step's ``result``), only what the step touched is rebuilt."""
@@ -270,7 +317,7 @@ def build_frame(
         sequences=sequences,
         history=history,
         attention=None if sim.last_attention is None else AttentionSummary.of(sim.last_attention),
-        focus=focus_detail(sim, focus_seq, kept_focus),
+        focus=focus_detail(sim, focus_seq, kept_focus, focus_layer),
         backend=sim.runner.backend_name,
         device=sim.runner.device,
         events=None if result is None else result.op_events,
@@ -310,6 +357,8 @@ def build_frame(
             sim.registry.forwards if hasattr(sim.runner, "paged_seconds") else None,
         ),
         beam_trees=timeline_beam_trees(timeline),
+        num_layers=sim.runner.num_layers,
+        worst_layer=sim.worst_layer(),
         caption=timeline.caption(timeline.position),
         note=timeline.note(timeline.position),
         captions=timeline.captions(),

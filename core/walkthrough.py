@@ -31,6 +31,8 @@ class WalkThrough:
     bound: float  # what rounding explains for this row
     dense_error: float
     stage_token: tuple[int, ...]  # the token each stage is about (-1: a merge or the result)
+    layer: int = 0  # a real model's layer whose K/V the replay read
+    num_layers: int = 1
 
     @property
     def trace_error(self) -> float:
@@ -104,21 +106,36 @@ def _describe_merge(merge) -> str:
     return f"reduce: partition {merge.other} weighted by its exp-sum × exp(mᵢ − M) = {merge.l:.4f} (M = {merge.m:+.3f})"
 
 
-def walk_through(sim: Simulator, seq_id: str, head: int, kernel: str, partition_size: int) -> WalkThrough | None:
-    """Replay this step's kernel for ``seq_id``'s query head ``head`` (None if it did not attend)."""
+def walk_through(
+    sim: Simulator, seq_id: str, head: int, kernel: str, partition_size: int, layer: int | None = None
+) -> WalkThrough | None:
+    """Replay this step's kernel for ``seq_id``'s query head ``head`` (None if it did not
+    attend); on a real model, in ``layer`` (None: the step's worst, as the Check panel)."""
     report = sim.last_attention
     if report is None or seq_id not in report.seq_ids or kernel not in KERNEL_CHOICES:
         return None
     row = report.index_of(seq_id)
     head = min(max(0, head), report.query.shape[1] - 1)
-    key_cache, value_cache = sim.runner.cache_arrays()
-    inputs = (report.query, key_cache, value_cache, report.block_tables, report.context_lens)
+    runner = sim.runner
+    shown = sim.shown_layer(layer)
+    if shown == runner.check_layer:
+        key_cache, value_cache = runner.cache_arrays()
+        inputs = (report.query, key_cache, value_cache, report.block_tables, report.context_lens)
+        output, dense = report.output[row, head], report.dense[row, head]
+        bound, error = float(report.tolerances[row, head]), float(report.head_errors[row, head])
+    else:
+        detail = sim.layer_detail(seq_id, shown, int(report.context_lens[row]))
+        key_cache, value_cache = runner.cache_arrays(shown)
+        inputs = (detail.query[None], key_cache, value_cache, detail.block_tables, detail.context_lens)
+        row = 0
+        output, dense = detail.output[head], detail.dense[head]
+        bound, error = float(detail.bounds[head]), float(detail.errors[head])
     if kernel == "cpu":
         trace = trace_cpu(*inputs, row, head, report.scale)
     else:
         trace = trace_cuda(*inputs, row, head, report.scale, kernel[-2:], partition_size)
     tokens = [step.token for step in trace.steps] + [-1] * (len(trace.merges) + 1)
     return WalkThrough(
-        seq_id, head, kernel, partition_size, trace, report.output[row, head], report.dense[row, head],
-        float(report.tolerances[row, head]), float(report.head_errors[row, head]), tuple(tokens),
+        seq_id, head, kernel, partition_size, trace, output, dense, bound, error, tuple(tokens), shown,
+        runner.num_layers,
     )  # fmt: skip

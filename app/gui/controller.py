@@ -88,6 +88,11 @@ class Focus:
 
 
 @dataclass(frozen=True)
+class ShowLayer:
+    layer: int | None  # a real model's layer for the Check panel (None: the step's worst)
+
+
+@dataclass(frozen=True)
 class ExportEvents:
     path: str
 
@@ -129,6 +134,7 @@ class TraceKernel:
     head: int
     kernel: str
     partition_size: int
+    layer: int | None = None  # a real model's (None: the step's worst)
 
 
 Request = (
@@ -141,6 +147,7 @@ Request = (
     | Undo
     | Redo
     | Focus
+    | ShowLayer
     | ExportEvents
     | ComputeWaste
     | TraceKernel
@@ -282,6 +289,7 @@ class SimulationWorker(QObject):
         self._backend = None
         self._timeline: Timeline | None = None
         self._focus: str | None = None
+        self._focus_layer: int | None = None
         self._frame = None  # the last frame sent: the next step's frame is built from it
         # Set from the GUI thread when the window closes: a long seek or replay stops at its next step.
         self.stopping = threading.Event()
@@ -294,6 +302,7 @@ class SimulationWorker(QObject):
             Undo: self._undo,
             Redo: lambda r: self._emit(self._timeline.redo()),
             Focus: self._set_focus,
+            ShowLayer: self._show_layer,
             ExportEvents: self._export,
             ComputeWaste: self._waste,
             TraceKernel: self._trace,
@@ -302,7 +311,7 @@ class SimulationWorker(QObject):
         }
 
     def _emit(self, result=None) -> None:
-        self._frame = build_frame(self._timeline, self._focus, result, self._frame)
+        self._frame = build_frame(self._timeline, self._focus, result, self._frame, self._focus_layer)
         self.replied.emit(FrameReply(self._frame))
 
     @Slot(object)
@@ -332,7 +341,7 @@ class SimulationWorker(QObject):
                 self.replied.emit(BackendReady(self._backend.name, self._backend.device))
             timeline = Timeline(scenario, self._backend)
             timeline.stop_requested = self.stopping.is_set
-            frame = build_frame(timeline, None, None, None)
+            frame = build_frame(timeline, None, None, None, self._focus_layer)
         except (PagesimError, BackendUnavailableError, ValueError, MemoryError) as exc:
             where = "" if scenario.source == "<memory>" else f"{scenario.source}: "
             stays = "" if self._timeline is None else "; the current scenario stays"
@@ -372,12 +381,16 @@ class SimulationWorker(QObject):
                 timeline.seek(request.step)
                 self._emit()
         except ScenarioError as exc:  # a step that cannot be applied (a step out of range is a plain refusal)
-            self._frame = build_frame(timeline, self._focus, None, self._frame)
+            self._frame = build_frame(timeline, self._focus, None, self._frame, self._focus_layer)
             message = f"{exc} — stopped at step {timeline.position}"
             self.replied.emit(Stopped(self._frame, message, _shortfall(exc)))
 
     def _set_focus(self, request: Focus) -> None:
         self._focus = request.seq_id or None
+        self._emit()
+
+    def _show_layer(self, request: ShowLayer) -> None:
+        self._focus_layer = request.layer
         self._emit()
 
     def _waste(self, request: ComputeWaste) -> None:
@@ -437,7 +450,8 @@ class SimulationWorker(QObject):
         self.replied.emit(LatencyReady(scenario_latency(self._current_scenario(), request.model_shape, request.gpu)))
 
     def _trace(self, request: TraceKernel) -> None:
-        walk = walk_through(self._timeline.sim, request.seq_id, request.head, request.kernel, request.partition_size)
+        sim = self._timeline.sim
+        walk = walk_through(sim, request.seq_id, request.head, request.kernel, request.partition_size, request.layer)
         self.replied.emit(TraceReady(walk))
 
     def _export(self, request: ExportEvents) -> None:
@@ -548,12 +562,17 @@ class SimulationController(QObject):
     def set_focus(self, seq_id: str | None) -> None:
         self._send(Focus(seq_id))
 
+    def set_layer(self, layer: int | None) -> None:
+        """The layer the Check panel shows on a real model (None: each step's worst)."""
+        self._send(ShowLayer(layer))
+
     def export_events(self, path: str) -> None:
         self._send(ExportEvents(path))
 
-    def trace_kernel(self, seq_id: str, head: int, kernel: str, partition_size: int) -> None:
-        """Replay this step's kernel for one (sequence, head), on the worker thread."""
-        self._send(TraceKernel(seq_id, head, kernel, partition_size))
+    def trace_kernel(self, seq_id: str, head: int, kernel: str, partition_size: int, layer: int | None = None) -> None:
+        """Replay this step's kernel for one (sequence, head), on the worker thread (a real
+        model's ``layer``; None: the step's worst)."""
+        self._send(TraceKernel(seq_id, head, kernel, partition_size, layer))
 
     def compute_waste(self, distribution: str, count: int, **pool) -> None:
         """Where KV memory goes for a workload: paged vs contiguous (off the GUI thread), on

@@ -6,6 +6,7 @@ import numpy as np
 import pyqtgraph as pg
 from pagesim.app.gui.controller import LIVE_TIMERS
 from pagesim.app.gui.palette import Theme
+from pagesim.app.gui.views.layer_box import LayerBox
 from pagesim.app.gui.views.live_text import LiveText
 from pagesim.app.gui.views.presets import gpu_box, model_shape_box
 from pagesim.core.studies.waste import CATEGORY_LABELS as WASTE_LABELS
@@ -167,6 +168,7 @@ class KernelPanel(QWidget):
         self.head_box.setPrefix("head ")
         self.head_box.setToolTip("Query head to plot (GQA: several query heads share one KV head)")
         self.head_box.valueChanged.connect(lambda _: self._redraw())
+        self.layer_box = LayerBox()  # a real model's: asks the worker for that layer's detail
         self.verdict = QLabel("no sequence")
         self.verdict.setTextFormat(Qt.TextFormat.RichText)
         self.verdict.setWordWrap(True)
@@ -174,9 +176,10 @@ class KernelPanel(QWidget):
             "Max abs difference between the paged kernel and dense attention (torch SDPA, fp32) on the same "
             "tokens, against the bound that fp32 rounding explains (the dashed line: the tightest head's)"
         )
-        top = QHBoxLayout()
-        top.addWidget(self.verdict, 1)
+        top = QHBoxLayout()  # what to show above, the verdict on it below at the dock's full width
+        top.addWidget(self.layer_box)
         top.addWidget(self.head_box)
+        top.addStretch(1)
         self.plots = pg.GraphicsLayoutWidget()
         self.output_plot = add_plot(self.plots, 0, 0)
         self.weights_plot = add_plot(self.plots, 1, 0)
@@ -217,6 +220,7 @@ class KernelPanel(QWidget):
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(self.backend_label)
         layout.addLayout(top)
+        layout.addWidget(self.verdict)
         layout.addWidget(self.error_view)
         # Two plots need room: below it they scroll rather than squash to nothing.
         self.plots.setMinimumHeight(300)
@@ -274,6 +278,7 @@ class KernelPanel(QWidget):
     def bind(self, controller) -> None:
         controller.frameChanged.connect(self.show_frame)
         controller.backendReady.connect(self.set_backend)
+        self.layer_box.currentIndexChanged.connect(lambda _: controller.set_layer(self.layer_box.layer()))
 
     def show_frame(self, frame: Frame) -> None:
         previous = self.frame.focus if self.frame is not None else None
@@ -281,6 +286,7 @@ class KernelPanel(QWidget):
         self.set_backend(frame.backend, frame.device)
         if self.head_box.maximum() != frame.config.num_heads - 1:  # a spin box re-lays out on every setMaximum
             self.head_box.setMaximum(frame.config.num_heads - 1)
+        self.layer_box.set_layers(frame.num_layers, frame.worst_layer)
         if not _same_focus(previous, frame.focus):  # most steps leave the selected sequence alone
             self._redraw()
 
@@ -317,9 +323,14 @@ class KernelPanel(QWidget):
             if exact
             else f"<span style='color:{self.theme.bad}; font-weight:bold'>✗ {focus.kv_mismatch}</span>"
         )
+        where = f"head {head}"
+        if focus.num_layers > 1:
+            worst = " (the step's worst)" if focus.layer == focus.worst_layer else ""
+            against = "K/V gathered through the block table" if focus.gathered else "the dense engine's own K/V"
+            where = f"layer {focus.layer} of {focus.num_layers}{worst}, head {head}, dense over {against}"
         self.verdict.setText(
             f"<span style='color:{colour}; font-weight:bold'>{mark}</span> · sequence <b>{focus.seq_id}</b>, "
-            f"head {head}: max |err| {error:.2e} {'≤' if ok else '>'} rounding bound {bound:.1e} "
+            f"{where}: max |err| {error:.2e} {'≤' if ok else '>'} rounding bound {bound:.1e} "
             f"({focus.context_len} tokens) · {kv}"
         )
         blocks = focus.token_blocks
@@ -369,6 +380,8 @@ def _same_focus(a, b) -> bool:
         return a is b
     return (
         a.seq_id == b.seq_id
+        and a.layer == b.layer
+        and a.worst_layer == b.worst_layer
         and a.context_len == b.context_len
         and np.array_equal(a.output, b.output)
         and np.array_equal(a.dense, b.dense)

@@ -8,6 +8,7 @@ import numpy as np
 import pyqtgraph as pg
 from pagesim.app.gui.controller import LIVE_TIMERS
 from pagesim.app.gui.palette import Theme
+from pagesim.app.gui.views.layer_box import LayerBox
 from pagesim.app.gui.views.plots import (
     BLOCK_COLOURS,
     DENSE_COLOUR,
@@ -68,6 +69,8 @@ class WalkThroughPanel(QWidget):
         self.head_box = QSpinBox()
         self.head_box.setPrefix("head ")
         self.head_box.setToolTip("The query head to follow")
+        self.layer_box = LayerBox()  # a real model's layer, whose own K/V the replay reads
+        self.layer_box.currentIndexChanged.connect(self._ask)
         self.partition_box = QComboBox()
         for size in PARTITION_CHOICES:
             label = f"{size}" + (" (real)" if size == REAL_PARTITION else " (teaching)")
@@ -156,7 +159,7 @@ class WalkThroughPanel(QWidget):
         LIVE_TIMERS.add(self.timer)
         self.timer.timeout.connect(lambda: self._control("next"))
         top = QHBoxLayout()
-        for widget in (self.kernel_box, self.head_box, self.partition_label, self.partition_box):
+        for widget in (self.kernel_box, self.layer_box, self.head_box, self.partition_label, self.partition_box):
             top.addWidget(widget)
         self.kernel_box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         layout = QVBoxLayout(self)
@@ -328,7 +331,8 @@ class WalkThroughPanel(QWidget):
         self._show_output(stage == walk.num_stages - 1, merging)
         if merging:
             self._show_tree(merge)
-        self.stage_label.setText(f"stage {stage + 1} / {walk.num_stages} · {walk.stage_text(stage)}")
+        layer = f"layer {walk.layer} of {walk.num_layers} · " if walk.num_layers > 1 else ""
+        self.stage_label.setText(f"{layer}stage {stage + 1} / {walk.num_stages} · {walk.stage_text(stage)}")
         self.lookups.setText(self._lookup_text(walk, token))
 
     def _show_sum_and_rescales(self, walk: WalkThrough, steps, tokens_in_order) -> None:
@@ -522,6 +526,7 @@ class WalkThroughTab(QObject):
     def _on_frame(self, frame: Frame) -> None:
         self._frame = frame
         self.panel.set_heads(frame.config.num_heads)
+        self.panel.layer_box.set_layers(frame.num_layers, frame.worst_layer)
         self.request_trace()
 
     def _dock_visibility(self, shown: bool) -> None:
@@ -556,4 +561,5 @@ class WalkThroughTab(QObject):
             self.panel.show_walk(None)
             return
         panel = self.panel
-        self._controller.trace_kernel(seq, panel.head_box.value(), panel.kernel, int(panel.partition_box.currentData()))
+        partition = int(panel.partition_box.currentData())
+        self._controller.trace_kernel(seq, panel.head_box.value(), panel.kernel, partition, panel.layer_box.layer())
