@@ -59,7 +59,7 @@ def test_each_layer_keeps_its_own_query_and_reads_its_own_cache(smollm):
     report = sim.last_attention
     np.testing.assert_allclose(outputs[runner.check_layer], report.output[0], atol=float(report.tolerances.max()))
     assert not np.allclose(outputs[0], outputs[runner.check_layer], atol=1e-3)  # layers differ
-    with pytest.raises(InvalidOperationError, match="layer 30 is outside 0..29"):
+    with pytest.raises(InvalidOperationError, match=r"layer 30 is outside 0\.\.29"):
         sim.layer_detail("a", 30, context)
 
 
