@@ -97,6 +97,13 @@ class WindowActions:
         )
         self.fork_action = a("Fork", w.fork_selected, "F", "Fork the selected sequence: share all its blocks")
         self.free_action = a("Free", w.free_selected, Qt.Key.Key_Delete, "Free the selected sequence's blocks")
+        self.schedule_action = a(
+            "Schedule",
+            w.schedule_step,
+            "S",
+            "One scheduler step: admit waiting requests (prefill), one token for each running sequence, "
+            "preempt if the pool runs out",
+        )
         self.start_action = a("Start", lambda: w.controller.seek(0), Qt.Key.Key_Home, "Go to the start")
         self.back_action = a("Back", w.controller.back, Qt.Key.Key_Left, "Step back")
         self.play_action = a("Play", w.controller.toggle_play, Qt.Key.Key_Space, "Play / pause the scenario")
@@ -144,6 +151,7 @@ class WindowActions:
             None,
             self.fork_action,
             self.free_action,
+            self.schedule_action,
             None,
             self.zoom_in_action,
             self.zoom_out_action,
@@ -252,7 +260,10 @@ class WindowActions:
             action.setEnabled(False)
             edit_menu.addAction(action)
         seq_menu = bar.addMenu("&Sequence")
-        for action in (self.add_action, self.grow_action, self.grow_n_action, self.fork_action, self.free_action):
+        for action in (
+            self.add_action, self.grow_action, self.grow_n_action, self.fork_action, self.free_action,
+            self.schedule_action,
+        ):  # fmt: skip
             seq_menu.addAction(action)
         play_menu = bar.addMenu("&Timeline")
         for action in (self.play_action, self.back_action, self.forward_action, self.start_action, self.end_action):

@@ -1,12 +1,17 @@
-"""Sequence → Add on a real model: a prompt typed as text (or as a chat user message) and
-how the model should pick its next tokens. The worker encodes the text with the model's
-tokenizer (``core.token_text.prompt_ids``); this dialog only collects what was typed."""
+"""Sequence → Add on a real model: a prompt typed as text (or as a chat user message), how
+the model should pick its next tokens, and whether it is a sequence the user grows or a
+request the scheduler runs (n parallel samples, or a beam search). The worker encodes the
+text with the model's tokenizer (``core.token_text.prompt_ids``); this dialog only collects
+what was typed."""
 
 from __future__ import annotations
+
+import itertools
 
 from pagesim.core.sampling import SamplingParams
 from PySide6.QtWidgets import (
     QCheckBox,
+    QComboBox,
     QDialog,
     QDialogButtonBox,
     QDoubleSpinBox,
@@ -19,6 +24,12 @@ from PySide6.QtWidgets import (
 
 DEFAULT_PROMPT = "The capital of France is"
 NO_LIMIT = "no limit"
+AS_SEQUENCE, AS_REQUEST = "sequence", "request"
+HINTS = {
+    AS_SEQUENCE: "Then Grow (G) writes the model's next tokens one by one.",
+    AS_REQUEST: "The request waits in the scheduler's queue: Schedule (S) runs one step of the scheduler "
+    "(admission and prefill, then one token per running sequence).",
+}
 
 
 class AddPromptDialog(QDialog):
@@ -46,47 +57,103 @@ class AddPromptDialog(QDialog):
         self.seed.setRange(0, 2**31 - 1)
         self.seed.setToolTip("The draws' seed (with a temperature above 0): the same seed writes the same text")
         self.seed.setEnabled(False)  # greedy picks need no seed
-        self.temperature.valueChanged.connect(lambda t: self.seed.setEnabled(t > 0))
         self.max_tokens = QSpinBox()
         self.max_tokens.setRange(0, 100_000)
         self.max_tokens.setSpecialValueText(NO_LIMIT)
         self.max_tokens.setToolTip(
             "The sequence finishes after this many generated tokens (or at the end-of-sequence token)"
         )
+        self.kind = QComboBox()
+        self.kind.addItem("a sequence you grow", AS_SEQUENCE)
+        self.kind.addItem("a request for the scheduler", AS_REQUEST)
+        self.kind.setToolTip(
+            "A sequence: Grow writes its tokens when you ask. A request: the scheduler admits it, prefills its "
+            "prompt and decodes it step by step (Schedule), as n parallel samples or a beam search"
+        )
+        self.samples = QSpinBox()
+        self.samples.setRange(1, 8)
+        self.samples.setToolTip(
+            "Parallel samples (vLLM's n): one prompt, n continuations sharing the prompt's blocks until each "
+            "writes its own token (copy-on-write). With temperature 0 they are all the same"
+        )
+        self.beam_width = QSpinBox()
+        self.beam_width.setRange(0, 8)
+        self.beam_width.setSpecialValueText("off")
+        self.beam_width.setToolTip(
+            "Beam search: keep the width most likely continuations by cumulative log-probability; beams fork "
+            "and are dropped each step (greedy scoring: no temperature, no n)"
+        )
+        self.output_len = QSpinBox()
+        self.output_len.setRange(1, 4096)
+        self.output_len.setValue(16)
+        self.output_len.setToolTip("Tokens the request generates (it finishes earlier at the end-of-sequence token)")
+        self.beam_width.valueChanged.connect(lambda _: self._follow_choices())
+        self.temperature.valueChanged.connect(lambda _: self._follow_choices())
+        self.kind.currentIndexChanged.connect(lambda _: self._follow_choices())
         form = QFormLayout()
+        self.form = form
         form.addRow("Prompt", self.prompt)
         form.addRow("", self.as_chat)
+        form.addRow("Add as", self.kind)
         form.addRow("Temperature", self.temperature)
         form.addRow("Seed", self.seed)
         form.addRow("Max tokens", self.max_tokens)
+        form.addRow("Samples (n)", self.samples)
+        form.addRow("Beam width", self.beam_width)
+        form.addRow("Output tokens", self.output_len)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Add")
         buttons.button(QDialogButtonBox.StandardButton.Ok).setToolTip("Add the sequence: its prompt is written")
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         self.buttons = buttons
-        hint = QLabel("Then Grow (G) writes the model's next tokens one by one.")
+        hint = QLabel(HINTS[AS_SEQUENCE])
         hint.setWordWrap(True)
+        self.hint = hint
         layout = QVBoxLayout(self)
         layout.addLayout(form)
         layout.addWidget(hint)
         layout.addWidget(buttons)
-        for first, second in zip(
-            (self.prompt, self.as_chat, self.temperature, self.seed),
-            (self.as_chat, self.temperature, self.seed, self.max_tokens),
-            strict=True,
-        ):
+        order = (
+            self.prompt, self.as_chat, self.kind, self.temperature, self.seed, self.max_tokens, self.samples,
+            self.beam_width, self.output_len,
+        )  # fmt: skip
+        for first, second in itertools.pairwise(order):
             QDialog.setTabOrder(first, second)
+        self._follow_choices()
         self.prompt.setFocus()
         self.prompt.selectAll()
+
+    @property
+    def as_request(self) -> bool:
+        return self.kind.currentData() == AS_REQUEST
+
+    def _follow_choices(self) -> None:
+        """Show the fields of the kind chosen; beams take no temperature and no n (a request
+        refuses them), so choosing beams sets those aside."""
+        request = self.as_request
+        self.form.setRowVisible(self.max_tokens, not request)
+        for field in (self.samples, self.beam_width, self.output_len):
+            self.form.setRowVisible(field, request)
+        beams = request and self.beam_width.value() > 0
+        if beams:
+            self.temperature.setValue(0.0)
+            self.samples.setValue(1)
+        self.temperature.setEnabled(not beams)
+        self.samples.setEnabled(not beams)
+        self.seed.setEnabled(not beams and self.temperature.value() > 0)
+        self.hint.setText(HINTS[self.kind.currentData()])
+        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Submit" if request else "Add")
 
     @property
     def text(self) -> str:
         return self.prompt.toPlainText()
 
     def sampling(self) -> SamplingParams | None:
-        """None when greedy with no limit (as a scenario's plain ``add``)."""
-        temperature, limit = self.temperature.value(), self.max_tokens.value() or None
+        """None when greedy with no limit (as a scenario's plain ``add``); a request's length
+        is its own (``output_len``), not the sampling's."""
+        temperature = self.temperature.value()
+        limit = None if self.as_request else self.max_tokens.value() or None
         if temperature == 0 and limit is None:
             return None
         return SamplingParams(temperature=temperature, seed=self.seed.value(), max_tokens=limit)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pagesim.app.report import write_event_log
 from pagesim.core.errors import Interrupted, PagesimError, PoolExhaustedError, ScenarioError
-from pagesim.core.operations import Add, Operation
+from pagesim.core.operations import Add, Operation, Submit
 from pagesim.core.sampling import SamplingParams
 from pagesim.core.scenario import Scenario
 from pagesim.core.studies.request_latency import ScenarioLatency, scenario_latency
@@ -70,6 +70,10 @@ class PushText:
     text: str
     as_chat: bool
     sampling: SamplingParams | None
+    # A request for the scheduler instead (``seq`` its name): output_len tokens, as n samples or beams.
+    output_len: int | None = None
+    n: int = 1
+    beam_width: int = 0
 
 
 @dataclass(frozen=True)
@@ -357,8 +361,13 @@ class SimulationWorker(QObject):
         self.replied.emit(KernelReady(timeline.sim.config.dtype, time.perf_counter() - started))
 
     def _push_text(self, request: PushText) -> None:
-        ids = prompt_ids(self._timeline.sim.runner.model, request.text, request.as_chat)
-        self._emit(self._timeline.push(Add(request.seq, prompt=tuple(ids), sampling=request.sampling)))
+        ids = tuple(prompt_ids(self._timeline.sim.runner.model, request.text, request.as_chat))
+        if request.output_len is None:
+            op = Add(request.seq, prompt=ids, sampling=request.sampling)
+        else:
+            n, beams, sampling = request.n, request.beam_width, request.sampling
+            op = Submit(request.seq, request.output_len, prompt=ids, n=n, beam_width=beams, sampling=sampling)
+        self._emit(self._timeline.push(op))
 
     def _undo(self, _: Undo) -> None:
         self._timeline.undo()
@@ -545,6 +554,15 @@ class SimulationController(QObject):
         """Add ``seq`` with a prompt typed as text (a real model's tokenizer encodes it)."""
         self.pause()
         self._send(PushText(seq, text, as_chat, sampling))
+
+    def submit_text(
+        self, request: str, text: str, as_chat: bool, sampling: SamplingParams | None, output_len: int, n: int,
+        beams: int,
+    ) -> None:  # fmt: skip
+        """Submit request ``request`` to the scheduler with a prompt typed as text: ``output_len``
+        tokens as ``n`` samples or ``beams`` beams (Schedule runs it)."""
+        self.pause()
+        self._send(PushText(request, text, as_chat, sampling, output_len, n, beams))
 
     def undo(self) -> None:
         self._edit(Undo(), lambda f: f.can_undo, "nothing to undo: no action of yours on this timeline")

@@ -39,7 +39,7 @@ from pagesim.app.gui.views.token_budget import TokenBudgetBar, scheduler_panel
 from pagesim.app.gui.views.token_map import TokenMap
 from pagesim.app.gui.views.walkthrough import WalkThroughPanel, WalkThroughTab
 from pagesim.app.gui.welcome import WelcomeDialog
-from pagesim.core.operations import Add, Fork, Free, Grow, new_sequence_name
+from pagesim.core.operations import Add, Fork, Free, Grow, Schedule, new_sequence_name
 from pagesim.core.scenario import Scenario, load_shipped
 from pagesim.core.view_model import Frame
 from PySide6.QtCore import QSettings, Qt
@@ -310,8 +310,17 @@ class MainWindow(QMainWindow):
 
     def _add_typed(self) -> None:
         dialog = self.add_dialog
+        chat, sampling = dialog.as_chat.isChecked(), dialog.sampling()
+        if dialog.as_request:
+            out, n, beams = dialog.output_len.value(), dialog.samples.value(), dialog.beam_width.value()
+            self.controller.submit_text(dialog.seq, dialog.text, chat, sampling, out, n, beams)
+            return
         self.selection.expect(dialog.seq)
-        self.controller.add_text(dialog.seq, dialog.text, dialog.as_chat.isChecked(), dialog.sampling())
+        self.controller.add_text(dialog.seq, dialog.text, chat, sampling)
+
+    def schedule_step(self) -> None:
+        """One step of the scenario's scheduler: admit, prefill, one token per running sequence."""
+        self.controller.apply(Schedule(1))
 
     def grow_selected(self, tokens: int) -> None:
         if seq := self._need_selection("grow"):

@@ -1,0 +1,73 @@
+"""Add on a real model can submit a request for the scheduler (n samples or a beam search)
+with a typed prompt, and Schedule (S) runs the scheduler one step at a time."""
+
+from pagesim.core.operations import Submit
+
+from tests.app.conftest import wait_idle
+
+
+def _submit(window, qtbot, text, **fields):
+    before = wait_idle(qtbot, window, timeout=60_000)
+    window.add_sequence()
+    dialog = window.add_dialog
+    dialog.prompt.setPlainText(text)
+    dialog.kind.setCurrentIndex(dialog.kind.findData("request"))
+    for name, value in fields.items():
+        getattr(dialog, name).setValue(value)
+    assert dialog.buttons.button(dialog.buttons.StandardButton.Ok).text() == "Submit"
+    dialog.buttons.button(dialog.buttons.StandardButton.Ok).click()
+    qtbot.waitUntil(lambda: window.frame.position != before.position or window.last_error, timeout=60_000)
+    assert window.last_error is None
+    frame = wait_idle(qtbot, window, timeout=60_000)
+    return dialog, frame, frame.operations[frame.position - 1]
+
+
+def _schedule(window, qtbot, steps):
+    for _ in range(steps):
+        window.actions.schedule_action.trigger()
+        frame = wait_idle(qtbot, window, timeout=60_000)
+    return frame
+
+
+def test_the_dialog_shows_a_requests_fields_and_beams_set_temperature_and_n_aside(make_window, qtbot):
+    window = make_window("default", real=True)
+    window.add_sequence()
+    dialog = window.add_dialog
+    assert not dialog.samples.isVisibleTo(dialog) and dialog.max_tokens.isVisibleTo(dialog)
+    dialog.kind.setCurrentIndex(dialog.kind.findData("request"))
+    assert dialog.samples.isVisibleTo(dialog) and dialog.output_len.isVisibleTo(dialog)
+    assert not dialog.max_tokens.isVisibleTo(dialog) and "Schedule (S)" in dialog.hint.text()
+    dialog.temperature.setValue(0.8)
+    dialog.samples.setValue(3)
+    dialog.beam_width.setValue(2)
+    assert dialog.temperature.value() == 0 and not dialog.temperature.isEnabled()
+    assert dialog.samples.value() == 1 and not dialog.samples.isEnabled()
+    dialog.reject()
+
+
+def test_a_beam_search_request_is_submitted_and_scheduled_into_two_beams(make_window, qtbot):
+    window = make_window("default", real=True)
+    dialog, frame, op = _submit(window, qtbot, "Name a colour:", beam_width=2, output_len=4)
+    assert isinstance(op, Submit) and op.request == dialog.seq and op.beam_width == 2 and op.output_len == 4
+    assert op.sampling is None
+    assert dialog.seq in frame.queues["waiting"]
+    frame = _schedule(window, qtbot, 2)
+    beams = [s.seq_id for s in frame.sequences if s.seq_id.startswith(f"{dialog.seq}/")]
+    assert len(beams) == 2
+    assert frame.operations[frame.position - 1].describe() == "schedule ×1"
+
+
+def test_parallel_samples_with_a_temperature_write_their_own_tokens(make_window, qtbot):
+    window = make_window("default", real=True)
+    dialog, frame, op = _submit(window, qtbot, "Once upon a time", samples=2, temperature=1.0, seed=5, output_len=6)
+    assert op.n == 2 and op.sampling.temperature == 1.0 and op.sampling.seed == 5
+    frame = _schedule(window, qtbot, 6)
+    samples = [s for s in frame.sequences if s.seq_id.startswith(f"{dialog.seq}/")]
+    assert len(samples) == 2
+    first, second = samples
+    prompt = first.prompt_len
+    assert first.pieces[:prompt] == second.pieces[:prompt] and first.pieces[prompt:] != second.pieces[prompt:]
+    # The prompt's full blocks are shared; each sample writes its own tokens into its own.
+    full = prompt // frame.config.block_size
+    assert first.block_table[:full] == second.block_table[:full]
+    assert first.block_table[-1] != second.block_table[-1]
