@@ -17,6 +17,7 @@ calls back into the ``Simulator``.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -103,6 +104,9 @@ class Simulator:
         self.scheduler = scheduler(config, self.runner.model, self.blocks, self.registry, self.events)
         self.step = 0
         self.last_attention: AttentionReport | None = None
+        # Told of each token a real model's Grow writes, as it is written (the app streams the
+        # text while a long grow runs): (sequence id, its token ids so far).
+        self.token_written: Callable[[str, list[int]], None] | None = None
 
     # -- queries ------------------------------------------------------------------------
     @property
@@ -264,6 +268,8 @@ class Simulator:
                 raise InvalidOperationError(f"sequence {op.seq!r} has finished: {reason}")
             for _ in range(op.num_tokens):
                 self.registry.decode([seq])
+                if self.token_written is not None:
+                    self.token_written(seq.seq_id, seq.token_ids)
                 if self._finished(seq) is not None:
                     break
             return

@@ -21,7 +21,7 @@ from pagesim.core.studies.stand_in import memory_only
 from pagesim.core.studies.sweep import Hardware, Source, SweepResult, VariantResult, sweep
 from pagesim.core.studies.waste import WastePool, WasteStudy, pool_from_preset, pool_of_blocks, study
 from pagesim.core.timeline import Timeline
-from pagesim.core.token_text import prompt_ids
+from pagesim.core.token_text import piece_function, prompt_ids, tokenizer_of
 from pagesim.core.view_model import Frame, build_frame
 from pagesim.core.walkthrough import WalkThrough, walk_through
 from pagesim.kernels.backend import BackendUnavailableError
@@ -207,6 +207,15 @@ class WasteReady:
 
 
 @dataclass(frozen=True)
+class TokenStreamed:
+    """Not an answer: a token a real model's grow just wrote, while the grow goes on."""
+
+    seq_id: str
+    piece: str  # its text
+    count: int  # the sequence's tokens, this one included
+
+
+@dataclass(frozen=True)
 class SweepProgress:
     """Not an answer: one what-if variant replayed (``index`` of ``count``)."""
 
@@ -269,6 +278,7 @@ Reply = (
     | Exported
     | WasteReady
     | SweepProgress
+    | TokenStreamed
     | SweepReady
     | SweepCancelled
     | LatencyReady
@@ -298,10 +308,10 @@ class SimulationWorker(QObject):
         # Set from the GUI thread when the window closes: a long seek or replay stops at its next step.
         self.stopping = threading.Event()
         self._handlers = {
-            Forward: lambda r: self._emit(self._timeline.forward()),
+            Forward: lambda r: self._emit(self._streaming(self._timeline.forward)),
             Back: self._back,
             Seek: self._seek,
-            Push: lambda r: self._emit(self._timeline.push(r.op)),
+            Push: lambda r: self._emit(self._streaming(lambda: self._timeline.push(r.op))),
             PushText: self._push_text,
             Undo: self._undo,
             Redo: lambda r: self._emit(self._timeline.redo()),
@@ -313,6 +323,22 @@ class SimulationWorker(QObject):
             RunSweep: lambda r: self._study("whatif", self._sweep, r),
             ComputeLatency: lambda r: self._study("latency", self._latency, r),
         }
+
+    def _streaming(self, run):
+        """``run()``, each token a real model's grow writes meanwhile sent as it comes."""
+        sim = self._timeline.sim
+        piece = piece_function(tokenizer_of(sim.runner.model))
+        if piece is None:
+            return run()
+
+        def written(seq_id: str, token_ids: list[int]) -> None:
+            self.replied.emit(TokenStreamed(seq_id, piece(token_ids, len(token_ids) - 1), len(token_ids)))
+
+        sim.token_written = written
+        try:
+            return run()
+        finally:
+            sim.token_written = None
 
     def _emit(self, result=None) -> None:
         self._frame = build_frame(self._timeline, self._focus, result, self._frame, self._focus_layer)
@@ -492,6 +518,7 @@ class SimulationController(QObject):
     exported = Signal(str)
     wasteReady = Signal(object)  # WasteStudy
     sweepProgress = Signal(int, int, object)  # index, count, VariantResult
+    tokenStreamed = Signal(str, str, int)  # seq id, the new token's text, the sequence's tokens
     sweepReady = Signal(object, str)  # SweepResult, what was replayed instead of the scenario ("" for itself)
     sweepCancelled = Signal(int)  # variants replayed before the cancel
     latencyReady = Signal(object)  # ScenarioLatency
@@ -659,6 +686,9 @@ class SimulationController(QObject):
             return
         if isinstance(reply, SweepProgress):
             self.sweepProgress.emit(reply.index, reply.count, reply.variant)
+            return
+        if isinstance(reply, TokenStreamed):
+            self.tokenStreamed.emit(reply.seq_id, reply.piece, reply.count)
             return
         self.pending = max(0, self.pending - 1)
         if isinstance(reply, Loaded):

@@ -55,6 +55,21 @@ class SequenceText(QWidget):
     def bind(self, controller, selection) -> None:
         self._selection = selection
         controller.frameChanged.connect(self.show_frame)
+        controller.tokenStreamed.connect(self.stream)
+
+    def stream(self, seq_id: str, piece: str, count: int) -> None:
+        """A token the model just wrote, while its grow goes on: appended to the selected
+        sequence's text at once (the step's frame then draws it in its block)."""
+        if self._selection is None or seq_id != self._selection.current or self._shown is None:
+            return
+        self._shown = ("streaming", seq_id, count)  # the next frame redraws the whole text
+        cursor = self.browser.textCursor()
+        cursor.movePosition(cursor.MoveOperation.End)
+        text = escape(piece).replace("\n", "↵<br>")
+        cursor.insertHtml(f'<b style="color:{self.theme.highlight}">{text}</b>')
+        self.browser.setTextCursor(cursor)
+        self.browser.ensureCursorVisible()
+        self.caption.setText(f"Text of {seq_id}: writing… <b>{count} tokens</b>")
 
     def show_frame(self, frame: Frame) -> None:
         self._frame = frame
