@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from pagesim.core.errors import InvalidOperationError
 
@@ -92,3 +93,40 @@ def prompt_ids(model, text: str, as_chat: bool = False) -> list[int]:
     if not ids:
         raise InvalidOperationError("the prompt has no tokens", "prompt")
     return ids
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where two sequences that share blocks part: the blocks they share at the same logical
+    places, and the first token whose text differs (None: one's text starts the other's)."""
+
+    other: str
+    shared_blocks: int  # leading logical blocks held by both (the same physical blocks)
+    first_difference: int | None
+    own_text: str  # each side's text from the first difference on, a few tokens
+    other_text: str
+
+
+def divergence(
+    seq_id: str, pieces: Sequence[str], table: Sequence[int], other: str, other_pieces: Sequence[str],
+    other_table: Sequence[int], shown: int = 6,
+) -> Divergence | None:  # fmt: skip
+    """How ``seq_id`` and ``other`` part (None: they share no leading block, a fork's or a
+    cached prefix's)."""
+    shared = 0
+    for mine, theirs in zip(table, other_table, strict=False):
+        if mine != theirs:
+            break
+        shared += 1
+    if shared == 0:
+        return None
+    common = 0
+    for mine, theirs in zip(pieces, other_pieces, strict=False):
+        if mine != theirs:
+            break
+        common += 1
+    if common == min(len(pieces), len(other_pieces)):
+        return Divergence(other, shared, None, "", "")
+    return Divergence(
+        other, shared, common, "".join(pieces[common : common + shown]), "".join(other_pieces[common : common + shown])
+    )

@@ -43,3 +43,16 @@ def test_a_caption_says_what_was_written_only_with_a_tokenizer():
     assert plain == "A's tokens 5–6 went into block 1, slot 1 … block 1, slot 2 (room in its last block: no new block)"
     said = ev.TokenWritten.summarize(written, text_of=_Bytes().decode)
     assert said == 'A wrote "P!" into block 1, slot 1 … block 1, slot 2 (room in its last block: no new block)'
+
+
+def test_divergence_names_the_shared_blocks_and_the_first_differing_token():
+    from pagesim.core.token_text import divergence
+
+    a = ("The", " capital", " is", " Paris", ".")
+    b = ("The", " capital", " is", " a", " city")
+    parted = divergence("a", a, (0, 1, 4), "b", b, (0, 1, 5))
+    assert parted.shared_blocks == 2 and parted.first_difference == 3
+    assert parted.own_text == " Paris." and parted.other_text == " a city"
+    same = divergence("a", a, (0, 1, 4), "c", a[:4], (0, 1, 4))
+    assert same.shared_blocks == 3 and same.first_difference is None
+    assert divergence("a", a, (0, 1), "d", a, (2, 1)) is None  # no leading block in common

@@ -10,10 +10,12 @@ from html import escape
 
 from pagesim.app.gui.palette import Theme
 from pagesim.app.gui.views.live_text import LiveText
+from pagesim.core.token_text import divergence, visible
 from pagesim.core.view_model import Frame, SequenceState
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QSizePolicy, QTabWidget, QTextBrowser, QVBoxLayout, QWidget
 
+MAX_PARTINGS = 2  # sequences named in the parting note (the most blocks shared first)
 BLOCK_MARK = "▏"  # starts each block's run: "▏#5"
 TINT = 0.35  # how much of the block's colour shows behind its text
 TIP = (
@@ -38,6 +40,16 @@ class SequenceText(QWidget):
         self.caption = LiveText(lines=1, max_lines=2)  # changes every step: repainted, not re-laid out
         self.caption.setText("Text")
         self.caption.setToolTip(TIP)
+        # Where the selected sequence parts from those it shares blocks with (a fork, beams,
+        # a cached prefix): the shared blocks, then the first token whose text differs.
+        self.parting = LiveText(lines=1, max_lines=3)
+        self.parting.setToolTip(
+            "Sequences that hold the same physical blocks at the start of their tables (a fork, parallel samples, "
+            "beams, a cached prompt) share those blocks' K/V. The first token one of them writes into a shared "
+            "block gets it its own copy (copy-on-write); from the first token whose text differs, the two "
+            "continuations are each their own"
+        )
+        self.parting.setVisible(False)
         self.browser = QTextBrowser()
         self.browser.setToolTip(TIP)
         self.browser.setOpenLinks(False)
@@ -46,6 +58,7 @@ class SequenceText(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.caption)
+        layout.addWidget(self.parting)
         layout.addWidget(self.browser, 1)
         self._frame: Frame | None = None
         self._selection = None
@@ -98,6 +111,44 @@ class SequenceText(QWidget):
         written = state.num_tokens - state.prompt_len
         caption = f"Text of {state.seq_id}: {state.prompt_len}-token prompt + <b>{written} written</b>"
         self._show(key, caption, self._html(state, frame.config.block_size, shared, owners))
+        self._show_parting(frame, state)
+
+    def _show_parting(self, frame: Frame, state: SequenceState) -> None:
+        partings = []
+        for other in frame.sequences:
+            if other.seq_id == state.seq_id or other.pieces is None:
+                continue
+            parted = divergence(
+                state.seq_id, state.pieces, state.block_table, other.seq_id, other.pieces, other.block_table
+            )
+            if parted is not None:
+                partings.append(parted)
+        partings.sort(key=lambda p: -p.shared_blocks)
+        lines = []
+        for parted in partings[:MAX_PARTINGS]:
+            blocks = f"{parted.shared_blocks} block" + ("s" if parted.shared_blocks > 1 else "")
+            other = escape(parted.other)
+            line = f"Shares its first {blocks} with <b>{other}</b>"
+            if parted.first_difference is None:
+                theirs = len(frame.sequence(parted.other).pieces)
+                if theirs == state.num_tokens:
+                    line += ", the same text so far"
+                elif theirs < state.num_tokens:
+                    line += f"; {other}'s {theirs} tokens begin its text"
+                else:
+                    line += f"; its text begins {other}'s"
+            else:
+                mine, theirs = (escape(visible(t)) for t in (parted.own_text, parted.other_text))
+                line += (
+                    f"; parts at token {parted.first_difference}: {escape(state.seq_id)} “{mine}…” · "
+                    f"{escape(parted.other)} “{theirs}…”"
+                )
+            lines.append(line)
+        if len(partings) > MAX_PARTINGS:
+            lines.append(f"… and {len(partings) - MAX_PARTINGS} more")
+        self.parting.setVisible(bool(lines))
+        if lines:
+            self.parting.setText("<br>".join(lines))
 
     def _show(self, key: tuple, caption: str, html: str) -> None:
         if key == self._shown:
