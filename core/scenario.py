@@ -390,6 +390,25 @@ def load_scenario(path: str | Path) -> Scenario:
     return parse_scenario(read_scenario_text(path), str(path))
 
 
+def scenario_model(path: str | Path) -> str | None:
+    """The real model a scenario file (or a shipped one, by name) runs, as ``load_model``
+    takes it, read from its header alone (None: the synthetic model, or a file that does
+    not say: parsing it tells why). Cheap: the app loads the model before parsing."""
+    path = Path(path)
+    if path.suffix == "" and str(path) in shipped_scenarios() and not path.is_file():
+        path = Path(str(resources.files("pagesim.assets") / "scenarios" / f"{path}.toml"))
+    try:
+        name = tomllib.loads(read_scenario_text(path)).get("model", SYNTHETIC)
+    except (PagesimError, tomllib.TOMLDecodeError, RecursionError, OSError):
+        return None
+    if not isinstance(name, str) or name == SYNTHETIC:
+        return None
+    beside = path.parent / name
+    if name.lower().endswith(".gguf") and not Path(name).is_absolute() and beside.is_file():
+        return str(beside)
+    return name
+
+
 def shipped_scenarios() -> dict[str, str]:
     """Shipped scenario name -> its file name."""
     folder = resources.files("pagesim.assets") / "scenarios"

@@ -11,11 +11,11 @@ import weakref
 
 from pagesim.app.gui.palette import THEMES
 from pagesim.app.gui.views.live_text import LiveText
-from pagesim.core.scenario import examples, load_shipped
+from pagesim.core.scenario import examples
 from pagesim.core.view_model import Frame
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QAction, QColor, QKeySequence, QPainter, QPolygon
-from PySide6.QtWidgets import QComboBox, QLabel, QSlider, QSpinBox, QStyle, QStyleOptionSlider, QToolBar
+from PySide6.QtWidgets import QComboBox, QLabel, QSlider, QSpinBox, QStyle, QStyleOptionSlider, QToolBar, QToolButton
 
 STEP_LABEL_CHARS = 50  # "step 120 / 376 · grow r255 by 1 · ✓ kernel = dense"; longer ones end in "…"
 SPEEDS = [("Instant", 0.0), ("0.25×", 0.25), ("0.5×", 0.5), ("1×", 1.0), ("2×", 2.0), ("4×", 4.0)]
@@ -159,10 +159,18 @@ class WindowActions:
         ):
             if widget is None:
                 ops.addSeparator()
-            elif isinstance(widget, QAction):
+            elif isinstance(widget, QAction) and widget is not self.schedule_action:
                 ops.addAction(widget)
             elif widget is self.prompt_spin:
                 self.prompt_spin_action = ops.addWidget(widget)  # hidden on a real model (Add asks for text)
+            elif widget is self.schedule_action:
+                # Shown in place of the prompt length, on a real model (Add can submit a request);
+                # the menu item and S work on any scenario.
+                button = QToolButton()
+                button.setDefaultAction(widget)
+                button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
+                self.schedule_button_action = ops.addWidget(button)
+                self.schedule_button_action.setVisible(False)
             else:
                 ops.addWidget(widget)
 
@@ -198,7 +206,7 @@ class WindowActions:
             first_line = scenario.summary()
             action.setToolTip(first_line)
             action.setStatusTip(first_line)
-            action.triggered.connect(lambda _=False, n=name: w.load(load_shipped(n)))
+            action.triggered.connect(lambda _=False, n=name: w.open_shipped(n))
 
     def _build_menus(self) -> None:
         w = self.window
@@ -341,6 +349,7 @@ class WindowActions:
         self.step_label.setText(f"step {frame.position} / {frame.length} · {frame.label}{check}")
         if self.prompt_spin_action.isVisible() == frame.has_text:
             self.prompt_spin_action.setVisible(not frame.has_text)
+            self.schedule_button_action.setVisible(frame.has_text)
             self.add_action.setToolTip(
                 "Add a sequence with a prompt you type (and how the model samples) (A)"
                 if frame.has_text

@@ -11,7 +11,8 @@ import time
 from pagesim.app.gui.main_window import MainWindow
 from pagesim.app.options import writable_problem
 from pagesim.core.errors import PagesimError
-from pagesim.core.scenario import DEFAULT_SCENARIO, load_scenario
+from pagesim.core.models.catalog import is_loaded
+from pagesim.core.scenario import DEFAULT_SCENARIO, load_scenario, scenario_model
 from PySide6.QtCore import QSettings, QTimer
 from PySide6.QtWidgets import QApplication
 
@@ -55,11 +56,17 @@ def display_problem() -> str | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        scenario = load_scenario(args.scenario)
-    except PagesimError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    # A real model not yet in memory loads once the window is up (its progress bar; the first
+    # load of a file takes seconds); a screenshot waits for it here, its errors on stderr.
+    model = scenario_model(args.scenario)
+    deferred = args.screenshot is None and model is not None and not is_loaded(model)
+    scenario = None
+    if not deferred:
+        try:
+            scenario = load_scenario(args.scenario)
+        except PagesimError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     if args.screenshot is not None:
         suffix = args.screenshot.suffix.lower().lstrip(".")
         if suffix not in IMAGE_FORMATS:
@@ -97,7 +104,10 @@ def main(args: argparse.Namespace) -> int:
     window.show()
     if args.panel:
         window.studies.show_panel(args.panel)
-    window.load(scenario)
+    if deferred:
+        window.files.open_scenario(args.scenario)
+    else:
+        window.load(scenario)
     if not headless and args.scenario == DEFAULT_SCENARIO and window.welcome_due:
         window.show_welcome()  # a first start with no scenario named: where to begin
     remaining = [max(0, args.steps)]

@@ -16,6 +16,7 @@ from pagesim.app.gui.animation import AnimationDirector, beats_for
 from pagesim.app.gui.attach import KVAttach
 from pagesim.app.gui.controller import SimulationController
 from pagesim.app.gui.guide import GUIDE_HTML
+from pagesim.app.gui.model_loader import ModelLoader
 from pagesim.app.gui.palette import THEMES, SequenceColours, qpalette
 from pagesim.app.gui.scenario_files import ScenarioFiles
 from pagesim.app.gui.selection import Selection
@@ -40,7 +41,7 @@ from pagesim.app.gui.views.token_map import TokenMap
 from pagesim.app.gui.views.walkthrough import WalkThroughPanel, WalkThroughTab
 from pagesim.app.gui.welcome import WelcomeDialog
 from pagesim.core.operations import Add, Fork, Free, Grow, Schedule, new_sequence_name
-from pagesim.core.scenario import Scenario, load_shipped
+from pagesim.core.scenario import Scenario, load_shipped, scenario_model
 from pagesim.core.view_model import Frame
 from PySide6.QtCore import QSettings, Qt
 from PySide6.QtGui import QColor
@@ -102,6 +103,7 @@ class MainWindow(QMainWindow):
         self.table_lines = TableToPoolLines(self, self.sequence_view, self.pool_view)
         self.files = ScenarioFiles(self)
         self.status = StatusReporter(self.statusBar(), self.theme)
+        self.model_loader = ModelLoader(self.statusBar(), self)  # a real model's first load, off this thread
         self.kv_attach = KVAttach(self)  # File → Attach to vLLM…: live views of a server's prefix cache
         self.actions = WindowActions(self)
         self.studies = StudyDocks(self)  # What-if and Latency, tabbed with Memory; the Studies menu
@@ -253,9 +255,16 @@ class MainWindow(QMainWindow):
     def load(self, scenario: Scenario) -> None:
         """Ask the worker to load ``scenario``. Nothing of the window changes until it has:
         a load that fails (a pool too large to allocate) leaves the current scenario, its
-        steps and the recent files as they were."""
+        steps and the recent files as they were. (A model still loading for another
+        scenario opens nothing when it is ready: this one was asked for later.)"""
+        self.model_loader.supersede()
         self.status.preparing(scenario.config.dtype)
         self.controller.load(scenario)
+
+    def open_shipped(self, name: str) -> None:
+        """A shipped scenario by name: its model loaded first if it is not in memory (off the
+        GUI thread, with a progress bar), then parsed and loaded."""
+        self.model_loader.ensure(scenario_model(name), lambda: self.load(load_shipped(name)), self.status.show_error)
 
     def _on_loaded(self, scenario: Scenario) -> None:
         """The worker built ``scenario``'s timeline; its first frame comes next."""
@@ -268,7 +277,7 @@ class MainWindow(QMainWindow):
     def show_welcome(self) -> WelcomeDialog:
         """Help → Welcome: what pagesim shows and the examples in a learner's order."""
         show = self.setting("welcome_at_start")
-        dialog = WelcomeDialog(lambda name: self.load(load_shipped(name)), self, show)
+        dialog = WelcomeDialog(self.open_shipped, self, show)
         dialog.finished.connect(lambda _: self.settings.setValue("welcome_at_start", dialog.at_start.isChecked()))
         dialog.open()  # window-modal, returns at once
         return dialog

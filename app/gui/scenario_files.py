@@ -10,7 +10,7 @@ from pathlib import Path
 from pagesim.app.gui.settings import MAX_RECENT
 from pagesim.core.atomic_write import atomic_path, atomic_write
 from pagesim.core.errors import PagesimError
-from pagesim.core.scenario import Scenario, load_scenario, shipped_folder
+from pagesim.core.scenario import Scenario, load_scenario, scenario_model, shipped_folder
 from PySide6.QtWidgets import QFileDialog, QMenu
 
 
@@ -33,14 +33,23 @@ class ScenarioFiles:
 
     # -- scenarios -------------------------------------------------------------------
     def open_scenario(self, path: str) -> bool:
+        """Open the scenario file at ``path`` (or a shipped one by name). False when it
+        cannot be read, said in the status bar. A real model not yet in memory is loaded
+        first, off the GUI thread (the window's progress bar): the file opens when it is."""
         w = self.window
-        try:
-            scenario = load_scenario(path)
-        except (PagesimError, OSError) as exc:
-            w.status.show_error(str(exc))
-            return False
-        w.load(scenario)
-        return True
+        opened = [True]
+
+        def parse_and_load() -> None:
+            try:
+                scenario = load_scenario(path)
+            except (PagesimError, OSError) as exc:
+                w.status.show_error(str(exc))
+                opened[0] = False
+                return
+            w.load(scenario)
+
+        w.model_loader.ensure(scenario_model(path), parse_and_load, w.status.show_error)
+        return opened[0]
 
     def reload_scenario(self) -> None:
         """The scenario again from its file (or as shipped): its script from step 0, your actions gone."""

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from pagesim.core.config import CacheConfig
+from pagesim.core.errors import PagesimError
 from pagesim.core.language_model import BUNDLED_MODEL as BUNDLED_NAME
 from pagesim.core.models.gguf_loader import LlamaConfig, ModelFile, ModelFileError, bundled_model_path, load_gguf
 from pagesim.core.models.precision import resolve_dtype
@@ -36,9 +37,39 @@ def model_path(name: str) -> Path:
     raise ModelFileError(f'model must be "synthetic", "{BUNDLED_NAME}" or a path to a .gguf file; got {name!r}')
 
 
-@functools.lru_cache(maxsize=2)
+LOADED_KEPT = 2  # models held in memory at once (the newest loads)
+_loaded: dict[tuple, ModelFile] = {}
+
+
 def _load(path: str, cache_dir: str | None, stamp: tuple[int, int], dtype: str) -> ModelFile:
-    return load_gguf(path, dtype=dtype)
+    key = (path, cache_dir, stamp, dtype)
+    model = _loaded.pop(key, None)
+    if model is None:
+        model = load_gguf(path, dtype=dtype)
+    _loaded[key] = model  # the newest last
+    while len(_loaded) > LOADED_KEPT:
+        del _loaded[next(iter(_loaded))]
+    return model
+
+
+def _key(name: str, dtype: str | None) -> tuple:
+    path = model_path(name)
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise ModelFileError(f"{path}: {e.strerror or e}") from None
+    dtype = dtype or resolve_dtype()[0]
+    return str(path.resolve()), os.environ.get("PAGESIM_CACHE_DIR"), (st.st_mtime_ns, st.st_size), dtype
+
+
+def is_loaded(name: str, dtype: str | None = None) -> bool:
+    """Whether :func:`load_model` would answer at once (no file to read: the app loads a
+    model that is not in a thread of its own, with a progress bar). A model that cannot be
+    found is "loaded": its load fails at once, with the reason."""
+    try:
+        return _key(name, dtype) in _loaded
+    except (ModelFileError, PagesimError):
+        return True
 
 
 @functools.cache
@@ -52,14 +83,9 @@ def load_model(name: str, dtype: str | None = None) -> ModelFile:
     """The model ``name`` means, loaded (and cached in this process: a scenario's parse and
     its runner share one load; a file changed on disk is loaded again), its weights in
     ``dtype`` ("float32" or "bfloat16"; None: as ``PAGESIM_DTYPE`` chooses)."""
-    path = model_path(name)
-    try:
-        st = path.stat()
-    except OSError as e:
-        raise ModelFileError(f"{path}: {e.strerror or e}") from None
-    dtype = dtype or resolve_dtype()[0]
+    key = _key(name, dtype)
     _choose_threads_once()
-    return _load(str(path.resolve()), os.environ.get("PAGESIM_CACHE_DIR"), (st.st_mtime_ns, st.st_size), dtype)
+    return _load(*key)
 
 
 def model_shapes(config: LlamaConfig) -> dict[str, int]:

@@ -20,6 +20,7 @@ file is written atomically (a kill leaves the old entry or none), the manifest l
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import json
 import os
@@ -278,10 +279,22 @@ def _tokenizer_parts(reader) -> tuple[Tokenizer, SpecialTokens, str | None]:
     return tok, special, None if template is None else str(template)
 
 
+# Told how a load goes, (what it is doing, fraction done), by the thread that set it (a
+# context variable: each thread sees its own), e.g. the app's progress bar.
+load_progress: contextvars.ContextVar = contextvars.ContextVar("load_progress", default=None)
+
+
+def _report(stage: str, fraction: float) -> None:
+    listener = load_progress.get()
+    if listener is not None:
+        listener(stage, fraction)
+
+
 def read_gguf(path: Path) -> tuple[LlamaConfig, dict[str, np.ndarray], Tokenizer, SpecialTokens, str | None]:
     """Everything from the file itself (slow: the metadata parse and the dequantising)."""
     import gguf
 
+    _report("reading the file's metadata", 0.05)
     reader = _open_reader(path)
     tensors = {t.name: t for t in reader.tensors}
     config = _config(reader, path, set(tensors))
@@ -293,7 +306,9 @@ def read_gguf(path: Path) -> tuple[LlamaConfig, dict[str, np.ndarray], Tokenizer
     if unknown:
         raise ModelFileError(f"{path}: tensor {unknown[0]} is not part of a Llama this package runs")
     weights = {}
-    for name in [*wanted, *(n for n in OPTIONAL_TENSORS if n in tensors)]:
+    names = [*wanted, *(n for n in OPTIONAL_TENSORS if n in tensors)]
+    for index, name in enumerate(names):
+        _report("dequantising the weights (once: then cached)", 0.1 + 0.8 * index / len(names))
         t = tensors[name]
         shape = tuple(int(n) for n in reversed(t.shape))  # GGUF lists dimensions innermost first
         want = expected_shape(name, config)
@@ -476,6 +491,7 @@ def load_gguf(path: str | os.PathLike | None = None, use_cache: bool = True, dty
     path = Path(path) if path is not None else bundled_model_path()
     seconds = {}
     _check_file(path)
+    _report("hashing the file", 0.0)
     try:
         sha = file_sha256(path)
     except OSError as e:
@@ -484,6 +500,7 @@ def load_gguf(path: str | os.PathLike | None = None, use_cache: bool = True, dty
     folder = cache_root() / "models" / sha
     parts, status = None, "not cached (caching off)"
     if use_cache:
+        _report("reading the cached weights", 0.05)
         try:
             parts, made = _read_cache(folder, sha, dtype)
             status = "hit, bf16 made" if made else "hit"
@@ -494,6 +511,7 @@ def load_gguf(path: str | os.PathLike | None = None, use_cache: bool = True, dty
         parts = read_gguf(path)
         seconds["read_gguf"] = time.perf_counter() - t
         if use_cache:
+            _report("writing the cache", 0.9)
             t = time.perf_counter()
             try:
                 _write_cache(folder, sha, *parts)

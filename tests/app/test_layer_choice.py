@@ -44,7 +44,7 @@ def test_the_walk_through_replays_the_chosen_layer(make_window, qtbot):
         panel.layer_box.setCurrentIndex(4)  # layer 3
     walk = blocker.args[0]
     assert walk.layer == 3 and walk.num_layers == 30
-    assert panel.stage_label.text().startswith("layer 3 of 30 · stage")
+    assert panel.layer_box.currentText() == "layer 3"
 
 
 def test_the_synthetic_model_has_no_layer_menu(make_window, qtbot):

@@ -34,7 +34,8 @@ BLOCK_COLOURS = ["#88CCEE", "#CC6677", "#DDCC77", "#117733", "#332288", "#AA4499
 
 
 MAX_BLOCK_LABELS = 24
-ERROR_PLOT_HEIGHT = 150  # px: title, bars per head against the bound, head axis
+ERROR_PLOT_HEIGHT = 124  # px: title, bars per head against the bound, head axis (the layer and head menus above)
+ERROR_AXIS_TOP = 3  # log10: decades above an error of 1, room for the bound's label over its line
 # The memory history redraws at most this often: five curves and two plots cost a few ms,
 # and a line over the steps gains nothing from 60 redraws a second. A frame that comes
 # after a pause at least this long is drawn at once (stepping by hand, playback).
@@ -206,7 +207,7 @@ class KernelPanel(QWidget):
         self.error_plot.addItem(self.tolerance_line)
         self.error_plot.setLogMode(y=True)
         self.error_plot.getAxis("bottom").setTickSpacing(1, 1)
-        self.error_plot.setYRange(-12, 0, padding=0.05)
+        self.error_plot.setYRange(-12, ERROR_AXIS_TOP, padding=0.05)
         self.error_plot.getAxis("left").setTickSpacing(6, 3)  # 10⁻¹², 10⁻⁶, 1: room for each label
         # A fixed pool of block labels, shown and hidden: re-adding TextItems on every
         # frame churns the scene for nothing.
@@ -363,7 +364,7 @@ class KernelPanel(QWidget):
             brushes=[pg.mkBrush(self.theme.good if ok else self.theme.bad) for ok in focus.head_passed.tolist()],
         )
         self.tolerance_line.setValue(np.log10(float(focus.head_tolerances.min())))
-        self.error_plot.setYRange(np.log10(floor), 0, padding=0.02)  # fixed decades: steps compare
+        self.error_plot.setYRange(np.log10(floor), ERROR_AXIS_TOP, padding=0.02)  # fixed decades: steps compare
 
     def _fit_weight_range(self) -> None:
         """Room above the tallest bar for a line of block ids (auto-range ignores text: the

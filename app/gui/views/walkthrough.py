@@ -331,8 +331,7 @@ class WalkThroughPanel(QWidget):
         self._show_output(stage == walk.num_stages - 1, merging)
         if merging:
             self._show_tree(merge)
-        layer = f"layer {walk.layer} of {walk.num_layers} · " if walk.num_layers > 1 else ""
-        self.stage_label.setText(f"{layer}stage {stage + 1} / {walk.num_stages} · {walk.stage_text(stage)}")
+        self.stage_label.setText(f"stage {stage + 1} / {walk.num_stages} · {walk.stage_text(stage)}")
         self.lookups.setText(self._lookup_text(walk, token))
 
     def _show_sum_and_rescales(self, walk: WalkThrough, steps, tokens_in_order) -> None:
