@@ -12,6 +12,7 @@ from pagesim.app.gui.views.presets import gpu_box, model_shape_box
 from pagesim.core.studies.waste import CATEGORY_LABELS as WASTE_LABELS
 from pagesim.core.studies.waste import WasteStudy
 from pagesim.core.studies.workload import DISTRIBUTIONS
+from pagesim.core.token_text import quoted, visible
 from pagesim.core.view_model import Frame
 from PySide6.QtCore import QElapsedTimer, Qt, QTimer
 from PySide6.QtGui import QColor
@@ -35,6 +36,8 @@ BLOCK_COLOURS = ["#88CCEE", "#CC6677", "#DDCC77", "#117733", "#332288", "#AA4499
 
 MAX_BLOCK_LABELS = 24
 ERROR_PLOT_HEIGHT = 124  # px: title, bars per head against the bound, head axis (the layer and head menus above)
+MAX_TEXT_TICKS = 24  # tokens: past these the weights' axis keeps numbers (the labels would collide)
+TICK_CHARS = 6  # a token's text on that axis, cut with "…"
 ERROR_AXIS_TOP = 3  # log10: decades above an error of 1, room for the bound's label over its line
 # The memory history redraws at most this often: five curves and two plots cost a few ms,
 # and a line over the steps gains nothing from 60 redraws a second. A frame that comes
@@ -269,7 +272,9 @@ class KernelPanel(QWidget):
         head = min(self.head_box.value(), focus.weights.shape[0] - 1)
         weight = float(focus.weights[head][token])
         self.hovered_weight.setData([token], [weight], pen=pg.mkPen(self.theme.highlight, width=2))
-        self.hovered_label.setText(f"token {token}: {weight:.3f}", color=self.theme.highlight)
+        pieces = self._pieces(focus.seq_id)
+        text = f" {quoted(pieces[token], 16)}" if pieces is not None and token < len(pieces) else ""
+        self.hovered_label.setText(f"token {token}{text}: {weight:.3f}", color=self.theme.highlight)
         self.hovered_label.setPos(token, weight)
         self.hovered_label.setVisible(True)
 
@@ -344,6 +349,7 @@ class KernelPanel(QWidget):
         brushes = [shades[r % 2] for r in run.tolist()]
         positions = np.arange(focus.context_len)
         self.weight_bars.setOpts(x=positions, height=focus.weights[head], brushes=brushes, pen=None)
+        self._label_tokens(focus)
         top = float(focus.weights[head].max())
         if len(starts) <= MAX_BLOCK_LABELS:
             for label, start in zip(self._block_labels, starts, strict=False):
@@ -365,6 +371,21 @@ class KernelPanel(QWidget):
         )
         self.tolerance_line.setValue(np.log10(float(focus.head_tolerances.min())))
         self.error_plot.setYRange(np.log10(floor), ERROR_AXIS_TOP, padding=0.02)  # fixed decades: steps compare
+
+    def _pieces(self, seq_id: str) -> tuple[str, ...] | None:
+        state = self.frame.sequence(seq_id) if self.frame is not None else None
+        return state.pieces if state is not None else None
+
+    def _label_tokens(self, focus) -> None:
+        """A real model's short context: each bar labelled by its token's text, on the axis
+        (a longer one keeps numbers; hovering a token in the map names it)."""
+        pieces = self._pieces(focus.seq_id)
+        axis = self.weights_plot.getAxis("bottom")
+        if pieces is None or focus.context_len > MAX_TEXT_TICKS:
+            axis.setTicks(None)
+            return
+        labels = [(t, visible(pieces[t], TICK_CHARS)) for t in range(min(focus.context_len, len(pieces)))]
+        axis.setTicks([labels])
 
     def _fit_weight_range(self) -> None:
         """Room above the tallest bar for a line of block ids (auto-range ignores text: the
