@@ -130,6 +130,27 @@ class DenseReference:
         self.logits[seq_id] = logits
         return logits
 
+    def feed_all(self, rows: list[tuple[str, list[int]]]) -> None:
+        """Several sequences' new tokens. A decode step (one token each) runs as one forward,
+        its matmuls batched as the paged engine's are, each sequence still attending over its
+        own contiguous K/V (a forward per sequence made the check several times the step)."""
+        if len(rows) < 2 or any(len(ids) != 1 for _, ids in rows):
+            for seq_id, ids in rows:
+                self.feed(seq_id, ids)
+            return
+        caches = [self.caches[seq_id] for seq_id, _ in rows]
+        ids = torch.tensor([ids[0] for _, ids in rows], dtype=torch.long)
+        positions = torch.tensor([cache.length for cache in caches])
+
+        def attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            rows_out = [cache(layer, q[i : i + 1], k[i : i + 1], v[i : i + 1]) for i, cache in enumerate(caches)]
+            return torch.cat(rows_out)
+
+        model = self.engine.model
+        logits = model.logits(model.forward(ids, positions, attention))
+        for (seq_id, _), row in zip(rows, logits, strict=True):
+            self.logits[seq_id] = row
+
     def snapshot(self) -> tuple[dict[str, DenseKVCache], dict[str, torch.Tensor]]:
         return {s: clone_cache(c, 0) for s, c in self.caches.items()}, dict(self.logits)
 

@@ -147,10 +147,11 @@ class LlamaRunner(ModelRunner):
             self._forward(computed, np.array(slots, np.int64), skip)
         self.paged_seconds = time.perf_counter() - started - self.check_seconds
         started = time.perf_counter()
+        fed = [(seq.seq_id, list(ids)) for seq, ids in zip(seqs, token_ids, strict=True) if len(ids) > skip]
+        self.reference.feed_all(fed)
         for seq, start, ids in zip(seqs, starts, token_ids, strict=True):
             if len(ids) <= skip:
                 continue
-            self.reference.feed(seq.seq_id, list(ids))
             paged = self.model.logits[seq.seq_id]
             check = self.reference.compare(seq.seq_id, start + len(ids) - 1, paged, seq.sampling)
             self.logits_checks.append(check)
