@@ -228,7 +228,7 @@ def main(args: argparse.Namespace) -> int:
     window.close()
     trace_ms = walkthrough_trace_ms()
     print(
-        "gui: kernel walk-through trace of one (sequence, head) over an 8k-token context (long_context): "
+        "gui: kernel walk-through trace of one (sequence, head) over long_context's document, its worst layer: "
         + ", ".join(f"{k} {v:.1f} ms" for k, v in trace_ms.items())
         + f" (medians; target ≤ {TARGET_TRACE_MS:.0f} ms)"
     )
