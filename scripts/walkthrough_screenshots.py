@@ -33,7 +33,7 @@ def main() -> None:
     app = QApplication([])
     from pagesim.app.gui.main_window import MainWindow
     from pagesim.core.scenario import load_shipped
-    from pagesim.core.view_model import KERNEL_CHOICES
+    from pagesim.core.walkthrough import KERNEL_CHOICES
 
     def pump(cond, seconds=60.0):
         end = time.monotonic() + seconds

@@ -159,11 +159,19 @@ class WalkThroughPanel(QWidget):
         LIVE_TIMERS.add(self.timer)
         self.timer.timeout.connect(lambda: self._control("next"))
         top = QHBoxLayout()
-        for widget in (self.kernel_box, self.layer_box, self.head_box, self.partition_label, self.partition_box):
+        for widget in (self.kernel_box, self.layer_box, self.head_box):
             top.addWidget(widget)
+        top.addStretch(1)
+        # v2's partition size on a line of its own (shown for v2 only): beside the kernel,
+        # layer and head menus, a narrow dock cut every one of them short.
+        partition = QHBoxLayout()
+        partition.addWidget(self.partition_label)
+        partition.addWidget(self.partition_box)
+        partition.addStretch(1)
         self.kernel_box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
         layout = QVBoxLayout(self)
         layout.addLayout(top)
+        layout.addLayout(partition)
         layout.addLayout(controls)
         layout.addWidget(self.stage_label)
         layout.addWidget(self.lookups)
