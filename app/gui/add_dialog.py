@@ -144,6 +144,7 @@ class AddPromptDialog(QDialog):
         self.seed.setEnabled(not beams and self.temperature.value() > 0)
         self.hint.setText(HINTS[self.kind.currentData()])
         self.buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Submit" if request else "Add")
+        self.adjustSize()  # rows came or went: the dialog fits them (squeezed, they overlapped)
 
     @property
     def text(self) -> str:

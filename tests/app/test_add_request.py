@@ -37,6 +37,7 @@ def test_the_dialog_shows_a_requests_fields_and_beams_set_temperature_and_n_asid
     dialog.kind.setCurrentIndex(dialog.kind.findData("request"))
     assert dialog.samples.isVisibleTo(dialog) and dialog.output_len.isVisibleTo(dialog)
     assert not dialog.max_tokens.isVisibleTo(dialog) and "Schedule (S)" in dialog.hint.text()
+    assert dialog.height() >= dialog.minimumSizeHint().height()  # grown to its new rows, none squeezed
     dialog.temperature.setValue(0.8)
     dialog.samples.setValue(3)
     dialog.beam_width.setValue(2)
