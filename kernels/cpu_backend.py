@@ -327,7 +327,8 @@ class CpuBackend(Backend):
 
     @property
     def device(self) -> str:
-        return f"CPU kernel · numba {numba.__version__}, {numba.get_num_threads()} threads · no CUDA device"
+        threads = numba.get_num_threads()
+        return f"CPU kernel · numba {numba.__version__}, {threads} thread{'s' if threads != 1 else ''} · no CUDA device"
 
     def write_kv(self, key_cache, value_cache, slot_mapping, keys, values) -> None:
         slots = np.ascontiguousarray(slot_mapping, dtype=np.int64)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pagesim.app.report import write_event_log
 from pagesim.core.errors import Interrupted, PagesimError, PoolExhaustedError, ScenarioError
+from pagesim.core.models.threads import apply_chosen_threads
 from pagesim.core.operations import Add, Operation, Submit
 from pagesim.core.sampling import SamplingParams
 from pagesim.core.scenario import Scenario
@@ -304,6 +305,7 @@ class SimulationWorker(QObject):
         self._timeline: Timeline | None = None
         self._focus: str | None = None
         self._focus_layer: int | None = None
+        self._threads_chosen = False
         self._frame = None  # the last frame sent: the next step's frame is built from it
         # Set from the GUI thread when the window closes: a long seek or replay stops at its next step.
         self.stopping = threading.Event()
@@ -370,6 +372,11 @@ class SimulationWorker(QObject):
                 self._backend = select_backend(self._backend_name, self._cuda_kernel)
                 self.replied.emit(BackendReady(self._backend.name, self._backend.device))
             timeline = Timeline(scenario, self._backend)
+            if timeline.sim.runner.model.samples_from_logits and not self._threads_chosen:
+                # Numba's thread count is per thread: the one the model's first load chose
+                # (one per pool on two cores) must be chosen again on this thread, which runs the kernels.
+                apply_chosen_threads()
+                self._threads_chosen = True
             timeline.stop_requested = self.stopping.is_set
             frame = build_frame(timeline, None, None, None, self._focus_layer)
         except (PagesimError, BackendUnavailableError, ValueError, MemoryError) as exc:

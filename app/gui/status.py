@@ -54,6 +54,9 @@ class StatusReporter:
 
     def show_frame(self, frame: Frame) -> None:
         first, self._fresh = self._fresh, False
+        backend = f"{frame.backend.upper()} · {frame.device}"  # (a real model chooses its thread count)
+        if self.backend_label.text() != backend:
+            self.backend_label.setText(backend)
         if self.bar.styleSheet():  # an error turned it red; restyling costs a re-polish
             self.bar.setStyleSheet("")
         if first and frame.position == 0:
