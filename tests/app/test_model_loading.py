@@ -74,3 +74,11 @@ def test_a_model_of_another_architecture_is_refused_by_name(make_window, qtbot, 
     qtbot.waitUntil(lambda: not window.model_loader.loading, timeout=60_000)
     assert "could not load the model" in window.last_error and "qwen2" in window.last_error
     assert window.frame.scenario_name != "tiny"
+
+
+def test_the_worker_runs_a_real_model_on_the_chosen_thread_count(make_window, qtbot):
+    from pagesim.core.models.threads import chosen_threads
+
+    window = make_window("default", real=True)
+    count = chosen_threads()[0]
+    assert f", {count} thread{'s' if count != 1 else ''} ·" in window.frame.device  # Numba's count is per thread
