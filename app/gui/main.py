@@ -110,7 +110,7 @@ def main(args: argparse.Namespace) -> int:
         window.load(scenario)
     if not headless and args.scenario == DEFAULT_SCENARIO and window.welcome_due:
         window.show_welcome()  # a first start with no scenario named: where to begin
-    remaining = [max(0, args.steps)]
+    target = max(0, args.steps)
     outcome = {"code": 0}
 
     def on_frame(frame) -> None:
@@ -123,11 +123,14 @@ def main(args: argparse.Namespace) -> int:
             window.repaint()
             outcome["reported"] = True
             print(f"first-frame {time.time():.6f}", flush=True)
-        if remaining[0] > 0 and frame.position < frame.length:
-            remaining[0] -= 1
-            window.controller.forward()
-            return
-        remaining[0] = 0  # done stepping (or asked for more steps than the scenario has)
+        # Step to the position asked for (or the last): counted by the frames' positions,
+        # since a view may ask for a frame of the same step (a real model's layer menu does).
+        if not outcome.get("stepped"):
+            if frame.position < min(target, frame.length):
+                if window.controller.pending == 0:
+                    window.controller.forward()
+                return
+            outcome["stepped"] = True
         if headless and (frame.focus is not None or not frame.sequences):
             # Let the last frame paint, then save and quit (after the panel's study, if it has one).
             if args.panel and not outcome.get("studied"):

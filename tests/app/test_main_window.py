@@ -315,15 +315,19 @@ def test_export_event_log(window, qtbot, tmp_path):
     assert max(r["step"] for r in records) == 7
 
 
-def test_screenshot_command(tmp_path):
+@pytest.mark.parametrize(("scenario", "steps"), [("seed_demo", 2), ("default", 3)])
+def test_screenshot_command(tmp_path, scenario, steps):
     out = tmp_path / "shot.png"
     script = Path(sys.executable).with_name("pagesim")
-    subprocess.run(
-        [str(script), "gui", "seed_demo", "--steps", "2", "--screenshot", str(out), "--size", "1024x700"],
+    done = subprocess.run(
+        [str(script), "gui", scenario, "--steps", str(steps), "--screenshot", str(out), "--size", "1024x700"],
         check=True,
         capture_output=True,
+        text=True,
         timeout=120,
     )
+    # The step asked for (a real model's layer menu asks for a frame of the same step: not a step).
+    assert f"at step {steps}" in done.stdout
     image = QImage(str(out))
     # Exactly the size asked for: set before the first frame only, it came out 1024 × 714.
     assert (image.width(), image.height()) == (1024, 700)

@@ -30,6 +30,7 @@ class LayerBox(QComboBox):
         the step's worst layer, written into the first item."""
         if num_layers != self._num_layers:
             self._num_layers = num_layers
+            chosen = self.layer()
             self.blockSignals(True)
             self.clear()
             self.addItem(self.WORST, None)
@@ -37,7 +38,8 @@ class LayerBox(QComboBox):
                 self.addItem(f"layer {layer}", layer)
             self.blockSignals(False)
             self.setVisible(num_layers > 1)
-            self.currentIndexChanged.emit(0)  # back to the worst: the views asking follow
+            if chosen is not None:  # back to the worst: the views that asked for a layer follow
+                self.currentIndexChanged.emit(0)
         if num_layers > 1:
             text = self.WORST if worst is None else f"worst: layer {worst}"
             if self.itemText(0) != text:
