@@ -239,11 +239,15 @@ def bench_engine_ops(count: int) -> dict:
     }
 
 
-def bench_scheduler(count: int) -> dict:
+def bench_scheduler(count: int, scheduler_version: str = "v0") -> dict:
     """A seeded ShareGPT-like workload (Poisson arrivals, a 64-token shared system prompt)
-    through the scheduler with prefix caching, memory management only (no K/V, no attention)."""
+    through the scheduler (vLLM v0's, or ``"v1"``'s) with prefix caching, memory management
+    only (no K/V, no attention)."""
     specs = generate("sharegpt", count, rate=40.0, seed=1, shared_prefix=64)
-    config = CacheConfig(num_blocks=4096, block_size=16, num_heads=1, head_dim=8, prefix_caching=True, max_num_seqs=256)
+    config = CacheConfig(
+        num_blocks=4096, block_size=16, num_heads=1, head_dim=8, prefix_caching=True, max_num_seqs=256,
+        scheduler=scheduler_version,
+    )  # fmt: skip
     sim = Simulator(config, kv_data=False)
     scheduler = sim.scheduler
     clock, step_seconds, index, steps = 0.0, 0.02, 0, 0
@@ -260,6 +264,7 @@ def bench_scheduler(count: int) -> dict:
     seconds = time.perf_counter() - started
     metrics = sim.metrics()
     return {
+        "scheduler": scheduler_version,
         "requests": count,
         "decode_tokens": sum(s.output_len for s in specs),
         "scheduler_steps": steps,
@@ -526,7 +531,8 @@ def run_benchmarks(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     try:
         engine = bench_engine_ops(2_000 if args.quick else 100_000)
-        scheduler = bench_scheduler(200 if args.quick else 10_000)
+        requests = 200 if args.quick else 10_000
+        scheduler, scheduler_v1 = bench_scheduler(requests), bench_scheduler(requests, "v1")
     finally:
         numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
         torch.set_num_threads(threads)
@@ -535,11 +541,13 @@ def run_benchmarks(args: argparse.Namespace) -> int:
         f"({engine['ops_per_second']:.0f} ops/s; {engine['refused']} refused), "
         f"target ≤ {engine['target_seconds']:.1f} s"
     )
-    print(
-        f"scheduler: {scheduler['requests']} ShareGPT-like requests with prefix caching (no attention, one core) in "
-        f"{scheduler['seconds']:.2f} s ({scheduler['scheduler_steps']} steps, {scheduler['preemptions']} preemptions, "
-        f"prefix hit rate {scheduler['prefix_hit_rate']:.0%}), target ≤ {scheduler['target_seconds']:.1f} s"
-    )
+    for row in (scheduler, scheduler_v1):
+        print(
+            f"scheduler {row['scheduler']}: {row['requests']} ShareGPT-like requests with prefix caching (no "
+            f"attention, one core) in {row['seconds']:.2f} s ({row['scheduler_steps']} steps, "
+            f"{row['preemptions']} preemptions, prefix hit rate {row['prefix_hit_rate']:.0%}), "
+            f"target ≤ {row['target_seconds']:.1f} s"
+        )
     memory = bench_memory(args.quick)
     for row in memory:
         mode = "snapshots keep K/V (the app)" if row["snapshots_keep_kv"] else "no K/V in snapshots (pagesim run)"
@@ -554,6 +562,7 @@ def run_benchmarks(args: argparse.Namespace) -> int:
         "kernel": kernel_rows,
         "engine": engine,
         "scheduler": scheduler,
+        "scheduler_v1": scheduler_v1,
         "memory": memory,
         "quick": args.quick,
     }

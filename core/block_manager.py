@@ -157,6 +157,10 @@ class BlockManager:
         # block -> {seq: logical index}: O(1) to drop one holder of a widely shared block.
         self._holders: dict[int, dict[str, int]] = {}
         self.prefix = PrefixCache(config, self.pool, events)
+        # Whether a partly filled block may be shared (only a fork or a swapped-in group shares
+        # one; a prefix-cache hit shares full blocks): until then a decode step takes a block
+        # only at a boundary. Never cleared but by a restore that finds none.
+        self._partial_shared = False
 
     # -- queries ----------------------------------------------------------------------
     @property
@@ -223,8 +227,18 @@ class BlockManager:
                 self.events.emit(ev.BlockAllocated(block, seq_id, index))
 
     def _new_block(self, seq: Sequence) -> None:
-        """One block off the free queue becomes ``seq``'s next logical block (once a block of tokens)."""
-        self._append_blocks(seq, self._take(1))
+        """One block off the free queue becomes ``seq``'s next logical block (once a block of
+        tokens): :meth:`_take` and :meth:`_append_blocks` of one block, in one call."""
+        block, was_cached = self.pool.allocate_one()
+        if was_cached:
+            self.events.add(ev.BlockEvicted, block)
+        self._fill[block] = 0
+        table = seq.block_table
+        index = len(table)
+        table.append(block)
+        self._holders[block] = {seq.seq_id: index}
+        if self.events.enabled:
+            self.events.emit(ev.BlockAllocated(block, seq.seq_id, index))
 
     def _release(self, block: int, seq_id: str) -> None:
         ref_count = self.pool.release(block)
@@ -276,12 +290,20 @@ class BlockManager:
         copy = n % bs != 0 and bool(seq.block_table) and self.pool.ref_count(seq.block_table[-1]) > 1
         return AppendPlan(self.config.blocks_for(n + num_new) - len(seq.block_table), copy)
 
+    def append_need(self, seq: Sequence, num_new: int) -> int:
+        """:meth:`append_plan`'s ``blocks_needed``, without building the plan (once a grow)."""
+        table, n = seq.block_table, len(seq.token_ids)
+        copy = n % self.config.block_size != 0 and bool(table) and self.pool._ref_counts[table[-1]] > 1
+        return self.config.blocks_for(n + num_new) - len(table) + copy
+
     def can_append(self, seq: Sequence, num_new: int) -> bool:
-        return self.append_plan(seq, num_new).blocks_needed <= self.pool.num_free
+        return self.append_need(seq, num_new) <= self.pool.num_free
 
     def decode_blocks_needed(self, seqs: list[Sequence]) -> int:
         """Blocks a decode step may take: one at each boundary, one per shared last block (an upper bound)."""
         bs, refs = self.config.block_size, self.pool._ref_counts
+        if not self._partial_shared:  # (a last block off a boundary is partly filled: none is shared)
+            return len([q for q in seqs if len(q.token_ids) % bs == 0])
         return len([q for q in seqs if len(q.token_ids) % bs == 0 or refs[q.block_table[-1]] > 1])
 
     def decode_fits(self, seqs: list[Sequence]) -> bool:
@@ -304,57 +326,91 @@ class BlockManager:
         decode step's one token each. The caller has checked the blocks needed against the pool.
         ``with_slots=False``: no K/V is written, so unless events are on no slot is listed.
         ``starts``: the sequences' lengths before, when the caller has them."""
-        bs, refs, fill = self.config.block_size, self.pool._ref_counts, self._fill
-        emit = self.events.emit if self.events.enabled else None
-        list_slots = with_slots or emit is not None
-        caching, limit = self.config.prefix_caching, self.config.max_model_len
-        fills_at = bs - 1 if caching else -1  # a token at this offset fills its block (-1: not hashed)
-        slots: list[int] = []
-        copies: list[tuple[int, int]] = []
-        one_each = bool(token_ids) and type(token_ids[0]) is int
-        added = len(seqs) if one_each else sum(map(len, token_ids))
         if starts is None:
             starts = [len(seq.token_ids) for seq in seqs]
-        for seq, ids, start in zip(seqs, token_ids, starts, strict=True):
-            table, tokens = seq.block_table, seq.token_ids
-            offset = start % bs
-            if offset and refs[table[-1]] > 1:
-                copies.append(self._copy_on_write(seq))
-            if one_each:  # one token: it goes to the last block's next slot
-                end = start + 1
-                if not offset:
-                    self._new_block(seq)
-                tokens.append(ids)
-                block = table[-1]
-                fill[block] += 1
-                if list_slots:
-                    slots.append(block * bs + offset)
-                    if emit is not None:
-                        emit(ev.TokenWritten(seq.seq_id, start, ids, block, offset))
-                filled = offset == fills_at
-            else:
-                end = start + len(ids)
-                while len(table) * bs < end:
-                    self._new_block(seq)
-                tokens.extend(ids)
-                first = start + skip
-                if list_slots:
-                    for position in range(first, end):
-                        block, at = table[position // bs], position % bs
-                        slots.append(block * bs + at)
-                        if emit is not None:
-                            emit(ev.TokenWritten(seq.seq_id, position, ids[position - start], block, at))
-                for index in range(first // bs, (end - 1) // bs + 1):  # the fills, a block at a time
-                    fill[table[index]] += min(index * bs + bs, end) - max(index * bs, first)
-                filled = caching and end // bs != start // bs
-            if end > limit:  # past a contiguous reservation's length, the baseline grows too
-                self.usage.contiguous_blocks += self.contiguous_reservation(end) - self.contiguous_reservation(start)
-            if filled:  # a block filled up: hash it for the prefix cache
-                self.prefix.cache_full_blocks(seq)
+        done = Appended([], [])
+        if token_ids and type(token_ids[0]) is int:
+            self._append_one_each(seqs, token_ids, starts, with_slots, done)
+            added = len(seqs)
+        elif not skip and all(len(ids) == 1 for ids in token_ids):  # (a grow by one, a v1 decode)
+            self._append_one_each(seqs, [ids[0] for ids in token_ids], starts, with_slots, done)
+            added = len(seqs)
+        else:
+            self._append_lists(seqs, token_ids, starts, skip, with_slots, done)
+            added = sum(map(len, token_ids))
         self.usage.logical_tokens += added
         # (skip < each prompt's length: the last prompt block is never a hit)
         self.usage.slots_filled += added - skip * len(seqs)
-        return Appended(slots, copies)
+        return done
+
+    def _append_one_each(
+        self, seqs: list[Sequence], tokens: list[int], starts: list[int], with_slots: bool, done: Appended
+    ) -> None:
+        """:meth:`append` of a decode step: one token each, into the last block's next slot."""
+        bs, refs, fill, slots = self.config.block_size, self.pool._ref_counts, self._fill, done.slots
+        emit = self.events.emit if self.events.enabled else None
+        list_slots = with_slots or emit is not None
+        limit = self.config.max_model_len
+        fills_at = bs - 1 if self.config.prefix_caching else -1  # a token at this offset fills its block
+        for seq, token, start in zip(seqs, tokens, starts, strict=True):
+            table = seq.block_table
+            offset = start % bs
+            if not offset:
+                if len(table) * bs <= start:  # (a one-token prompt's block came with the sequence)
+                    self._new_block(seq)
+            elif refs[table[-1]] > 1:
+                done.copies.append(self._copy_on_write(seq))
+            seq.token_ids.append(token)
+            block = table[-1]
+            fill[block] += 1
+            if list_slots:
+                slots.append(block * bs + offset)
+                if emit is not None:
+                    emit(ev.TokenWritten(seq.seq_id, start, token, block, offset))
+            if start >= limit:  # past a contiguous reservation's length, the baseline grows too
+                self._grow_reservation(start, start + 1)
+            if offset == fills_at:  # the block filled up: hash it for the prefix cache
+                self.prefix.cache_full_blocks(seq)
+
+    def _append_lists(
+        self,
+        seqs: list[Sequence],
+        token_ids: list[list[int]],
+        starts: list[int],
+        skip: int,
+        with_slots: bool,
+        done: Appended,
+    ) -> None:
+        """:meth:`append` of a list of tokens per sequence (a prompt, a grow, a recompute)."""
+        bs, refs, fill, slots = self.config.block_size, self.pool._ref_counts, self._fill, done.slots
+        emit = self.events.emit if self.events.enabled else None
+        list_slots = with_slots or emit is not None
+        caching, limit = self.config.prefix_caching, self.config.max_model_len
+        for seq, ids, start in zip(seqs, token_ids, starts, strict=True):
+            table = seq.block_table
+            if start % bs and refs[table[-1]] > 1:
+                done.copies.append(self._copy_on_write(seq))
+            end = start + len(ids)
+            while len(table) * bs < end:
+                self._new_block(seq)
+            seq.token_ids.extend(ids)
+            first = start + skip
+            if list_slots:
+                for position in range(first, end):
+                    block, at = table[position // bs], position % bs
+                    slots.append(block * bs + at)
+                    if emit is not None:
+                        emit(ev.TokenWritten(seq.seq_id, position, ids[position - start], block, at))
+            for index in range(first // bs, (end - 1) // bs + 1):  # the fills, a block at a time
+                fill[table[index]] += min(index * bs + bs, end) - max(index * bs, first)
+            if end > limit:
+                self._grow_reservation(start, end)
+            if caching and end // bs != start // bs:  # a block filled up: hash it for the prefix cache
+                self.prefix.cache_full_blocks(seq)
+
+    def _grow_reservation(self, old: int, new: int) -> None:
+        """A sequence grew from ``old`` to ``new`` tokens past a contiguous reservation's length."""
+        self.usage.contiguous_blocks += self.contiguous_reservation(new) - self.contiguous_reservation(old)
 
     def _copy_on_write(self, seq: Sequence) -> tuple[int, int]:
         index = len(seq.block_table) - 1
@@ -371,6 +427,8 @@ class BlockManager:
     # -- fork and free ----------------------------------------------------------------------------
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """``child`` (a copy of ``parent``'s tokens and table) shares every block."""
+        if child.num_tokens % self.config.block_size:
+            self._partial_shared = True
         self.usage.count_tokens(None, child.num_tokens, self.contiguous_reservation)
         for index, block in enumerate(child.block_table):
             ref_count = self.pool.share(block)
@@ -417,6 +475,7 @@ class BlockManager:
             seq.block_table = [to_gpu[b] for b in seq.block_table]
             for index, block in enumerate(seq.block_table):
                 if block in placed:
+                    self._partial_shared = True
                     self.usage.ref_changed(self.pool.share(block), up=True)
                 else:
                     placed.add(block)
@@ -448,3 +507,5 @@ class BlockManager:
         self.usage = snap.usage.copy()
         self.prefix.lookups, self.prefix.hits = snap.prefix_counts
         self.cpu.restore(snap.cpu_pool)
+        bs, fill = self.config.block_size, self._fill
+        self._partial_shared = any(refs > 1 and fill[b] < bs for b, refs in enumerate(self.pool._ref_counts))

@@ -14,6 +14,7 @@ exactly those tokens.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -31,7 +32,7 @@ class PoolSnapshot:
     head: int
     tail: int
     num_free: int
-    hashes: tuple[tuple[int, int, tuple[int, ...], int], ...] = ()  # (block, hash, token ids, first position)
+    hashes: tuple[tuple[int, int, array, int], ...] = ()  # (block, hash, token ids, first position)
 
 
 class BlockPool:
@@ -46,7 +47,9 @@ class BlockPool:
         self._tail = num_blocks - 1
         self._num_free = num_blocks
         self._hash_of: dict[int, int] = {}  # block -> its registered hash
-        self._tokens_of: dict[int, tuple[int, ...]] = {}  # block -> the token ids it holds
+        # block -> the token ids it holds: an int64 array, never changed once stored (a tuple
+        # cost 16 int objects to build and to free per block, once a block of tokens)
+        self._tokens_of: dict[int, array] = {}
         self._position_of: dict[int, int] = {}  # block -> the position of its first token
         # hash -> the blocks cached under it (insertion order): as vLLM v1, every full block
         # keeps its hash, so evicting one twin leaves the prefix reachable through another.
@@ -85,8 +88,10 @@ class BlockPool:
         return out
 
     # -- prefix cache ---------------------------------------------------------------
-    def cached_block(self, block_hash: int, token_ids: tuple[int, ...]) -> int | None:
+    def cached_block(self, block_hash: int, token_ids: array | tuple[int, ...]) -> int | None:
         """The block cached under ``block_hash`` if it holds exactly ``token_ids``."""
+        if type(token_ids) is not array:
+            token_ids = array("q", token_ids)
         for block in self._block_of.get(block_hash, ()):
             if self._tokens_of[block] == token_ids:  # never trust a hash alone
                 return block
@@ -112,17 +117,20 @@ class BlockPool:
         """A cached block's token ids and the position of the first, or None."""
         if block_id not in self._hash_of:
             return None
-        return self._tokens_of[block_id], self._position_of[block_id]
+        return tuple(self._tokens_of[block_id]), self._position_of[block_id]
 
-    def register(self, block_id: int, block_hash: int, token_ids: tuple[int, ...], first_position: int = 0) -> bool:
+    def register(
+        self, block_id: int, block_hash: int, token_ids: array | tuple[int, ...], first_position: int = 0
+    ) -> bool:
         """Cache a full, referenced block under its hash (False if it is cached already).
         Another block may hold the same prefix: both stay cached."""
         if self.ref_count(block_id) == 0:
             raise ValueError(f"block {block_id} is free and cannot be cached")
-        return self.register_held(block_id, block_hash, token_ids, first_position)
+        return self.register_held(block_id, block_hash, array("q", token_ids), first_position)
 
-    def register_held(self, block_id: int, block_hash: int, token_ids: tuple[int, ...], first_position: int) -> bool:
-        """:meth:`register` of a block the caller holds (a sequence's full block): unchecked."""
+    def register_held(self, block_id: int, block_hash: int, token_ids: array, first_position: int) -> bool:
+        """:meth:`register` of a block the caller holds (a sequence's full block): unchecked;
+        ``token_ids`` (an int64 array) is kept, not copied."""
         if block_id in self._hash_of:
             return False
         self._block_of.setdefault(block_hash, {})[block_id] = None

@@ -5,6 +5,7 @@ in the :class:`~pagesim.core.blocks.BlockPool`, which maps hashes to blocks."""
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator
 
 from pagesim.core import events as ev
@@ -22,11 +23,11 @@ class PrefixCache:
         self.lookups = 0  # full prompt blocks looked up
         self.hits = 0  # ... and found cached
 
-    def _chunks(self, token_ids, start: int, stop: int) -> Iterator[tuple[int, tuple[int, ...]]]:
-        """(index, token ids) of full logical blocks ``start`` … ``stop - 1``."""
+    def _chunks(self, token_ids, start: int, stop: int) -> Iterator[tuple[int, array]]:
+        """(index, token ids as an int64 array) of full logical blocks ``start`` … ``stop - 1``."""
         bs = self.block_size
         for index in range(start, stop):
-            yield index, tuple(token_ids[index * bs : (index + 1) * bs])
+            yield index, array("q", token_ids[index * bs : (index + 1) * bs])
 
     def match(self, token_ids: list[int]) -> list[tuple[int, int]]:
         """(block, hash) of the cached full blocks this prompt starts with. The block of the
@@ -50,12 +51,13 @@ class PrefixCache:
         """Hash ``seq``'s blocks that filled up since its last hash and register them."""
         bs, ids, hashes, table = self.block_size, seq.token_ids, seq.block_hashes, seq.block_table
         register, events = self.pool.register_held, self.events
+        h = hashes[-1] if hashes else None
         for index in range(len(hashes), len(ids) // bs):
             first = index * bs
-            raw = ids[first : first + bs]
-            h = block_hash(hashes[-1] if hashes else None, raw)
+            raw = ids[first : first + bs]  # (an array slice: a copy the pool keeps)
+            h = block_hash(h, raw)
             hashes.append(h)
-            if register(table[index], h, tuple(raw), first) and events.enabled:
+            if register(table[index], h, raw, first) and events.enabled:
                 events.emit(ev.BlockCached(table[index], seq.seq_id, h))
 
     def recache(self, seq: Sequence) -> None:

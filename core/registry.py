@@ -163,10 +163,13 @@ class SequenceRegistry:
         model = self.runner.model
         if chosen:
             rest = [i for i, seq_id in enumerate(seq_ids) if seq_id not in chosen]
-            drawn = iter(self._next_tokens(model, [seqs[i] for i in rest], [seq_ids[i] for i in rest]))
+            picked = self._next_tokens(
+                model, [seqs[i] for i in rest], [seq_ids[i] for i in rest], [starts[i] for i in rest]
+            )
+            drawn = iter(picked)
             tokens = [chosen[seq_id] if seq_id in chosen else next(drawn) for seq_id in seq_ids]
         else:
-            tokens = self._next_tokens(model, seqs, seq_ids)
+            tokens = self._next_tokens(model, seqs, seq_ids, starts)
         if not self.runner.kv_data:  # memory management only: the blocks alone
             self.blocks.append(seqs, tokens, with_slots=False, starts=starts)
             return
@@ -180,8 +183,7 @@ class SequenceRegistry:
             self.forwards.append((kind, self.runner.computed_tokens, seconds))
 
     @staticmethod
-    def _next_tokens(model, seqs: list[Sequence], seq_ids: list[str]) -> list[int]:
-        starts = [len(s.token_ids) for s in seqs]
+    def _next_tokens(model, seqs: list[Sequence], seq_ids: list[str], starts: list[int]) -> list[int]:
         if model.samples_from_logits:
             return model.next_token_ids(seq_ids, starts, [s.sampling for s in seqs])
         return model.next_token_ids(seq_ids, starts)

@@ -268,6 +268,15 @@ def with_names(seqs: list[Sequence]) -> tuple[list[Sequence], list[str]]:
     return seqs, [q.seq_id for q in seqs]
 
 
+def drop_from_batch(batch: tuple[list[Sequence], list[str]], names: set[str]) -> None:
+    """The finished sequences ``names`` leave the running batch (sequences, their names), in
+    place: a few a step, each found by a scan in C rather than the batch rebuilt in Python."""
+    seqs, ids = batch
+    for name in names:
+        index = ids.index(name)
+        del seqs[index], ids[index]
+
+
 def plan_beams(states: dict[str, RequestState], decoding: list[str], registry: SequenceRegistry, events) -> bool:
     """Each decoding beam search on a real model picks its next beams from their logits
     (:func:`~pagesim.core.beam_search.select_beams`) before the decode writes their tokens;
@@ -544,18 +553,18 @@ class Scheduler:
             if victim in decoding:
                 decoding.remove(victim)
             decode_seqs, decode_ids = with_names(self._decode_sequences(decoding))
-        if decoding:
-            registry.decode(decode_seqs, decode_ids, checked=True, chosen=chosen_tokens(self.requests, decoding))
-        states = self.requests
+        eos_id, states = self.eos_id, self.requests
+        if decoding:  # (only beam search on a real model picks tokens ahead: chosen_tokens)
+            registry.decode(decode_seqs, decode_ids, True, None if eos_id is None else chosen_tokens(states, decoding))
         done: set[str] = set()
         for request in decoding:
             state = states[request]
             state.generated += 1 if state.seqs else 0  # (a beam search that stopped early decoded nothing)
             state.next_tokens = None
-            if state.beam_width > 1 and self.eos_id is None:
+            if state.beam_width > 1 and eos_id is None:
                 self._batch = None
-                prune_beams(state, self.registry)
-            elif self.eos_id is not None and finish_at_eos(state, registry, self.eos_id):
+                prune_beams(state, registry)
+            elif eos_id is not None and finish_at_eos(state, registry, eos_id):
                 self._batch = None
             if state.generated >= state.output_len or not state.seqs:
                 done.update(state.seqs)
@@ -566,8 +575,7 @@ class Scheduler:
                 self.stats.finished += 1
                 events.add(ev.RequestFinished, request, state.generated)
         if done and self._batch is not None:
-            seqs, ids = self._batch
-            self._batch = ([q for q in seqs if q.seq_id not in done], [i for i in ids if i not in done])
+            drop_from_batch(self._batch, done)
         if self.stats.finished > finished and self.stats.preemptions == preempted:
             self._swap_in()  # the finished freed blocks: a swapped group returns in this step
 

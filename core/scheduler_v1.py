@@ -196,7 +196,7 @@ class SchedulerV1:
             state = self.requests[self.running[index]]
             tokens = min(len(state.tokens) - state.computed, budget)
             seq = registry.sequence(state.request)
-            while blocks.append_plan(seq, tokens).blocks_needed > blocks.num_free:
+            while blocks.append_need(seq, tokens) > blocks.num_free:
                 victim = self.running.pop()  # the newest running request, maybe this one
                 self._preempt(victim)
                 record.preempted.append(victim)

@@ -87,6 +87,8 @@ def test_bench_quick_writes_its_results(tmp_path, capsys):
     case = result["kernel"][0]
     assert case["paged_ms"] > 0 and case["dense_sdpa_ms"] > 0 and case["max_abs_error"] < 1e-5
     assert result["engine"]["operations"] == 2000 and result["machine"]["backend"] == "cpu"
+    assert result["scheduler"]["scheduler"] == "v0" and result["scheduler_v1"]["scheduler"] == "v1"
+    assert result["scheduler_v1"]["finished"] == result["scheduler_v1"]["requests"] == 200
     (memory,) = result["memory"]  # --quick: stress as `pagesim run`
     assert memory["case"] == "stress" and memory["paged_cache_mb"] == 2.0
     assert memory["peak_growth_mb"] > memory["paged_cache_mb"]  # the cache itself is resident
