@@ -120,7 +120,8 @@ class DenseCheck:
             k32, v32 = keys.astype(np.float32, copy=False), values.astype(np.float32, copy=False)
             # ‖k‖ as np.linalg.norm computes it (the same bits), without its dispatch
             norms = np.sqrt(np.add.reduce(k32 * k32, axis=2))
-            np.maximum(self._k_norm[seq_id], norms.max(axis=0), out=self._k_norm[seq_id])
+            most = norms[0] if len(norms) == 1 else norms.max(axis=0)  # (one token, a grow's: no reduction)
+            np.maximum(self._k_norm[seq_id], most, out=self._k_norm[seq_id])
             np.maximum(self._v_abs[seq_id], np.abs(v32).max(axis=(0, 2)), out=self._v_abs[seq_id])
 
     def bounds(self, ids: tuple[str, ...], query: np.ndarray, scale: float, context_lens: np.ndarray) -> np.ndarray:

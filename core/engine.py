@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import numpy as np
 from pagesim.core import events as ev
@@ -224,7 +225,7 @@ class Simulator:
         if isinstance(op, Submit | Schedule):
             self.scheduler.execute(op)
             return
-        handler = {Add: self._add, Grow: self._grow, Fork: self._fork, Free: self._free}.get(type(op))
+        handler = self._HANDLERS.get(type(op))
         if handler is None:
             raise InvalidOperationError(f"not an operation: {op!r}")
         if isinstance(op, Grow | Free):
@@ -234,7 +235,7 @@ class Simulator:
                 raise InvalidOperationError(
                     f"sequence {op.seq!r} belongs to request {owner!r}: the scheduler grows and frees it"
                 )
-        handler(op)
+        handler(self, op)
 
     def _check_new_id(self, seq_id: str) -> None:
         """A new name of the user's must be free: no live or swapped sequence holds it, and
@@ -258,7 +259,7 @@ class Simulator:
 
     def _grow(self, op: Grow) -> None:
         seq = self.sequence(op.seq)
-        needed = self.blocks.append_plan(seq, op.length).blocks_needed  # before generating the tokens
+        needed = self.blocks.append_need(seq, op.length)  # before generating the tokens
         if needed > self.blocks.num_free:
             raise PoolExhaustedError(needed, self.blocks.num_free, f"grow {op.seq} by {op.length}")
         if op.token_ids is None and self.runner.model.samples_from_logits:
@@ -294,6 +295,14 @@ class Simulator:
 
     def _free(self, op: Free) -> None:
         self.registry.free(op.seq)
+
+    # The handler of each user operation (built once, not at every operation).
+    _HANDLERS: ClassVar[dict[type, Callable[[Simulator, Operation], None]]] = {
+        Add: _add,
+        Grow: _grow,
+        Fork: _fork,
+        Free: _free,
+    }
 
     # -- snapshots --------------------------------------------------------------------------
     def snapshot(self, with_data: bool = True) -> SimulatorSnapshot:

@@ -49,7 +49,8 @@ class PagedKVCache:
                 self._undo[block] = (keys[i], values[i])
 
     def write(self, slot_mapping: np.ndarray, keys: np.ndarray, values: np.ndarray) -> None:
-        self._before_change(np.asarray(slot_mapping) // self.config.block_size)
+        if self._undo is not None and self._live:  # (the blocks only matter to a checkpoint)
+            self._before_change(np.asarray(slot_mapping) // self.config.block_size)
         self.backend.write_kv(self.key_cache, self.value_cache, slot_mapping, keys, values)
 
     def write_blocks(self, blocks: list[int], keys: np.ndarray, values: np.ndarray) -> None:

@@ -212,6 +212,9 @@ class ModelRunner:
         flat = [t for ids in token_ids for t in ids]
         if len(seqs) == 1:  # (one sequence, most appends: NumPy's set-up costs more than the work)
             positions = np.arange(starts[0], starts[0] + len(flat))
+            if not skip and 0 < len(flat) <= QKV_PIECE_TOKENS:  # a grow: one piece, all of it written
+                self._write_piece(seqs[0].seq_id, flat, positions, np.array(slots, np.int64))
+                return
         else:
             positions = np.concatenate([np.arange(n, n + len(ids)) for n, ids in zip(starts, token_ids, strict=True)])
         ends = list(itertools.accumulate(len(ids) for ids in token_ids))
@@ -238,6 +241,14 @@ class ModelRunner:
                 if ends[seq_index] > last:
                     break  # this sequence goes on in the next piece
                 seq_index += 1
+
+    def _write_piece(self, seq_id: str, tokens: list[int], positions: np.ndarray, slots: np.ndarray) -> None:
+        """:meth:`write_kv` of one sequence's few new tokens: the loop below with one piece."""
+        queries, keys, values = self.model.qkv(tokens, positions)
+        keys, values = keys.astype(self.cache.dtype, copy=False), values.astype(self.cache.dtype, copy=False)
+        self.cache.write(slots, keys, values)
+        self.dense.append(seq_id, keys, values)
+        self._last_query[seq_id] = queries[-1].copy()  # the decode query until the next write
 
     def swap_out(self, pairs: list[tuple[int, int]]) -> None:
         """Copy the (gpu, cpu) block pairs to the swap space (the GPU blocks were freed, not yet overwritten)."""

@@ -103,8 +103,16 @@ class _RotaryTable:
         self.half = head_dim // 2
         self.inv_freq = [ROPE_BASE ** (-2 * i / head_dim) for i in range(self.half)]
         self.filled = 0  # positions [0, filled) hold their values
-        self.cos = np.empty((0, self.half), np.float32)
-        self.sin = np.empty((0, self.half), np.float32)
+        # Per position: cos, -sin and sin (what a rotation multiplies by; -sin is exact).
+        self.factors = np.empty((0, 3, self.half), np.float32)
+
+    @property
+    def cos(self) -> np.ndarray:
+        return self.factors[:, 0]
+
+    @property
+    def sin(self) -> np.ndarray:
+        return self.factors[:, 2]
 
     @classmethod
     def for_head_dim(cls, head_dim: int) -> _RotaryTable:
@@ -114,12 +122,12 @@ class _RotaryTable:
 
     def reserve(self, positions: int) -> None:
         """Room for ``positions`` positions (rounded up to whole pieces); nothing is computed."""
-        if positions <= self.cos.shape[0]:
+        if positions <= self.factors.shape[0]:
             return
-        capacity = -(-max(positions, 2 * self.cos.shape[0]) // self.PIECE) * self.PIECE
-        cos, sin = np.empty((capacity, self.half), np.float32), np.empty((capacity, self.half), np.float32)
-        cos[: self.filled], sin[: self.filled] = self.cos[: self.filled], self.sin[: self.filled]
-        self.cos, self.sin = cos, sin
+        capacity = -(-max(positions, 2 * self.factors.shape[0]) // self.PIECE) * self.PIECE
+        factors = np.empty((capacity, 3, self.half), np.float32)
+        factors[: self.filled] = self.factors[: self.filled]
+        self.factors = factors
 
     def fill(self, upto: int) -> None:
         """Compute positions [0, upto) (in whole pieces) if not yet done."""
@@ -127,15 +135,21 @@ class _RotaryTable:
             self.reserve(upto)
             for start in range(self.filled, upto, self.PIECE):
                 angles = [p * f for p in range(start, start + self.PIECE) for f in self.inv_freq]
-                piece = slice(start, start + self.PIECE)
-                self.cos[piece] = np.array([math.cos(a) for a in angles], np.float32).reshape(self.PIECE, -1)
-                self.sin[piece] = np.array([math.sin(a) for a in angles], np.float32).reshape(self.PIECE, -1)
+                piece = self.factors[start : start + self.PIECE]
+                piece[:, 0] = np.array([math.cos(a) for a in angles], np.float32).reshape(self.PIECE, -1)
+                piece[:, 2] = np.array([math.sin(a) for a in angles], np.float32).reshape(self.PIECE, -1)
+                np.negative(piece[:, 2], out=piece[:, 1])
                 self.filled = start + self.PIECE
 
     def at(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(n, half) float32 cos and sin at ``positions``."""
-        self.fill(int(positions.max()) + 1)
-        return self.cos[positions], self.sin[positions]
+        rows = self.factors_at(positions)
+        return rows[:, 0], rows[:, 2]
+
+    def factors_at(self, positions: np.ndarray) -> np.ndarray:
+        """(n, 3, half) float32 cos, -sin and sin at ``positions``."""
+        self.fill(int(positions[0] if len(positions) == 1 else positions.max()) + 1)
+        return self.factors[positions]
 
 
 class TokenModel:
@@ -148,7 +162,10 @@ class TokenModel:
 
     def __init__(self, config: CacheConfig) -> None:
         self.config = config
-        self._stream_of: dict[str, int] = {}  # a sequence's hash state after (seed, crc)
+        # A sequence's hash state after (seed, crc), as the int64 with its bits: NumPy reads
+        # an int in int64's range about twice as fast as one past it.
+        self._stream_of: dict[str, int] = {}
+        self._last_batch: tuple[list[str], np.ndarray] = ([], np.empty(0, np.uint64))  # names, states
         weights = _weights(config.seed, config.num_heads, config.num_kv_heads, config.head_dim)
         self.embedding, self.w_q, self.w_k, self.w_v, self._w_qkv = weights
         self._rotary = _RotaryTable.for_head_dim(config.head_dim)  # filled as positions are reached
@@ -159,8 +176,9 @@ class TokenModel:
         return _mix(self.config.seed, zlib.crc32(seq_id.encode()), position) % VOCAB_SIZE
 
     def token_ids(self, seq_id: str, start: int, count: int) -> list[int]:
-        if count <= 8:
-            return [self.token_id(seq_id, p) for p in range(start, start + count)]
+        if count <= 8:  # (the (seed, name) rounds once: only the position's round runs per token)
+            stream = _mix(self.config.seed, zlib.crc32(seq_id.encode()))
+            return [_mix_from(stream, p) % VOCAB_SIZE for p in range(start, start + count)]
         crc = np.full(count, zlib.crc32(seq_id.encode()), dtype=np.uint64)
         return _mix_array(self.config.seed, crc, np.arange(start, start + count, dtype=np.uint64)).tolist()
 
@@ -168,15 +186,23 @@ class TokenModel:
         """One token per sequence (a decode step), computed together: each sequence's
         (seed, name) rounds are hashed once, only the position's round runs per step.
         ``sampling`` is ignored: the ids are a hash."""
+        names, states = self._last_batch
+        if seq_ids != names:  # (a decode batch often runs again as it was: its states are kept)
+            states = self._stream_states(seq_ids)
+            self._last_batch = (list(seq_ids), states)
+        n = len(seq_ids)
+        return _mix_array_from(states.copy(), np.fromiter(positions, np.uint64, n)).tolist()
+
+    def _stream_states(self, seq_ids: list[str]) -> np.ndarray:
         stream_of, n = self._stream_of, len(seq_ids)
         try:  # (fromiter: a third of np.array's time on a list of Python ints)
-            z = np.fromiter(map(stream_of.get, seq_ids), np.uint64, n)
+            return np.fromiter(map(stream_of.get, seq_ids), np.int64, n).view(np.uint64)
         except TypeError:  # a None: a sequence's first token (scanning for it costs more)
             for s in seq_ids:
                 if s not in stream_of:
-                    stream_of[s] = _mix(self.config.seed, zlib.crc32(s.encode()))
-            z = np.fromiter(map(stream_of.get, seq_ids), np.uint64, n)
-        return _mix_array_from(z, np.fromiter(positions, np.uint64, n)).tolist()
+                    state = _mix(self.config.seed, zlib.crc32(s.encode()))
+                    stream_of[s] = state - (1 << 64) if state >> 63 else state
+            return np.fromiter(map(stream_of.get, seq_ids), np.int64, n).view(np.uint64)
 
     def check_vocab(self, token_ids, field: str) -> None:
         _check_vocab(token_ids, field, VOCAB_SIZE)
@@ -190,12 +216,16 @@ class TokenModel:
         half = self._rotary.half
         if half == 0 or x.shape[0] == 0:
             return x
-        cos, sin = self._rotary.at(positions)
-        cos, sin = cos[:, None, :], sin[:, None, :]
-        x1, x2 = x[..., :half], x[..., half : 2 * half]
-        out = x.copy()
-        out[..., :half] = x1 * cos - x2 * sin
-        out[..., half : 2 * half] = x2 * cos + x1 * sin
+        # Each head's halves as a pair: [x1, x2] * cos + [x2, x1] * [-sin, sin] is x1 cos - x2 sin
+        # and x2 cos + x1 sin, bit for bit (a + (-b) is a - b), in a few calls for every token.
+        n, heads, rotated = x.shape[0], x.shape[1], 2 * half
+        factors = self._rotary.factors_at(positions)[:, None]  # (n, 1, 3, half)
+        pairs = (x if rotated == x.shape[2] else x[..., :rotated]).reshape(n, heads, 2, half)
+        out = pairs * factors[:, :, :1]
+        out += pairs[:, :, ::-1] * factors[:, :, 1:]
+        out = out.reshape(n, heads, rotated)
+        if rotated < x.shape[2]:  # an odd head dim: its last element is not rotated
+            out = np.concatenate([out, x[..., rotated:]], axis=2)
         return out
 
     def qkv(self, token_ids, positions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
