@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from pathlib import Path
 
 from pagesim.core.config import CacheConfig
@@ -39,16 +40,20 @@ def model_path(name: str) -> Path:
 
 LOADED_KEPT = 2  # models held in memory at once (the newest loads)
 _loaded: dict[tuple, ModelFile] = {}
+# One load at a time: a second thread asking for the model a first is loading (the app's
+# early load at start-up, then its parse) waits for that load instead of doing it again.
+_loading = threading.Lock()
 
 
 def _load(path: str, cache_dir: str | None, stamp: tuple[int, int], dtype: str) -> ModelFile:
     key = (path, cache_dir, stamp, dtype)
-    model = _loaded.pop(key, None)
-    if model is None:
-        model = load_gguf(path, dtype=dtype)
-    _loaded[key] = model  # the newest last
-    while len(_loaded) > LOADED_KEPT:
-        del _loaded[next(iter(_loaded))]
+    with _loading:
+        model = _loaded.pop(key, None)
+        if model is None:
+            model = load_gguf(path, dtype=dtype)
+        _loaded[key] = model  # the newest last
+        while len(_loaded) > LOADED_KEPT:
+            del _loaded[next(iter(_loaded))]
     return model
 
 
@@ -84,8 +89,9 @@ def load_model(name: str, dtype: str | None = None) -> ModelFile:
     its runner share one load; a file changed on disk is loaded again), its weights in
     ``dtype`` ("float32" or "bfloat16"; None: as ``PAGESIM_DTYPE`` chooses)."""
     key = _key(name, dtype)
-    _choose_threads_once()
-    return _load(*key)
+    model = _load(*key)
+    _choose_threads_once()  # after: it imports torch, which the load does not need
+    return model
 
 
 def model_shapes(config: LlamaConfig) -> dict[str, int]:
