@@ -39,8 +39,8 @@ from pagesim.kernels.dtypes import storage_dtype
 from pagesim.kernels.reference import dense_attention_batched, paged_attention_reference
 from pagesim.kernels.selection import select_backend
 
-TARGET_OPS_SECONDS = 10.0  # 100k engine operations, one core
-TARGET_SCHEDULER_SECONDS = 10.0  # 10k ShareGPT-like requests through the scheduler, one core
+TARGET_OPS_SECONDS = 8.0  # 100k engine operations, one core (a margin for slower VMs under 10 s)
+TARGET_SCHEDULER_SECONDS = 8.0  # 10k ShareGPT-like requests through the scheduler, one core (the same)
 
 
 @dataclass(frozen=True)
