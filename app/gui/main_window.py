@@ -40,6 +40,7 @@ from pagesim.app.gui.views.token_budget import TokenBudgetBar, scheduler_panel
 from pagesim.app.gui.views.token_map import TokenMap
 from pagesim.app.gui.views.walkthrough import WalkThroughPanel, WalkThroughTab
 from pagesim.app.gui.welcome import WelcomeDialog
+from pagesim.core.errors import PagesimError
 from pagesim.core.operations import Add, Fork, Free, Grow, Schedule, new_sequence_name
 from pagesim.core.scenario import Scenario, load_shipped, scenario_model
 from pagesim.core.view_model import Frame
@@ -264,7 +265,16 @@ class MainWindow(QMainWindow):
     def open_shipped(self, name: str) -> None:
         """A shipped scenario by name: its model loaded first if it is not in memory (off the
         GUI thread, with a progress bar), then parsed and loaded."""
-        self.model_loader.ensure(scenario_model(name), lambda: self.load(load_shipped(name)), self.status.show_error)
+
+        def parse_and_load() -> None:
+            try:
+                scenario = load_shipped(name)
+            except PagesimError as exc:  # said in the status bar: the current scenario stays
+                self.status.show_error(str(exc))
+                return
+            self.load(scenario)
+
+        self.model_loader.ensure(scenario_model(name), parse_and_load, self.status.show_error)
 
     def _on_loaded(self, scenario: Scenario) -> None:
         """The worker built ``scenario``'s timeline; its first frame comes next."""

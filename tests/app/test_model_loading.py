@@ -82,3 +82,20 @@ def test_the_worker_runs_a_real_model_on_the_chosen_thread_count(make_window, qt
     window = make_window("default", real=True)
     count = chosen_threads()[0]
     assert f", {count} thread{'s' if count != 1 else ''} ·" in window.frame.device  # Numba's count is per thread
+
+
+def test_a_shipped_scenario_that_cannot_be_parsed_says_why_and_the_current_stays(make_window, qtbot, monkeypatch):
+    from pagesim.app.gui import main_window
+    from pagesim.core.errors import PagesimError
+
+    window = make_window("seed_demo")
+    before = window.frame.scenario_name
+
+    def refused(name):
+        raise PagesimError(f"{name}: cannot be parsed here")
+
+    monkeypatch.setattr(main_window, "load_shipped", refused)
+    window.open_shipped("stress")
+    assert window.last_error == "stress: cannot be parsed here"
+    wait_idle(qtbot, window)
+    assert window.frame.scenario_name == before
