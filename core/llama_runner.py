@@ -249,12 +249,19 @@ class LlamaRunner(ModelRunner):
         c = self.config
         keys, _ = self.dense_kv(seq.seq_id)
         q = self._last_query[seq.seq_id].astype(self.cache.dtype).astype(np.float32)
+        weights = self._softmax_over_context(q, keys.astype(np.float32))
+        token_blocks = np.repeat(np.array(seq.block_table), c.block_size)[: seq.num_tokens]
+        return weights, token_blocks
+
+    def _softmax_over_context(self, q: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """Softmax weights (num_heads, T) of ``q`` (num_heads, head_dim) over ``keys``
+        (T, num_kv_heads, head_dim), each query head reading its KV head (GQA)."""
+        c = self.config
         kv_of_head = np.arange(c.num_heads) // (c.num_heads // c.num_kv_heads)
-        scores = np.einsum("hd,thd->ht", q, keys.astype(np.float32)[:, kv_of_head, :]) * self.scale
+        scores = np.einsum("hd,thd->ht", q, keys[:, kv_of_head, :]) * self.scale
         weights = np.exp(scores - scores.max(axis=1, keepdims=True))
         weights /= weights.sum(axis=1, keepdims=True)
-        token_blocks = np.repeat(np.array(seq.block_table), c.block_size)[: seq.num_tokens]
-        return weights.astype(np.float32), token_blocks
+        return weights.astype(np.float32)
 
     def layer_cache(self, layer: int) -> PagedKVCache:
         if not 0 <= layer < self.num_layers:
@@ -275,14 +282,8 @@ class LlamaRunner(ModelRunner):
         slots = gather_slots([seq.block_table], [context_len], self.config.block_size)
         arrays = backend.to_numpy(cache.key_cache), backend.to_numpy(cache.value_cache)
         dense, bounds, keys = gathered_attention(*arrays, slots, stored, self.scale)
-        c = self.config
-        kv_of_head = np.arange(c.num_heads) // (c.num_heads // c.num_kv_heads)
-        q = stored[0].astype(np.float32)
-        scores = np.einsum("hd,htd->ht", q, keys[0][kv_of_head, :context_len]) * self.scale
-        weights = np.exp(scores - scores.max(axis=1, keepdims=True))
-        weights /= weights.sum(axis=1, keepdims=True)
+        weights = self._softmax_over_context(stored[0].astype(np.float32), keys[0, :, :context_len].transpose(1, 0, 2))
         errors = np.abs(output - dense[0]).max(axis=1)
-        weights = weights.astype(np.float32)
         return LayerDetail(layer, stored[0], output, dense[0], errors, bounds[0], weights, tables, lens)
 
     # -- snapshots -----------------------------------------------------------------------------------
