@@ -292,9 +292,11 @@ class BlockManager:
 
     def append_need(self, seq: Sequence, num_new: int) -> int:
         """:meth:`append_plan`'s ``blocks_needed``, without building the plan (once a grow)."""
-        table, n = seq.block_table, len(seq.token_ids)
-        copy = n % self.config.block_size != 0 and bool(table) and self.pool._ref_counts[table[-1]] > 1
-        return self.config.blocks_for(n + num_new) - len(table) + copy
+        table, n, bs = seq.block_table, len(seq.token_ids), self.config.block_size
+        need = (n + num_new + bs - 1) // bs - len(table)
+        if self._partial_shared and n % bs and table and self.pool._ref_counts[table[-1]] > 1:
+            need += 1  # copy-on-write of the shared, partly filled last block
+        return need
 
     def can_append(self, seq: Sequence, num_new: int) -> bool:
         return self.append_need(seq, num_new) <= self.pool.num_free

@@ -78,17 +78,22 @@ class SequenceRegistry:
         vocab_checked: bool = False,
         sampling: SamplingParams | None = None,
         prompt_len: int | None = None,
+        hits: list[tuple[int, int]] | None = None,
     ) -> None:
         """A new sequence with ``token_ids`` as its prompt: prefix-cache hits, then fresh
         blocks (``placement``: exactly these), then the tokens' K/V. ``sampling``: how a
         real model picks its next tokens; ``prompt_len``: how many of ``token_ids`` are the
-        prompt (a preempted sequence comes back with what it had generated; default all)."""
+        prompt (a preempted sequence comes back with what it had generated; default all);
+        ``hits``: its prefix-cache hits, when the caller has just looked them up."""
         self.check_new_id(seq_id)
         if not vocab_checked:
             self.runner.model.check_vocab(token_ids, "prompt")
         c, blocks = self.config, self.blocks
         caching = c.prefix_caching and placement is None
-        hits = blocks.prefix.match(token_ids) if caching else []
+        if not caching:
+            hits = []
+        elif hits is None:
+            hits = blocks.prefix.match(token_ids)
         if placement is not None:
             placement = blocks.pool.check_placement(placement)
             needed = c.blocks_for(len(token_ids)) - len(hits)
@@ -133,12 +138,15 @@ class SequenceRegistry:
         self.runner.free_sequence(seq_id)
         self.events.add(ev.SequenceFreed, seq_id)
 
-    def append(self, seqs: list[Sequence], token_ids: list[list[int]], skip: int = 0) -> None:
+    def append(self, seqs: list[Sequence], token_ids: list[list[int]] | list[int], skip: int = 0) -> None:
         """Tokens join sequences: the block manager first (slots, copy-on-write), then the
-        K/V. The caller has checked that the pool covers the blocks they take."""
+        K/V. ``token_ids[i]``: a list of ``seqs[i]``'s new tokens, or its one new token. The
+        caller has checked that the pool covers the blocks they take."""
         if not self.runner.kv_data:  # memory management only: the blocks alone
             self.blocks.append(seqs, token_ids, skip, with_slots=False)
             return
+        if token_ids and type(token_ids[0]) is int:
+            token_ids = [[token] for token in token_ids]
         starts = [len(s.token_ids) for s in seqs]
         done = self.blocks.append(seqs, token_ids, skip)
         self.runner.write_kv(seqs, starts, token_ids, done.slots, done.copies, skip)

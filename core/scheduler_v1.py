@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from pagesim.core import events as ev
 from pagesim.core.block_manager import BlockManager
@@ -59,8 +60,7 @@ class RequestV1:
         return replace(self, tokens=list(self.tokens), prefix_hits=list(self.prefix_hits))
 
 
-@dataclass(frozen=True, slots=True)
-class Scheduled:
+class Scheduled(NamedTuple):  # (a tuple: a step makes one per running request)
     request: str
     kind: str  # "new", "resumed" (admitted again after a preemption) or "running"
     tokens: int
@@ -189,25 +189,12 @@ class SchedulerV1:
     def step(self) -> StepV1:
         record = StepV1()
         self.last_step = record
-        budget, blocks, registry = self.config.max_num_batched_tokens, self.blocks, self.registry
+        blocks, registry = self.blocks, self.registry
         # 1. The running requests, in order, each as far as its tokens and the budget go.
-        index = 0
-        while index < len(self.running) and budget > 0:
-            state = self.requests[self.running[index]]
-            tokens = min(len(state.tokens) - state.computed, budget)
-            seq = registry.sequence(state.request)
-            while blocks.append_need(seq, tokens) > blocks.num_free:
-                victim = self.running.pop()  # the newest running request, maybe this one
-                self._preempt(victim)
-                record.preempted.append(victim)
-                if victim == state.request:
-                    break
-            if state.status != RUNNING:
-                break
-            record.scheduled.append(Scheduled(state.request, "running", tokens, state.computed, None))
-            self._compute(state, tokens)
-            budget -= tokens
-            index += 1
+        states = [self.requests[name] for name in self.running]  # then the scheduled ones
+        budget = self._decode_all(record, states)
+        if budget is None:
+            budget = self._schedule_running(record, states)
         # 2. Waiting requests, first come first served, unless this step preempted.
         while not record.preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             state = self.requests[self.waiting[0]]
@@ -222,7 +209,8 @@ class SchedulerV1:
             hit_tokens = len(hits) * self.config.block_size
             kind = "resumed" if state.preemptions else "new"
             record.scheduled.append(Scheduled(state.request, kind, held - hit_tokens, hit_tokens, hit_tokens))
-            registry.add(state.request, state.tokens[:held], owner=state.request, vocab_checked=True)
+            states.append(state)
+            registry.add(state.request, state.tokens[:held], owner=state.request, vocab_checked=True, hits=hits)
             state.computed, state.status = held, RUNNING
             state.prefix_hits.append(hit_tokens)
             self.running.append(state.request)
@@ -232,40 +220,117 @@ class SchedulerV1:
         if self.record_tables:
             record.block_tables = {r: list(registry.sequence(r).block_table) for r in self.running}
         # 3. The model's answer: a token for each request now computed up to its end.
-        self._sample(record)
+        self._sample(record, states)
         record.free_after_update = blocks.num_free
         return record
 
-    def _compute(self, state: RequestV1, tokens: int) -> None:
-        seq = self.registry.sequence(state.request)
-        self.registry.append([seq], [state.tokens[state.computed : state.computed + tokens]])
-        state.computed += tokens
+    def _decode_all(self, record: StepV1, states: list[RequestV1]) -> int | None:
+        """The common step at once: every running request decodes its one token, and the
+        budget and the free pool cover them all (so nobody is preempted). Returns the budget
+        left, or None when this step is not such a step (and schedules nothing)."""
+        budget = self.config.max_num_batched_tokens - len(states)
+        if not states or budget < 0 or max([len(s.tokens) - s.computed for s in states]) > 1:
+            return None
+        seqs = self.registry.sequences_of(self.running)
+        if self.blocks.decode_blocks_needed(seqs) > self.blocks.num_free:
+            return None
+        record.scheduled.extend([Scheduled(s.request, "running", 1, s.computed, None) for s in states])
+        for state in states:
+            state.computed += 1
+        self._compute(seqs, [s.tokens[-1] for s in states])
+        return budget
 
-    def _sample(self, record: StepV1) -> None:
-        done = [self.requests[s.request] for s in record.scheduled]
-        done = [state for state in done if state.computed == len(state.tokens)]
+    def _schedule_running(self, record: StepV1, states: list[RequestV1]) -> int:
+        """The running requests one at a time, preempting for those the pool does not cover;
+        ``states`` becomes the scheduled ones. Their appends wait in a batch while the pool
+        covers them (``free``: the pool after them); a request it does not cover first lets
+        the batch take its blocks. Returns the budget left."""
+        budget, blocks, running, scheduled = (
+            self.config.max_num_batched_tokens,
+            self.blocks,
+            self.running,
+            record.scheduled,
+        )
+        sequences, append_need = self.registry.sequences, blocks.append_need
+        batch_seqs: list = []
+        batch_tokens: list = []  # one token id each, or (a prompt's chunk) one list of them
+        free = blocks.num_free
+        states.clear()
+        index = 0
+        while index < len(running) and budget > 0:
+            name = running[index]
+            state = self.requests[name]
+            computed = state.computed
+            tokens = min(len(state.tokens) - computed, budget)
+            seq = sequences[name]
+            need = append_need(seq, tokens)
+            if need > free:
+                self._compute(batch_seqs, batch_tokens)
+                while append_need(seq, tokens) > blocks.num_free:
+                    victim = running.pop()  # the newest running request, maybe this one
+                    self._preempt(victim)
+                    record.preempted.append(victim)
+                    if victim == name:
+                        break
+                if state.status != RUNNING:
+                    break
+                free = blocks.num_free
+            scheduled.append(Scheduled(name, "running", tokens, computed, None))
+            states.append(state)
+            if tokens == 1:  # a decode: its one token joins the batch
+                batch_seqs.append(seq)
+                batch_tokens.append(state.tokens[computed])
+            else:  # a prompt's next chunk, on its own after the batch
+                self._compute(batch_seqs, batch_tokens)
+                self._compute([seq], [state.tokens[computed : computed + tokens]])
+            state.computed = computed + tokens
+            free -= need
+            budget -= tokens
+            index += 1
+        self._compute(batch_seqs, batch_tokens)
+        return budget
+
+    def _compute(self, seqs: list, token_ids: list) -> None:
+        """The batch's tokens join their sequences (the lists are emptied after): one token id
+        per sequence, or one list of them for each. A model with K/V computes each request's
+        tokens in a forward of its own, so the bits of its K/V and logits stay those of a
+        single request."""
+        if not seqs:
+            return
+        if self.registry.runner.kv_data:
+            for seq, ids in zip(seqs, token_ids, strict=True):
+                self.registry.append([seq], [ids])
+        else:
+            self.registry.append(seqs, token_ids)
+        seqs.clear()
+        token_ids.clear()
+
+    def _sample(self, record: StepV1, scheduled: list[RequestV1]) -> None:
+        sampled = record.sampled
+        done = [state for state in scheduled if state.computed == len(state.tokens)]
         drawn = [state for state in done if state.output is None]
         ids, positions = [s.request for s in drawn], [len(s.tokens) for s in drawn]
         if self.model.samples_from_logits:
             tokens = iter(self.model.next_token_ids(ids, positions, [s.sampling for s in drawn]))
+            eos = self.model.eos_id
         else:
-            tokens = iter(self.model.next_token_ids(ids, positions))
+            tokens, eos = iter(self.model.next_token_ids(ids, positions)), None
         for state in done:
             token = next(tokens) if state.output is None else state.output[state.num_outputs]
             state.tokens.append(token)
-            record.sampled[state.request] = token
-            if state.num_outputs >= state.max_tokens or self._at_eos(state, token):
-                self.registry.free(state.request)
-                self.running.remove(state.request)
-                state.status = FINISHED
-                self.stats.finished += 1
-                record.finished.append(state.request)
-                self.events.add(ev.RequestFinished, state.request, state.num_outputs)
+            sampled[state.request] = token
+            if len(state.tokens) - state.prompt_len >= state.max_tokens or (
+                token == eos and (state.sampling is None or state.sampling.stop_at_eos)
+            ):  # (a real model's end-of-sequence token stops a request unless told not to)
+                self._finish(state, record)
 
-    def _at_eos(self, state: RequestV1, token: int) -> bool:
-        """A real model sampled its end-of-sequence token (and the request stops there)."""
-        eos = self.model.eos_id if self.model.samples_from_logits else None
-        return eos is not None and token == eos and (state.sampling is None or state.sampling.stop_at_eos)
+    def _finish(self, state: RequestV1, record: StepV1) -> None:
+        self.registry.free(state.request)
+        self.running.remove(state.request)
+        state.status = FINISHED
+        self.stats.finished += 1
+        record.finished.append(state.request)
+        self.events.add(ev.RequestFinished, state.request, state.num_outputs)
 
     def _preempt(self, request: str) -> None:
         state = self.requests[request]

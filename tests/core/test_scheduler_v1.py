@@ -146,3 +146,53 @@ def test_kv_data_runs_and_matches_dense_attention_through_preemption_and_back(cp
     assert all(timeline.sim.verify_kv(s) is None for s in timeline.sim.sequences)
     timeline.seek(len(results))
     assert timeline.sim.scheduler.snapshot().requests == end.requests
+
+
+def run_workload(count: int, decode_all: bool, monkeypatch) -> tuple[list, list, int]:
+    """A seeded ShareGPT-like workload through a pool small enough to preempt and a budget
+    small enough to chunk prompts: every step's decisions and block tables, the events, and
+    how many steps decoded all running requests at once."""
+    from pagesim.core.scheduler_v1 import SchedulerV1
+    from pagesim.core.studies.workload import generate
+
+    taken = []
+    original = SchedulerV1._decode_all
+
+    def counted(self, record, states):
+        budget = original(self, record, states)
+        taken.append(budget is not None)
+        return budget
+
+    with monkeypatch.context() as patch:
+        patch.setattr(SchedulerV1, "_decode_all", counted if decode_all else lambda self, record, states: None)
+        sim = v1(num_blocks=160, block_size=8, prefix_caching=True, max_num_seqs=24, max_num_batched_tokens=96)
+        sim.scheduler.record_tables = True
+        specs, index, records, events = (
+            generate("sharegpt", count, rate=20.0, seed=3, shared_prefix=16, max_len=300),
+            0,
+            [],
+            [],
+        )
+        clock = 0.0
+        while index < len(specs) or sim.scheduler.waiting or sim.scheduler.running:
+            while index < len(specs) and specs[index].arrival <= clock:
+                s = specs[index]
+                sim.apply(Submit(s.request_id, s.output_len, prompt_len=s.prompt_len, shared_prefix=16), attend=False)
+                index += 1
+            events.extend(sim.apply(Schedule(1), attend=False).events)
+            records.append(sim.scheduler.last_step)
+            clock += 0.05
+    return [r for r in records if r is not None], events, sum(taken)
+
+
+def test_the_all_decode_step_decides_as_the_request_at_a_time_step(monkeypatch):
+    """A step whose running requests all decode, within the pool and the budget, is taken at
+    once; the other steps one request at a time. With the shortcut off, every decision,
+    block table and event is the same."""
+    fast, fast_events, at_once = run_workload(60, True, monkeypatch)
+    slow, slow_events, _ = run_workload(60, False, monkeypatch)
+    assert fast == slow and fast_events == slow_events
+    assert 0 < at_once < len(fast)  # both ways were taken
+    assert sum(len(r.preempted) for r in fast) > 0  # the request-at-a-time path preempted
+    chunked = [s for r in fast for s in r.scheduled if s.kind == "running" and s.tokens > 1]
+    assert chunked  # and continued prompts in chunks
