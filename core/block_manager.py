@@ -308,6 +308,15 @@ class BlockManager:
             return len([q for q in seqs if len(q.token_ids) % bs == 0])
         return len([q for q in seqs if len(q.token_ids) % bs == 0 or refs[q.block_table[-1]] > 1])
 
+    def decode_needs(self, seqs: list[Sequence]) -> list[int]:
+        """:meth:`append_need` of one token for each of ``seqs``, at once."""
+        bs, refs = self.config.block_size, self.pool._ref_counts
+        needs = [len(q.token_ids) // bs + 1 - len(q.block_table) for q in seqs]
+        if self._partial_shared:  # copy-on-write of a shared, partly filled last block
+            copies = [len(q.token_ids) % bs != 0 and refs[q.block_table[-1]] > 1 for q in seqs]
+            needs = [n + copy for n, copy in zip(needs, copies, strict=True)]
+        return needs
+
     def decode_fits(self, seqs: list[Sequence]) -> bool:
         """The free pool covers a decode step of ``seqs`` (each takes at most one block)."""
         free = self.pool.num_free

@@ -13,8 +13,10 @@ Block 0 is the null block and freed blocks go back as vLLM v1's ``BlockPool`` re
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field, replace
+from itertools import accumulate
 from typing import NamedTuple
 
 from pagesim.core import events as ev
@@ -191,10 +193,7 @@ class SchedulerV1:
         self.last_step = record
         blocks, registry = self.blocks, self.registry
         # 1. The running requests, in order, each as far as its tokens and the budget go.
-        states = [self.requests[name] for name in self.running]  # then the scheduled ones
-        budget = self._decode_all(record, states)
-        if budget is None:
-            budget = self._schedule_running(record, states)
+        states, budget = self._schedule_running(record)
         # 2. Waiting requests, first come first served, unless this step preempted.
         while not record.preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             state = self.requests[self.waiting[0]]
@@ -224,77 +223,71 @@ class SchedulerV1:
         record.free_after_update = blocks.num_free
         return record
 
-    def _decode_all(self, record: StepV1, states: list[RequestV1]) -> int | None:
-        """The common step at once: every running request decodes its one token, and the
-        budget and the free pool cover them all (so nobody is preempted). Returns the budget
-        left, or None when this step is not such a step (and schedules nothing)."""
-        budget = self.config.max_num_batched_tokens - len(states)
-        if not states or budget < 0 or max([len(s.tokens) - s.computed for s in states]) > 1:
-            return None
-        seqs = self.registry.sequences_of(self.running)
-        if self.blocks.decode_blocks_needed(seqs) > self.blocks.num_free:
-            return None
+    def _schedule_running(self, record: StepV1) -> tuple[list[RequestV1], int]:
+        """The running requests in order, each as far as its tokens and the budget go: runs
+        of decoding requests that the pool covers, at once, and between them, one at a time,
+        a prompt's next chunk or a request the pool does not cover. Returns the scheduled
+        requests and the budget left."""
+        scheduled: list[RequestV1] = []
+        budget, index = self.config.max_num_batched_tokens, 0
+        while index < len(self.running) and budget > 0:
+            count = self._decode_run(record, scheduled, index, budget)
+            index, budget = index + count, budget - count
+            if index < len(self.running) and budget > 0:
+                tokens = self._schedule_one(record, scheduled, index, budget)
+                if tokens is None:
+                    break  # it preempted itself
+                index, budget = index + 1, budget - tokens
+        return scheduled, budget
+
+    def _decode_run(self, record: StepV1, scheduled: list[RequestV1], start: int, budget: int) -> int:
+        """The longest run of running requests from ``start`` that each decode one token and
+        that the budget and the free pool cover, at once (in the common step, all of them).
+        None of them can be preempted this step: a victim is always the newest running
+        request, behind them. Returns how many."""
+        names = self.running[start : start + budget]
+        states = [self.requests[name] for name in names]
+        pending = [len(s.tokens) - s.computed for s in states]  # at least 1 each
+        count = len(states)
+        if count and max(pending) > 1:
+            count = next(i for i, p in enumerate(pending) if p > 1)  # a prompt's next chunk
+        seqs = self.registry.sequences_of(names[:count])
+        needs, free = self.blocks.decode_needs(seqs), self.blocks.num_free
+        if sum(needs) > free:
+            count = bisect_right(list(accumulate(needs)), free)
+            del seqs[count:]
+        del states[count:]
         record.scheduled.extend([Scheduled(s.request, "running", 1, s.computed, None) for s in states])
         for state in states:
             state.computed += 1
         self._compute(seqs, [s.tokens[-1] for s in states])
-        return budget
+        scheduled.extend(states)
+        return count
 
-    def _schedule_running(self, record: StepV1, states: list[RequestV1]) -> int:
-        """The running requests one at a time, preempting for those the pool does not cover;
-        ``states`` becomes the scheduled ones. Their appends wait in a batch while the pool
-        covers them (``free``: the pool after them); a request it does not cover first lets
-        the batch take its blocks. Returns the budget left."""
-        budget, blocks, running, scheduled = (
-            self.config.max_num_batched_tokens,
-            self.blocks,
-            self.running,
-            record.scheduled,
-        )
-        sequences, append_need = self.registry.sequences, blocks.append_need
-        batch_seqs: list = []
-        batch_tokens: list = []  # one token id each, or (a prompt's chunk) one list of them
-        free = blocks.num_free
-        states.clear()
-        index = 0
-        while index < len(running) and budget > 0:
-            name = running[index]
-            state = self.requests[name]
-            computed = state.computed
-            tokens = min(len(state.tokens) - computed, budget)
-            seq = sequences[name]
-            need = append_need(seq, tokens)
-            if need > free:
-                self._compute(batch_seqs, batch_tokens)
-                while append_need(seq, tokens) > blocks.num_free:
-                    victim = running.pop()  # the newest running request, maybe this one
-                    self._preempt(victim)
-                    record.preempted.append(victim)
-                    if victim == name:
-                        break
-                if state.status != RUNNING:
-                    break
-                free = blocks.num_free
-            scheduled.append(Scheduled(name, "running", tokens, computed, None))
-            states.append(state)
-            if tokens == 1:  # a decode: its one token joins the batch
-                batch_seqs.append(seq)
-                batch_tokens.append(state.tokens[computed])
-            else:  # a prompt's next chunk, on its own after the batch
-                self._compute(batch_seqs, batch_tokens)
-                self._compute([seq], [state.tokens[computed : computed + tokens]])
-            state.computed = computed + tokens
-            free -= need
-            budget -= tokens
-            index += 1
-        self._compute(batch_seqs, batch_tokens)
-        return budget
+    def _schedule_one(self, record: StepV1, scheduled: list[RequestV1], index: int, budget: int) -> int | None:
+        """The running request at ``index``: a prompt's next chunk, or a token the pool does
+        not cover until the newest running requests are preempted (maybe this one). Returns
+        the tokens scheduled, or None when it was preempted itself."""
+        name = self.running[index]
+        state = self.requests[name]
+        tokens = min(len(state.tokens) - state.computed, budget)
+        seq = self.registry.sequences[name]
+        while self.blocks.append_need(seq, tokens) > self.blocks.num_free:
+            victim = self.running.pop()  # the newest running request
+            self._preempt(victim)
+            record.preempted.append(victim)
+            if victim == name:
+                return None
+        record.scheduled.append(Scheduled(name, "running", tokens, state.computed, None))
+        scheduled.append(state)
+        self._compute([seq], [state.tokens[state.computed : state.computed + tokens]])
+        state.computed += tokens
+        return tokens
 
     def _compute(self, seqs: list, token_ids: list) -> None:
-        """The batch's tokens join their sequences (the lists are emptied after): one token id
-        per sequence, or one list of them for each. A model with K/V computes each request's
-        tokens in a forward of its own, so the bits of its K/V and logits stay those of a
-        single request."""
+        """Tokens join their sequences: one token id per sequence, or one list of them for
+        each. A model with K/V computes each request's tokens in a forward of its own, so the
+        bits of its K/V and logits stay those of a single request."""
         if not seqs:
             return
         if self.registry.runner.kv_data:
@@ -302,27 +295,30 @@ class SchedulerV1:
                 self.registry.append([seq], [ids])
         else:
             self.registry.append(seqs, token_ids)
-        seqs.clear()
-        token_ids.clear()
 
     def _sample(self, record: StepV1, scheduled: list[RequestV1]) -> None:
-        sampled = record.sampled
         done = [state for state in scheduled if state.computed == len(state.tokens)]
         drawn = [state for state in done if state.output is None]
         ids, positions = [s.request for s in drawn], [len(s.tokens) for s in drawn]
         if self.model.samples_from_logits:
-            tokens = iter(self.model.next_token_ids(ids, positions, [s.sampling for s in drawn]))
+            tokens = list(self.model.next_token_ids(ids, positions, [s.sampling for s in drawn]))
             eos = self.model.eos_id
         else:
-            tokens, eos = iter(self.model.next_token_ids(ids, positions)), None
-        for state in done:
-            token = next(tokens) if state.output is None else state.output[state.num_outputs]
+            tokens, eos = list(self.model.next_token_ids(ids, positions)), None
+        if len(drawn) < len(done):  # a replayed trace prescribes its tokens
+            model_tokens = iter(tokens)
+            tokens = [next(model_tokens) if s.output is None else s.output[s.num_outputs] for s in done]
+        for state, token in zip(done, tokens, strict=True):
             state.tokens.append(token)
-            sampled[state.request] = token
-            if len(state.tokens) - state.prompt_len >= state.max_tokens or (
-                token == eos and (state.sampling is None or state.sampling.stop_at_eos)
-            ):  # (a real model's end-of-sequence token stops a request unless told not to)
-                self._finish(state, record)
+        record.sampled.update(zip([s.request for s in done], tokens, strict=True))
+        finished = [
+            state
+            for state, token in zip(done, tokens, strict=True)
+            if len(state.tokens) - state.prompt_len >= state.max_tokens
+            or (token == eos and (state.sampling is None or state.sampling.stop_at_eos))
+        ]  # (a real model's end-of-sequence token stops a request unless told not to)
+        for state in finished:
+            self._finish(state, record)
 
     def _finish(self, state: RequestV1, record: StepV1) -> None:
         self.registry.free(state.request)

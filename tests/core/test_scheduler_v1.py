@@ -148,23 +148,22 @@ def test_kv_data_runs_and_matches_dense_attention_through_preemption_and_back(cp
     assert timeline.sim.scheduler.snapshot().requests == end.requests
 
 
-def run_workload(count: int, decode_all: bool, monkeypatch) -> tuple[list, list, int]:
+def run_workload(count: int, runs_at_once: bool, monkeypatch) -> tuple[list, list, list]:
     """A seeded ShareGPT-like workload through a pool small enough to preempt and a budget
     small enough to chunk prompts: every step's decisions and block tables, the events, and
-    how many steps decoded all running requests at once."""
+    the runs of decoding requests scheduled at once."""
     from pagesim.core.scheduler_v1 import SchedulerV1
     from pagesim.core.studies.workload import generate
 
-    taken = []
-    original = SchedulerV1._decode_all
+    runs = []  # (requests preempted so far this step, the run's length)
+    original = SchedulerV1._decode_run
 
-    def counted(self, record, states):
-        budget = original(self, record, states)
-        taken.append(budget is not None)
-        return budget
+    def counted(self, record, scheduled, start, budget):
+        runs.append((len(record.preempted), original(self, record, scheduled, start, budget)))
+        return runs[-1][1]
 
     with monkeypatch.context() as patch:
-        patch.setattr(SchedulerV1, "_decode_all", counted if decode_all else lambda self, record, states: None)
+        patch.setattr(SchedulerV1, "_decode_run", counted if runs_at_once else lambda *args: 0)
         sim = v1(num_blocks=160, block_size=8, prefix_caching=True, max_num_seqs=24, max_num_batched_tokens=96)
         sim.scheduler.record_tables = True
         specs, index, records, events = (
@@ -182,17 +181,18 @@ def run_workload(count: int, decode_all: bool, monkeypatch) -> tuple[list, list,
             events.extend(sim.apply(Schedule(1), attend=False).events)
             records.append(sim.scheduler.last_step)
             clock += 0.05
-    return [r for r in records if r is not None], events, sum(taken)
+    return [r for r in records if r is not None], events, runs
 
 
-def test_the_all_decode_step_decides_as_the_request_at_a_time_step(monkeypatch):
-    """A step whose running requests all decode, within the pool and the budget, is taken at
-    once; the other steps one request at a time. With the shortcut off, every decision,
+def test_decoding_requests_scheduled_at_once_decide_as_one_at_a_time(monkeypatch):
+    """Runs of running requests that each decode one token, within the pool and the budget,
+    are scheduled at once (in the common step, all of them); a prompt's next chunk, or a
+    request the pool does not cover, one at a time. With the runs off, every decision,
     block table and event is the same."""
-    fast, fast_events, at_once = run_workload(60, True, monkeypatch)
+    fast, fast_events, runs = run_workload(60, True, monkeypatch)
     slow, slow_events, _ = run_workload(60, False, monkeypatch)
     assert fast == slow and fast_events == slow_events
-    assert 0 < at_once < len(fast)  # both ways were taken
-    assert sum(len(r.preempted) for r in fast) > 0  # the request-at-a-time path preempted
+    assert any(length > 1 for _, length in runs)
+    assert any(preempted and length for preempted, length in runs)  # a run after a preemption
     chunked = [s for r in fast for s in r.scheduled if s.kind == "running" and s.tokens > 1]
-    assert chunked  # and continued prompts in chunks
+    assert chunked  # and prompts continued in chunks, one at a time
