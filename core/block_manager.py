@@ -337,16 +337,16 @@ class BlockManager:
         decode step's one token each. The caller has checked the blocks needed against the pool.
         ``with_slots=False``: no K/V is written, so unless events are on no slot is listed.
         ``starts``: the sequences' lengths before, when the caller has them."""
-        if starts is None:
-            starts = [len(seq.token_ids) for seq in seqs]
         done = Appended([], [])
         if token_ids and type(token_ids[0]) is int:
-            self._append_one_each(seqs, token_ids, starts, with_slots, done)
+            self._append_one_each(seqs, token_ids, with_slots, done)
             added = len(seqs)
-        elif not skip and all(len(ids) == 1 for ids in token_ids):  # (a grow by one, a v1 decode)
-            self._append_one_each(seqs, [ids[0] for ids in token_ids], starts, with_slots, done)
+        elif not skip and all(len(ids) == 1 for ids in token_ids):  # (a grow by one)
+            self._append_one_each(seqs, [ids[0] for ids in token_ids], with_slots, done)
             added = len(seqs)
         else:
+            if starts is None:
+                starts = [len(seq.token_ids) for seq in seqs]
             self._append_lists(seqs, token_ids, starts, skip, with_slots, done)
             added = sum(map(len, token_ids))
         self.usage.logical_tokens += added
@@ -354,24 +354,24 @@ class BlockManager:
         self.usage.slots_filled += added - skip * len(seqs)
         return done
 
-    def _append_one_each(
-        self, seqs: list[Sequence], tokens: list[int], starts: list[int], with_slots: bool, done: Appended
-    ) -> None:
+    def _append_one_each(self, seqs: list[Sequence], tokens: list[int], with_slots: bool, done: Appended) -> None:
         """:meth:`append` of a decode step: one token each, into the last block's next slot."""
         bs, refs, fill, slots = self.config.block_size, self.pool._ref_counts, self._fill, done.slots
         emit = self.events.emit if self.events.enabled else None
         list_slots = with_slots or emit is not None
         limit = self.config.max_model_len
         fills_at = bs - 1 if self.config.prefix_caching else -1  # a token at this offset fills its block
-        for seq, token, start in zip(seqs, tokens, starts, strict=True):
-            table = seq.block_table
+        partial_shared = self._partial_shared  # (else no last block off a boundary is shared)
+        for seq, token in zip(seqs, tokens, strict=True):
+            table, ids = seq.block_table, seq.token_ids
+            start = len(ids)
             offset = start % bs
             if not offset:
                 if len(table) * bs <= start:  # (a one-token prompt's block came with the sequence)
                     self._new_block(seq)
-            elif refs[table[-1]] > 1:
+            elif partial_shared and refs[table[-1]] > 1:
                 done.copies.append(self._copy_on_write(seq))
-            seq.token_ids.append(token)
+            ids.append(token)
             block = table[-1]
             fill[block] += 1
             if list_slots:

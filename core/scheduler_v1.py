@@ -16,7 +16,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field, replace
-from itertools import accumulate
+from itertools import accumulate, repeat
 from typing import NamedTuple
 
 from pagesim.core import events as ev
@@ -251,13 +251,15 @@ class SchedulerV1:
         count = len(states)
         if count and max(pending) > 1:
             count = next(i for i, p in enumerate(pending) if p > 1)  # a prompt's next chunk
-        seqs = self.registry.sequences_of(names[:count])
+        del names[count:], states[count:]
+        seqs = self.registry.sequences_of(names)
         needs, free = self.blocks.decode_needs(seqs), self.blocks.num_free
         if sum(needs) > free:
             count = bisect_right(list(accumulate(needs)), free)
-            del seqs[count:]
-        del states[count:]
-        record.scheduled.extend([Scheduled(s.request, "running", 1, s.computed, None) for s in states])
+            del names[count:], states[count:], seqs[count:]
+        # (tuple.__new__ directly, in C: a step makes one of these per running request)
+        rows = zip(names, repeat("running"), repeat(1), [s.computed for s in states], repeat(None))
+        record.scheduled.extend(map(tuple.__new__, repeat(Scheduled), rows))
         for state in states:
             state.computed += 1
         self._compute(seqs, [s.tokens[-1] for s in states])
