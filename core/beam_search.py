@@ -20,10 +20,13 @@ The synthetic token model has no logits: its beam requests keep the shape of bea
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
 from pagesim.core import events as ev
 from pagesim.core.registry import SequenceRegistry
+
+if TYPE_CHECKING:
+    import torch  # (imported on first use, as in kernels/reference.py: the app's window should not wait for it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +52,8 @@ class Candidate:
 def candidates(logits: dict[str, torch.Tensor], scores: dict[str, float], parents: list[str], width: int):
     """The ``2 × width`` best (parent, token) pairs by cumulative log-probability; ties go
     to the earlier parent, then the smaller token id (the order is reproducible)."""
+    import torch
+
     found: list[Candidate] = []
     for parent in parents:
         logprobs = torch.log_softmax(logits[parent].to(torch.float64), -1)

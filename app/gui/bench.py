@@ -8,6 +8,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from pagesim.app.benchmarks import machine_info, write_results
@@ -66,6 +67,40 @@ def first_frame_seconds() -> float:
         )
     line = next(line for line in out.stdout.splitlines() if line.startswith("first-frame "))
     return float(line.split()[1]) - started
+
+
+def launch_seconds(timeout_s: float = 120.0) -> dict[str, float]:
+    """``make app`` as a user starts it (no screenshot, a fresh settings folder): seconds from
+    the process's start to the window's first paint (a real model not yet loaded: its
+    progress bar) and to the default scenario's first frame (the model loaded on its thread)."""
+    with tempfile.TemporaryDirectory() as folder:
+        env = {
+            **os.environ,
+            "PAGESIM_REPORT_FIRST_FRAME": "1",
+            "QT_QPA_PLATFORM": "offscreen",
+            "XDG_CONFIG_HOME": folder,  # (the user's own settings and welcome left alone)
+        }
+        started = time.time()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pagesim.app.cli", "gui"], stdout=subprocess.PIPE, text=True, env=env
+        )
+        timer = threading.Timer(timeout_s, process.kill)
+        timer.start()
+        seen: dict[str, float] = {}
+        try:
+            for line in process.stdout:
+                name, _, stamp = line.partition(" ")
+                if name in ("first-paint", "first-frame"):
+                    seen[name] = float(stamp) - started
+                if len(seen) == 2:
+                    break
+        finally:
+            timer.cancel()
+            process.kill()
+            process.wait()
+    if len(seen) < 2:
+        raise RuntimeError(f"pagesim gui reported {sorted(seen) or 'nothing'} within {timeout_s:.0f} s")
+    return {"window_s": seen["first-paint"], "tour_frame_s": seen["first-frame"]}
 
 
 def time_steps(app, window, scenario, num_seqs: int, steps: int, during=None) -> tuple[list[float], object]:
@@ -233,7 +268,12 @@ def main(args: argparse.Namespace) -> int:
         + f" (medians; target ≤ {TARGET_TRACE_MS:.0f} ms)"
     )
     first = first_frame_seconds()
-    print(f"gui: first frame {first:.2f} s after launch (target ≤ {TARGET_FIRST_FRAME_S:.0f})")
+    print(f"gui: first frame {first:.2f} s after launch, the model loaded first (target ≤ {TARGET_FIRST_FRAME_S:.0f})")
+    launch = launch_seconds()
+    print(
+        f"gui: as make app starts it, the window painted {launch['window_s']:.2f} s after launch (target ≤ "
+        f"{TARGET_FIRST_FRAME_S:.0f}), the tour's first frame {launch['tour_frame_s']:.2f} s"
+    )
     report = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": machine,  # the CPU model and flags: verdicts are per CPU family
@@ -241,6 +281,8 @@ def main(args: argparse.Namespace) -> int:
         "steps": rows,
         "real_model": real,
         "first_frame_s": first,
+        "launch": launch,  # without a screenshot: the window first, the model on its thread
+        "meets_window_target": launch["window_s"] <= TARGET_FIRST_FRAME_S,
         "walkthrough_trace_ms": trace_ms,
         "meets_trace_target": max(trace_ms.values()) <= TARGET_TRACE_MS,
         "meets_first_frame_target": first <= TARGET_FIRST_FRAME_S,

@@ -102,6 +102,9 @@ def main(args: argparse.Namespace) -> int:
         width, height = args.size
         window.resize(width, height)
     window.show()
+    if os.environ.get("PAGESIM_REPORT_FIRST_FRAME"):
+        window.repaint()  # its first paint, before any scenario's frame (a real model may be loading)
+        print(f"first-paint {time.time():.6f}", flush=True)
     if args.panel:
         window.studies.show_panel(args.panel)
     if deferred:

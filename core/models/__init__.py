@@ -12,8 +12,20 @@ from pagesim.core.models.gguf_loader import (
     cache_root,
     load_gguf,
 )
-from pagesim.core.models.llama import DenseKVCache, DenseLlamaEngine, Generation, Llama
 from pagesim.core.models.tokenizer import GGUFTokenizer, TokenizerError
+
+# The model itself is torch: imported on first use (PEP 562), so that importing the package
+# for its loader or its thread settings (the app's window does) does not wait for torch.
+_TORCH_NAMES = ("DenseKVCache", "DenseLlamaEngine", "Generation", "Llama")
+
+
+def __getattr__(name: str):
+    if name in _TORCH_NAMES:
+        from pagesim.core.models import llama
+
+        return getattr(llama, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DenseKVCache",

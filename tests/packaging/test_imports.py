@@ -64,3 +64,11 @@ def test_the_occupancy_model_does_not_load_the_teaching_trace():
     code = "import sys, pagesim.kernels.occupancy; print('pagesim.kernels.trace' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_app_opens_its_window_without_waiting_for_torch():
+    """torch takes over a second to import: the command line and the app's window load
+    without it (a real model, attention and sampling import it when they first run)."""
+    code = "import sys, pagesim.app.cli, pagesim.app.gui.main; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
