@@ -316,7 +316,7 @@ class SchedulerV1:
         finished = [
             state
             for state, token in zip(done, tokens, strict=True)
-            if len(state.tokens) - state.prompt_len >= state.max_tokens
+            if state.num_outputs >= state.max_tokens
             or (token == eos and (state.sampling is None or state.sampling.stop_at_eos))
         ]  # (a real model's end-of-sequence token stops a request unless told not to)
         for state in finished:
