@@ -17,6 +17,7 @@ from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field, replace
 from itertools import accumulate, repeat
+from operator import sub
 from typing import NamedTuple
 
 from pagesim.core import events as ev
@@ -49,6 +50,10 @@ class RequestV1:
     prefix_hits: list[int] = field(default_factory=list)  # hit tokens at each admission
     output: tuple[int, ...] | None = None  # prescribed samples (a replayed trace); None: the model's
     sampling: SamplingParams | None = None  # how a real model draws its tokens (child i: index i)
+    stop_len: int = field(init=False)  # its length once it has sampled max_tokens
+
+    def __post_init__(self) -> None:
+        self.stop_len = self.prompt_len + self.max_tokens
 
     @property
     def num_outputs(self) -> int:
@@ -60,6 +65,20 @@ class RequestV1:
 
     def copy(self) -> RequestV1:
         return replace(self, tokens=list(self.tokens), prefix_hits=list(self.prefix_hits))
+
+
+class Computed(NamedTuple):
+    """The requests a step computes up to their last token, in order: each samples a token.
+    Their names and lengths ride along, as the step has them (the model asks for both)."""
+
+    states: list[RequestV1]
+    names: list[str]
+    lengths: list[int]
+
+    def add(self, state: RequestV1) -> None:
+        self.states.append(state)
+        self.names.append(state.request)
+        self.lengths.append(len(state.tokens))
 
 
 class Scheduled(NamedTuple):  # (a tuple: a step makes one per running request)
@@ -127,6 +146,7 @@ class SchedulerV1:
         self.prompts = PromptSource(model)
         self.record_tables = False  # keep each step's block tables in last_step (a trace)
         self.last_step: StepV1 | None = None
+        self.replaying = False  # some request samples prescribed tokens (a replayed trace)
 
     # -- operations ---------------------------------------------------------------------
     def execute(self, op) -> None:
@@ -142,8 +162,8 @@ class SchedulerV1:
         else:
             raise InvalidOperationError(f"not a scheduler operation: {op!r}")
 
-    def submit(self, op: Submit, output: tuple[int, ...] | None = None) -> None:
-        """Queue ``op`` (its n samples as n requests); ``output``: the tokens it will sample."""
+    def submit(self, op: Submit) -> None:
+        """Queue ``op`` (its n samples as n requests)."""
         names = [op.request] if op.n == 1 else [f"{op.request}{CHILD_SEPARATOR}s{i}" for i in range(op.n)]
         if op.request in self.requests or any(name in self.requests for name in names):
             raise DuplicateSequenceError(op.request, "a request of that name was submitted already")
@@ -152,13 +172,18 @@ class SchedulerV1:
         self.events.add(ev.RequestSubmitted, op.request, len(prompt) or op.length, op.output_len, op.n)
         for index, name in enumerate(names):
             sampling = None if op.sampling is None else op.sampling.for_index(index)
-            state = RequestV1(name, len(self.requests), len(prompt), op.output_len, list(prompt), output=output)
+            state = RequestV1(name, len(self.requests), len(prompt), op.output_len, list(prompt))
             state.sampling = sampling
             self.requests[name] = state
             if refusal:
                 self._reject(state, refusal)
             else:
                 self.waiting.append(name)
+
+    def prescribe(self, request: str, output: tuple[int, ...]) -> None:
+        """The tokens ``request`` will sample instead of the model's (a replayed trace)."""
+        self.requests[request].output = output
+        self.replaying = True
 
     def reserving(self, seq_id: str) -> str | None:
         """The waiting request that will run a sequence named ``seq_id`` when admitted, if any."""
@@ -193,7 +218,7 @@ class SchedulerV1:
         self.last_step = record
         blocks, registry = self.blocks, self.registry
         # 1. The running requests, in order, each as far as its tokens and the budget go.
-        states, budget = self._schedule_running(record)
+        done, budget = self._schedule_running(record)
         # 2. Waiting requests, first come first served, unless this step preempted.
         while not record.preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             state = self.requests[self.waiting[0]]
@@ -208,7 +233,8 @@ class SchedulerV1:
             hit_tokens = len(hits) * self.config.block_size
             kind = "resumed" if state.preemptions else "new"
             record.scheduled.append(Scheduled(state.request, kind, held - hit_tokens, hit_tokens, hit_tokens))
-            states.append(state)
+            if held == len(state.tokens):
+                done.add(state)
             registry.add(state.request, state.tokens[:held], owner=state.request, vocab_checked=True, hits=hits)
             state.computed, state.status = held, RUNNING
             state.prefix_hits.append(hit_tokens)
@@ -219,54 +245,59 @@ class SchedulerV1:
         if self.record_tables:
             record.block_tables = {r: list(registry.sequence(r).block_table) for r in self.running}
         # 3. The model's answer: a token for each request now computed up to its end.
-        self._sample(record, states)
+        self._sample(record, done)
         record.free_after_update = blocks.num_free
         return record
 
-    def _schedule_running(self, record: StepV1) -> tuple[list[RequestV1], int]:
+    def _schedule_running(self, record: StepV1) -> tuple[Computed, int]:
         """The running requests in order, each as far as its tokens and the budget go: runs
         of decoding requests that the pool covers, at once, and between them, one at a time,
-        a prompt's next chunk or a request the pool does not cover. Returns the scheduled
-        requests and the budget left."""
-        scheduled: list[RequestV1] = []
+        a prompt's next chunk or a request the pool does not cover. Returns the requests now
+        computed up to their last token (in order) and the budget left."""
+        done = Computed([], [], [])
         budget, index = self.config.max_num_batched_tokens, 0
         while index < len(self.running) and budget > 0:
-            count = self._decode_run(record, scheduled, index, budget)
+            count = self._decode_run(record, done, index, budget)
             index, budget = index + count, budget - count
             if index < len(self.running) and budget > 0:
-                tokens = self._schedule_one(record, scheduled, index, budget)
+                tokens = self._schedule_one(record, done, index, budget)
                 if tokens is None:
                     break  # it preempted itself
                 index, budget = index + 1, budget - tokens
-        return scheduled, budget
+        return done, budget
 
-    def _decode_run(self, record: StepV1, scheduled: list[RequestV1], start: int, budget: int) -> int:
+    def _decode_run(self, record: StepV1, done: Computed, start: int, budget: int) -> int:
         """The longest run of running requests from ``start`` that each decode one token and
         that the budget and the free pool cover, at once (in the common step, all of them).
         None of them can be preempted this step: a victim is always the newest running
         request, behind them. Returns how many."""
         names = self.running[start : start + budget]
         states = [self.requests[name] for name in names]
-        pending = [len(s.tokens) - s.computed for s in states]  # at least 1 each
+        computed = [s.computed for s in states]
+        ends = [len(s.tokens) for s in states]  # what each holds once computed
         count = len(states)
-        if count and max(pending) > 1:
+        pending = list(map(sub, ends, computed))  # at least 1 each
+        if pending.count(1) < count:
             count = next(i for i, p in enumerate(pending) if p > 1)  # a prompt's next chunk
-        del names[count:], states[count:]
+            del names[count:], states[count:], computed[count:], ends[count:]
         seqs = self.registry.sequences_of(names)
-        needs, free = self.blocks.decode_needs(seqs), self.blocks.num_free
-        if sum(needs) > free:
-            count = bisect_right(list(accumulate(needs)), free)
-            del names[count:], states[count:], seqs[count:]
+        if not self.blocks.decode_fits(seqs):  # (each takes at most one block: mostly, no count is needed)
+            needs, free = self.blocks.decode_needs(seqs), self.blocks.num_free
+            if sum(needs) > free:
+                count = bisect_right(list(accumulate(needs)), free)
+                del names[count:], states[count:], seqs[count:], computed[count:], ends[count:]
         # (tuple.__new__ directly, in C: a step makes one of these per running request)
-        rows = zip(names, repeat("running"), repeat(1), [s.computed for s in states], repeat(None))
+        rows = zip(names, repeat("running"), repeat(1), computed, repeat(None))
         record.scheduled.extend(map(tuple.__new__, repeat(Scheduled), rows))
-        for state in states:
-            state.computed += 1
+        for state, end in zip(states, ends, strict=True):
+            state.computed = end
         self._compute(seqs, [s.tokens[-1] for s in states])
-        scheduled.extend(states)
+        done.states.extend(states)
+        done.names.extend(names)
+        done.lengths.extend(ends)
         return count
 
-    def _schedule_one(self, record: StepV1, scheduled: list[RequestV1], index: int, budget: int) -> int | None:
+    def _schedule_one(self, record: StepV1, done: Computed, index: int, budget: int) -> int | None:
         """The running request at ``index``: a prompt's next chunk, or a token the pool does
         not cover until the newest running requests are preempted (maybe this one). Returns
         the tokens scheduled, or None when it was preempted itself."""
@@ -281,9 +312,10 @@ class SchedulerV1:
             if victim == name:
                 return None
         record.scheduled.append(Scheduled(name, "running", tokens, state.computed, None))
-        scheduled.append(state)
         self._compute([seq], [state.tokens[state.computed : state.computed + tokens]])
         state.computed += tokens
+        if state.computed == len(state.tokens):
+            done.add(state)
         return tokens
 
     def _compute(self, seqs: list, token_ids: list) -> None:
@@ -298,27 +330,31 @@ class SchedulerV1:
         else:
             self.registry.append(seqs, token_ids)
 
-    def _sample(self, record: StepV1, scheduled: list[RequestV1]) -> None:
-        done = [state for state in scheduled if state.computed == len(state.tokens)]
-        drawn = [state for state in done if state.output is None]
-        ids, positions = [s.request for s in drawn], [len(s.tokens) for s in drawn]
+    def _sample(self, record: StepV1, done: Computed) -> None:
+        """A token for each request ``done`` lists; those that reach ``max_tokens`` or (a real
+        model) sample end-of-sequence finish."""
+        states, ids, positions = done
+        if self.replaying:  # a replayed trace prescribes its tokens: the model draws the others'
+            drawn = [s for s in states if s.output is None]
+            ids, positions = [s.request for s in drawn], [len(s.tokens) for s in drawn]
         if self.model.samples_from_logits:
-            tokens = list(self.model.next_token_ids(ids, positions, [s.sampling for s in drawn]))
+            sampling = [self.requests[name].sampling for name in ids]
+            tokens = list(self.model.next_token_ids(ids, positions, sampling))
             eos = self.model.eos_id
         else:
             tokens, eos = list(self.model.next_token_ids(ids, positions)), None
-        if len(drawn) < len(done):  # a replayed trace prescribes its tokens
+        if self.replaying:
             model_tokens = iter(tokens)
-            tokens = [next(model_tokens) if s.output is None else s.output[s.num_outputs] for s in done]
-        for state, token in zip(done, tokens, strict=True):
-            state.tokens.append(token)
-        record.sampled.update(zip([s.request for s in done], tokens, strict=True))
-        finished = [
-            state
-            for state, token in zip(done, tokens, strict=True)
-            if state.num_outputs >= state.max_tokens
-            or (token == eos and (state.sampling is None or state.sampling.stop_at_eos))
-        ]  # (a real model's end-of-sequence token stops a request unless told not to)
+            tokens = [next(model_tokens) if s.output is None else s.output[s.num_outputs] for s in states]
+        record.sampled.update(zip(done.names, tokens, strict=True))
+        finished = []
+        for state, token in zip(states, tokens, strict=True):
+            held = state.tokens
+            held.append(token)
+            if len(held) >= state.stop_len or (
+                token == eos and (state.sampling is None or state.sampling.stop_at_eos)
+            ):  # (a real model's end-of-sequence token stops a request unless told not to)
+                finished.append(state)
         for state in finished:
             self._finish(state, record)
 

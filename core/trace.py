@@ -168,7 +168,7 @@ def run_workload(workload: Workload) -> list[dict]:
         arrivals = arriving.get(step, [])
         for request in arrivals:
             sim.apply(Submit(request.id, request.max_new_tokens, prompt=request.prompt), attend=False)
-            scheduler.requests[request.id].output = request.output
+            scheduler.prescribe(request.id, request.output)
         left -= len(arrivals)
         result = sim.apply(Schedule(1), attend=False)
         done = scheduler.last_step

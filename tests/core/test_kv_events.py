@@ -83,7 +83,7 @@ def v1_batches(name: str = "workload-1") -> list[kv.KVEventBatch]:
     for step in range(2000):
         for request in arriving.get(step, []):
             sim.apply(Submit(request.id, request.max_new_tokens, prompt=request.prompt), attend=False)
-            sim.scheduler.requests[request.id].output = request.output
+            sim.scheduler.prescribe(request.id, request.output)
         events = converter.convert(sim.apply(Schedule(1), attend=False).op_events)
         if events:
             batches.append(kv.make_batch(events, ts=1000.0 + step, rank=0))
