@@ -27,8 +27,10 @@ KIND_BFLOAT16 = STORAGE_KINDS["bfloat16"]
 _KINDS = STORAGE_KINDS
 
 # Reassociation lets LLVM vectorise the dot products; no nnan/ninf, since the
-# running max starts at -inf.
-_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
+# running max starts at -inf. No nsz either: with it beside reassoc, Numba (0.68) ran a
+# parallel kernel it had just compiled with other code than the same kernel loaded from its
+# on-disk cache, so a checkout's first run computed other last bits than every later run.
+_FASTMATH = {"reassoc", "contract", "arcp"}
 
 
 @intrinsic

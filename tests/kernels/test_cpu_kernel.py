@@ -1,4 +1,7 @@
 import itertools
+import os
+import subprocess
+import sys
 
 import numba
 import numpy as np
@@ -228,3 +231,31 @@ def test_bad_kernel_inputs_are_refused_before_launch(cpu_backend, mutate, messag
     mutate(args)
     with pytest.raises(KernelInputError, match=message):
         cpu_backend.paged_attention(*args, 0.3)
+
+
+FIRST_RUN_PROBE = """
+import hashlib, sys
+import numpy as np
+from pagesim.kernels.cpu_backend import CpuBackend
+rng = np.random.default_rng(7)
+key, value = (rng.standard_normal((24, 16, 2, 64)).astype(np.float32) for _ in range(2))
+query = rng.standard_normal((3, 4, 64)).astype(np.float32)
+tables = rng.permutation(24).astype(np.int32).reshape(3, 8)
+out = CpuBackend().paged_attention(query, key, value, tables, np.array([128, 77, 5], np.int32), 0.125)
+print(hashlib.sha256(np.asarray(out).tobytes()).hexdigest())
+"""
+
+
+def test_the_kernel_computes_the_same_bits_when_compiled_and_when_loaded_from_its_cache(tmp_path):
+    """The first run of a checkout compiles the kernel, later runs load it from Numba's on-disk
+    cache: both must compute the same bits (the fp32 head-size-64 kernel, a real model's)."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+
+    def run() -> str:
+        done = subprocess.run([sys.executable, "-c", FIRST_RUN_PROBE], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    compiled = run()
+    assert any(tmp_path.rglob("*.nbc"))  # it was cached ...
+    assert run() == compiled  # ... and the cached code computes what the compiled code did
