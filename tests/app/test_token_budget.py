@@ -50,6 +50,9 @@ def test_a_v1_step_shows_decodes_and_a_prefill_chunk_against_the_budget(qtbot, s
         assert chips["r3"][1] == "running" and chips["r3"][0].width() > chips["r1"][0].width()
         assert "prefilling: 62 of its 150 tokens" in lanes.chip_tooltip("r3", "running")
         assert lanes.chip_tooltip("r1", "running") == "r1: running: prefill or decode, on the GPU"
+        # v1 never swaps: its swapped lane and the CPU pool's caption say so, in v0's words nowhere.
+        assert lanes.lane_titles()["swapped"] == "swapped: none, v1 recomputes instead"
+        assert lanes.pool_caption().startswith("No CPU swap pool: vLLM v1 preempts by recompute")
 
         window.controller.seek(8)  # r3's last chunk and r4's admission leave 20 tokens unused
         qtbot.waitUntil(lambda: window.frame.position == 8 and window.controller.pending == 0, timeout=20_000)

@@ -16,6 +16,8 @@ LANES = (
     ("finished", "finished"),
 )
 V1_RUNNING = "running: prefill or decode, on the GPU"  # v1 runs a prompt's chunks from the running queue
+V1_SWAPPED = "swapped: none, v1 recomputes instead"  # vLLM v1 never swaps a request out
+V1_POOL = "No CPU swap pool: vLLM v1 preempts by recompute (the request waits again; its K/V is computed anew)"
 LANE_H, CHIP_W, TILE = 24, 58, 16
 POOL_CAPTION_TOP = 6 + len(LANES) * LANE_H + 8  # the CPU pool's caption, below the lanes
 TILES_TOP = POOL_CAPTION_TOP + 20  # and its tiles below that
@@ -91,9 +93,7 @@ class SchedulerView(QWidget):
             return
         label_w = max(painter.fontMetrics().horizontalAdvance(title) for _, title in LANES) + 14
         y = 6
-        for key, title in LANES:
-            if key == "running" and frame.config.scheduler == "v1":
-                title = V1_RUNNING
+        for key, title in self.lane_titles().items():
             painter.setPen(QColor(theme.muted))
             painter.drawText(QRect(6, y, label_w, LANE_H), Qt.AlignmentFlag.AlignVCenter, title)
             x = 6 + label_w
@@ -129,13 +129,7 @@ class SchedulerView(QWidget):
         y = POOL_CAPTION_TOP
         holders = dict(frame.cpu_holders)
         painter.setPen(QColor(theme.muted))
-        used = len(holders)
-        painter.drawText(
-            QRect(6, y, self.width() - 12, 18),
-            Qt.AlignmentFlag.AlignVCenter,
-            f"CPU swap pool · {frame.num_cpu_blocks} blocks · {used} hold swapped-out K/V"
-            + ("" if frame.num_cpu_blocks else " (none configured: preemption recomputes)"),
-        )
+        painter.drawText(QRect(6, y, self.width() - 12, 18), Qt.AlignmentFlag.AlignVCenter, self.pool_caption())
         for block in range(frame.num_cpu_blocks):
             tile = self.cpu_tile_rect(block)
             seqs = holders.get(block, ())
@@ -145,6 +139,25 @@ class SchedulerView(QWidget):
             painter.setBrush(fill)
             painter.drawRoundedRect(tile, 3, 3)
         painter.end()
+
+    def lane_titles(self) -> dict[str, str]:
+        """Each lane's title, in the words of the frame's scheduler (v1 runs prompt chunks from
+        the running queue and never swaps)."""
+        titles = dict(LANES)
+        if self.frame is not None and self.frame.config.scheduler == "v1":
+            titles |= {"running": V1_RUNNING, "swapped": V1_SWAPPED}
+        return titles
+
+    def pool_caption(self) -> str:
+        frame = self.frame
+        if frame is None:
+            return ""
+        if frame.config.scheduler == "v1":
+            return V1_POOL
+        used = len(dict(frame.cpu_holders))
+        return f"CPU swap pool · {frame.num_cpu_blocks} blocks · {used} hold swapped-out K/V" + (
+            "" if frame.num_cpu_blocks else " (none configured: preemption recomputes)"
+        )
 
     def _pale_rest(self, painter: QPainter, chip: QRectF, done: float) -> None:
         rounded = QPainterPath()
@@ -163,8 +176,7 @@ class SchedulerView(QWidget):
                 f"{request}: running, prefilling: {computed} of its {total} tokens to compute are in the cache; "
                 "the rest in the next steps' token budgets (chunked prefill)"
             )
-        v1 = self.frame is not None and self.frame.config.scheduler == "v1"
-        text = f"{request}: " + (V1_RUNNING if v1 and lane == "running" else dict(LANES)[lane])
+        text = f"{request}: " + self.lane_titles()[lane]
         frame = self.frame
         work = frame.step_work if frame is not None and lane == "running" and frame.token_budget is None else None
         phase = work.request_phase(request) if work is not None else None
