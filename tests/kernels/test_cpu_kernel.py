@@ -234,7 +234,7 @@ def test_bad_kernel_inputs_are_refused_before_launch(cpu_backend, mutate, messag
 
 
 FIRST_RUN_PROBE = """
-import hashlib, sys
+import hashlib
 import numpy as np
 from pagesim.kernels.cpu_backend import CpuBackend
 rng = np.random.default_rng(7)
