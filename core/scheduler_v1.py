@@ -334,12 +334,12 @@ class SchedulerV1:
         """A token for each request ``done`` lists; those that reach ``max_tokens`` or (a real
         model) sample end-of-sequence finish."""
         states, ids, positions = done
+        drawn = states
         if self.replaying:  # a replayed trace prescribes its tokens: the model draws the others'
             drawn = [s for s in states if s.output is None]
             ids, positions = [s.request for s in drawn], [len(s.tokens) for s in drawn]
         if self.model.samples_from_logits:
-            sampling = [self.requests[name].sampling for name in ids]
-            tokens = list(self.model.next_token_ids(ids, positions, sampling))
+            tokens = list(self.model.next_token_ids(ids, positions, [s.sampling for s in drawn]))
             eos = self.model.eos_id
         else:
             tokens, eos = list(self.model.next_token_ids(ids, positions)), None
