@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pagesim.kernels import cuda_backend
 from pagesim.kernels.backend import Backend, BackendUnavailableError
-from pagesim.kernels.cpu_backend import CpuBackend
 
 
 def available_backends() -> dict[str, str]:
@@ -18,6 +17,9 @@ def available_backends() -> dict[str, str]:
 def select_backend(name: str = "auto", cuda_variant: str = "auto") -> Backend:
     """``auto`` picks CUDA when CuPy sees a device, else the compiled CPU kernel.
     ``cuda_variant`` forces the CUDA kernel (v1, v2) instead of vLLM's selection rule."""
+    # (imported here: Numba takes a third of a second to load, and a window paints first)
+    from pagesim.kernels.cpu_backend import CpuBackend
+
     if name == "cpu":
         return CpuBackend()
     if name in ("cuda", "auto"):

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
-from pagesim.kernels.cpu_backend import work_split
 from pagesim.kernels.cuda_build import PARTITION_SIZE
 from pagesim.kernels.geometry import NUM_WARPS, WARP, CudaGeometry
 
@@ -108,6 +107,8 @@ def trace_cpu(query, key_cache, value_cache, block_tables, context_lens, row: in
     """The CPU kernel's walk: its work split (:func:`kernels.cpu_backend.work_split`), tile
     by tile of whole blocks with one rescale per tile, partition by partition, and for a
     split sequence the partitions reduced as v2's are."""
+    from pagesim.kernels.cpu_backend import work_split  # (Numba loads when a trace is asked for)
+
     kv_head, n, bs, blocks, values, scores = _inputs(
         query, key_cache, value_cache, block_tables, context_lens, row, head, scale
     )
