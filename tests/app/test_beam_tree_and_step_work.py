@@ -129,3 +129,48 @@ def test_the_beam_tree_follows_the_real_search_and_survives_a_step_back(qtbot, s
     assert again.beam_trees == (tree,)
     assert canvas.tooltip_at(QPointF(-5, -5)).startswith("Beam search as a tree")
     window.close()
+
+
+DECODES = """
+name = "decodes, then a long grow"
+num_blocks = 64
+block_size = 4
+num_heads = 1
+head_dim = 8
+[[steps]]
+op = "add"
+seq = "A"
+tokens = 9
+[[steps]]
+op = "grow"
+seq = "A"
+[[steps]]
+op = "grow"
+seq = "A"
+[[steps]]
+op = "grow"
+seq = "A"
+[[steps]]
+op = "grow"
+seq = "A"
+tokens = 120
+"""
+
+
+def test_a_decode_step_does_not_remeasure_the_rows_unless_a_cell_outgrows_its_column(qtbot, settings, monkeypatch):
+    """Measuring a column walks every row (256 rows: milliseconds a step): a step whose
+    Tokens cell fits the column as sized leaves it alone; one that does not widens it."""
+    window = open_window(qtbot, settings, parse_scenario(DECODES))
+    rows = window.sequence_view
+    seek(qtbot, window, 2)
+    measured = []
+    real_resize = rows.resizeColumnToContents
+    monkeypatch.setattr(rows, "resizeColumnToContents", lambda column: (measured.append(column), real_resize(column)))
+    for step in (3, 4):  # "11  +1 decode", "12  +1 decode": as wide as the one the column was sized for
+        seek(qtbot, window, step)
+        assert "+1 decode" in rows._rows["A"].text(1)
+    assert measured == []
+    seek(qtbot, window, 5)  # "132  +120 prefill": wider
+    assert rows._rows["A"].text(1) == "132  +120 prefill" and 1 in measured
+    assert rows.columnWidth(1) >= rows.sizeHintForColumn(1)  # the new text is not cut off
+    window.close()

@@ -115,6 +115,7 @@ class SequenceView(QTreeWidget):
         self.itemSelectionChanged.connect(self._selection_changed)
         self._rows: dict[str, QTreeWidgetItem] = {}
         self._phased: set[str] = set()  # rows whose Tokens cell says what the step computed
+        self._tokens_margin: int | None = None
         self.headerItem().setToolTip(
             1,
             "Tokens it holds; then what this step computed for it: +N prefill (a prompt, or several tokens in "
@@ -228,9 +229,17 @@ class SequenceView(QTreeWidget):
                 item.setText(1, text)
                 item.setToolTip(1, f"This step: {done.describe()}" if done is not None else "Tokens it holds")
             self._repaint_if_shown(item)
-            widened |= self.fontMetrics().horizontalAdvance(text) + 16 > self.columnWidth(1)
+            widened |= self.fontMetrics().horizontalAdvance(text) + self._cell_margin(item) > self.columnWidth(1)
         self._phased = set(work)
         return widened
+
+    def _cell_margin(self, item: QTreeWidgetItem) -> int:
+        """The Tokens cell's width beyond its text's, as the style sizes it (measured once: a
+        guessed margin wider than the style's re-measured every row at every step)."""
+        if self._tokens_margin is None:
+            text_width = self.fontMetrics().horizontalAdvance(item.text(1))
+            self._tokens_margin = self.sizeHintForIndex(self.indexFromItem(item, 1)).width() - text_width
+        return self._tokens_margin
 
     def _repaint_if_shown(self, item: QTreeWidgetItem) -> None:
         """Repaint a row if it is on screen. Finding a row's rectangle walks the rows above it
