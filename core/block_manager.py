@@ -240,20 +240,32 @@ class BlockManager:
         if self.events.enabled:
             self.events.emit(ev.BlockAllocated(block, seq.seq_id, index))
 
-    def _release(self, block: int, seq_id: str) -> None:
-        ref_count = self.pool.release(block)
-        holders = self._holders[block]
-        del holders[seq_id]
-        if not holders:
-            del self._holders[block]
-        if ref_count == 0:
-            self.usage.slots_filled -= self._fill[block]
-            if not self.pool.is_cached(block):  # a cached block keeps its tokens for reuse
-                self._fill[block] = 0
-            self.events.add(ev.BlockFreed, block, seq_id)
-        else:
-            self.usage.ref_changed(ref_count, up=False)
-            self.events.add(ev.BlockReleased, block, seq_id, ref_count)
+    def _release(self, blocks, seq_id: str) -> None:
+        """``seq_id`` lets go of each of ``blocks``, in order (a freed table's, last first)."""
+        release, hash_of, holders_of, fill, usage = (
+            self.pool.release,
+            self.pool._hash_of,
+            self._holders,
+            self._fill,
+            self.usage,
+        )
+        add_event = self.events.add if self.events.enabled else None
+        for block in blocks:
+            ref_count = release(block)
+            holders = holders_of[block]
+            del holders[seq_id]
+            if not holders:
+                del holders_of[block]
+            if ref_count == 0:
+                usage.slots_filled -= fill[block]
+                if block not in hash_of:  # a cached block keeps its tokens for reuse
+                    fill[block] = 0
+                if add_event is not None:
+                    add_event(ev.BlockFreed, block, seq_id)
+            else:
+                usage.ref_changed(ref_count, up=False)
+                if add_event is not None:
+                    add_event(ev.BlockReleased, block, seq_id, ref_count)
 
     # -- allocate: a new sequence's blocks ---------------------------------------------------
     def allocation_need(self, num_tokens: int, hits: list[tuple[int, int]]) -> int:
@@ -301,10 +313,13 @@ class BlockManager:
     def can_append(self, seq: Sequence, num_new: int) -> bool:
         return self.append_need(seq, num_new) <= self.pool.num_free
 
-    def decode_blocks_needed(self, seqs: list[Sequence]) -> int:
-        """Blocks a decode step may take: one at each boundary, one per shared last block (an upper bound)."""
+    def decode_blocks_needed(self, seqs: list[Sequence], lengths: list[int] | None = None) -> int:
+        """Blocks a decode step may take: one at each boundary, one per shared last block (an
+        upper bound). ``lengths``: the sequences' lengths, when the caller has them."""
         bs, refs = self.config.block_size, self.pool._ref_counts
         if not self._partial_shared:  # (a last block off a boundary is partly filled: none is shared)
+            if lengths is not None:
+                return [n % bs for n in lengths].count(0)
             return len([q for q in seqs if len(q.token_ids) % bs == 0])
         return len([q for q in seqs if len(q.token_ids) % bs == 0 or refs[q.block_table[-1]] > 1])
 
@@ -317,10 +332,10 @@ class BlockManager:
             needs = [n + copy for n, copy in zip(needs, copies, strict=True)]
         return needs
 
-    def decode_fits(self, seqs: list[Sequence]) -> bool:
+    def decode_fits(self, seqs: list[Sequence], lengths: list[int] | None = None) -> bool:
         """The free pool covers a decode step of ``seqs`` (each takes at most one block)."""
         free = self.pool.num_free
-        return len(seqs) <= free or self.decode_blocks_needed(seqs) <= free
+        return len(seqs) <= free or self.decode_blocks_needed(seqs, lengths) <= free
 
     def append(
         self,
@@ -432,7 +447,7 @@ class BlockManager:
         self._hold(dst, seq.seq_id, index)
         self.events.add(ev.BlockAllocated, dst, seq.seq_id, index)
         self.events.add(ev.BlockCopied, src, dst, seq.seq_id, index)
-        self._release(src, seq.seq_id)
+        self._release((src,), seq.seq_id)
         return src, dst
 
     # -- fork and free ----------------------------------------------------------------------------
@@ -449,8 +464,7 @@ class BlockManager:
 
     def free(self, seq: Sequence) -> None:
         self.pool.begin_release()
-        for block in reversed(seq.block_table):
-            self._release(block, seq.seq_id)
+        self._release(reversed(seq.block_table), seq.seq_id)
         self.usage.count_tokens(seq.num_tokens, None, self.contiguous_reservation)
 
     # -- swapping -----------------------------------------------------------------------------------

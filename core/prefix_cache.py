@@ -29,13 +29,20 @@ class PrefixCache:
         for index in range(start, stop):
             yield index, array("q", token_ids[index * bs : (index + 1) * bs])
 
-    def match(self, token_ids: list[int]) -> list[tuple[int, int]]:
+    def match(self, token_ids: list[int], known: list[int] | None = None) -> list[tuple[int, int]]:
         """(block, hash) of the cached full blocks this prompt starts with. The block of the
-        last prompt token is never reused: its query must be computed."""
+        last prompt token is never reused: its query must be computed. ``known``: the hashes
+        of these tokens' first blocks found before, taken as they are and extended here."""
         hits: list[tuple[int, int]] = []
         parent = None
-        for _, chunk in self._chunks(token_ids, 0, (len(token_ids) - 1) // self.block_size):
-            h = block_hash(parent, chunk)
+        for index, chunk in self._chunks(token_ids, 0, (len(token_ids) - 1) // self.block_size):
+            if known is None:
+                h = block_hash(parent, chunk)
+            elif index < len(known):
+                h = known[index]
+            else:  # (the blocks are taken in order: index == len(known))
+                h = block_hash(parent, chunk)
+                known.append(h)
             block = self.pool.cached_block(h, chunk)
             if block is None:
                 break
@@ -50,12 +57,19 @@ class PrefixCache:
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Hash ``seq``'s blocks that filled up since its last hash and register them."""
         bs, ids, hashes, table = self.block_size, seq.token_ids, seq.block_hashes, seq.block_table
-        register, events = self.pool.register_held, self.events
+        register, events, known = self.pool.register_held, self.events, seq.known_hashes
         h = hashes[-1] if hashes else None
         for index in range(len(hashes), len(ids) // bs):
             first = index * bs
             raw = ids[first : first + bs]  # (an array slice: a copy the pool keeps)
-            h = block_hash(h, raw)
+            if known is None:
+                h = block_hash(h, raw)
+            elif index < len(known):
+                h = known[index]
+            else:
+                h = block_hash(h, raw)
+                if index == len(known):
+                    known.append(h)
             hashes.append(h)
             if register(table[index], h, raw, first) and events.enabled:
                 events.emit(ev.BlockCached(table[index], seq.seq_id, h))

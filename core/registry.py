@@ -79,12 +79,14 @@ class SequenceRegistry:
         sampling: SamplingParams | None = None,
         prompt_len: int | None = None,
         hits: list[tuple[int, int]] | None = None,
+        known_hashes: list[int] | None = None,
     ) -> None:
         """A new sequence with ``token_ids`` as its prompt: prefix-cache hits, then fresh
         blocks (``placement``: exactly these), then the tokens' K/V. ``sampling``: how a
         real model picks its next tokens; ``prompt_len``: how many of ``token_ids`` are the
         prompt (a preempted sequence comes back with what it had generated; default all);
-        ``hits``: its prefix-cache hits, when the caller has just looked them up."""
+        ``hits``: its prefix-cache hits, when the caller has just looked them up;
+        ``known_hashes``: the hashes of its tokens' blocks found before (extended here)."""
         self.check_new_id(seq_id)
         if not vocab_checked:
             self.runner.model.check_vocab(token_ids, "prompt")
@@ -93,7 +95,7 @@ class SequenceRegistry:
         if not caching:
             hits = []
         elif hits is None:
-            hits = blocks.prefix.match(token_ids)
+            hits = blocks.prefix.match(token_ids, known_hashes)
         if placement is not None:
             placement = blocks.pool.check_placement(placement)
             needed = c.blocks_for(len(token_ids)) - len(hits)
@@ -107,7 +109,7 @@ class SequenceRegistry:
             raise PoolExhaustedError(taken, blocks.num_free, f"add {seq_id} ({len(token_ids)} tokens)")
         # -- validated; apply --
         prompt_len = len(token_ids) if prompt_len is None else prompt_len
-        seq = Sequence(seq_id, owner=owner, sampling=sampling, prompt_len=prompt_len)
+        seq = Sequence(seq_id, owner=owner, sampling=sampling, prompt_len=prompt_len, known_hashes=known_hashes)
         self.sequences[seq_id] = seq
         self.runner.add_sequence(seq_id)
         self.events.add(ev.SequenceAdded, seq_id, len(token_ids))

@@ -50,10 +50,11 @@ class RequestV1:
     prefix_hits: list[int] = field(default_factory=list)  # hit tokens at each admission
     output: tuple[int, ...] | None = None  # prescribed samples (a replayed trace); None: the model's
     sampling: SamplingParams | None = None  # how a real model draws its tokens (child i: index i)
-    stop_len: int = field(init=False)  # its length once it has sampled max_tokens
+    block_hashes: list[int] = field(default_factory=list)  # of its tokens' full blocks, as found
+    last_len: int = field(init=False)  # its length when it samples its last token
 
     def __post_init__(self) -> None:
-        self.stop_len = self.prompt_len + self.max_tokens
+        self.last_len = self.prompt_len + self.max_tokens - 1
 
     @property
     def num_outputs(self) -> int:
@@ -64,7 +65,9 @@ class RequestV1:
         return [self.request] if self.status == RUNNING else []
 
     def copy(self) -> RequestV1:
-        return replace(self, tokens=list(self.tokens), prefix_hits=list(self.prefix_hits))
+        return replace(
+            self, tokens=list(self.tokens), prefix_hits=list(self.prefix_hits), block_hashes=list(self.block_hashes)
+        )
 
 
 class Computed(NamedTuple):
@@ -89,17 +92,54 @@ class Scheduled(NamedTuple):  # (a tuple: a step makes one per running request)
     prefix_hit_tokens: int | None  # admissions only
 
 
-@dataclass
+class DecodeRun(NamedTuple):
+    """Running requests that each decode one token, scheduled at once: their rows of
+    :attr:`StepV1.scheduled`, built when read (a step has one per running request)."""
+
+    names: list[str]
+    computed_before: list[int]
+
+
+@dataclass(eq=False)
 class StepV1:
     """What one step decided: vLLM's ``SchedulerOutput`` and ``update_from_output`` in short."""
 
-    scheduled: list[Scheduled] = field(default_factory=list)  # running ones first, then admissions
+    parts: list[Scheduled | DecodeRun] = field(default_factory=list)  # in order: see ``scheduled``
     preempted: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     sampled: dict[str, int] = field(default_factory=dict)
     free_after_schedule: int = 0
     free_after_update: int = 0
     block_tables: dict[str, list[int]] | None = None  # after scheduling, when ``record_tables``
+
+    @property
+    def scheduled(self) -> list[Scheduled]:
+        """Each request the step computes: running ones first, then admissions."""
+        if any(type(part) is DecodeRun for part in self.parts):
+            rows = []
+            for part in self.parts:
+                if type(part) is DecodeRun:
+                    # (tuple.__new__ directly, in C)
+                    row = zip(part.names, repeat("running"), repeat(1), part.computed_before, repeat(None))
+                    rows.extend(map(tuple.__new__, repeat(Scheduled), row))
+                else:
+                    rows.append(part)
+            self.parts = rows
+        return self.parts
+
+    def _fields(self) -> tuple:
+        return (
+            self.scheduled,
+            self.preempted,
+            self.finished,
+            self.sampled,
+            self.free_after_schedule,
+            self.free_after_update,
+            self.block_tables,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StepV1) and self._fields() == other._fields()
 
 
 @dataclass(frozen=True)
@@ -209,7 +249,7 @@ class SchedulerV1:
     def _first_chunk(self, state: RequestV1, budget: int) -> tuple[list[tuple[int, int]], int]:
         """Its prefix-cache hits (all but the last token may hit) and the tokens it would
         hold after this step's chunk: the hits plus up to ``budget`` tokens to compute."""
-        hits = self.blocks.prefix.match(state.tokens) if self.config.prefix_caching else []
+        hits = self.blocks.prefix.match(state.tokens, state.block_hashes) if self.config.prefix_caching else []
         hit_tokens = len(hits) * self.config.block_size
         return hits, hit_tokens + min(len(state.tokens) - hit_tokens, budget)
 
@@ -232,10 +272,17 @@ class SchedulerV1:
             self.waiting.popleft()
             hit_tokens = len(hits) * self.config.block_size
             kind = "resumed" if state.preemptions else "new"
-            record.scheduled.append(Scheduled(state.request, kind, held - hit_tokens, hit_tokens, hit_tokens))
+            record.parts.append(Scheduled(state.request, kind, held - hit_tokens, hit_tokens, hit_tokens))
             if held == len(state.tokens):
                 done.add(state)
-            registry.add(state.request, state.tokens[:held], owner=state.request, vocab_checked=True, hits=hits)
+            registry.add(
+                state.request,
+                state.tokens[:held],
+                owner=state.request,
+                vocab_checked=True,
+                hits=hits,
+                known_hashes=state.block_hashes,
+            )
             state.computed, state.status = held, RUNNING
             state.prefix_hits.append(hit_tokens)
             self.running.append(state.request)
@@ -281,14 +328,13 @@ class SchedulerV1:
             count = next(i for i, p in enumerate(pending) if p > 1)  # a prompt's next chunk
             del names[count:], states[count:], computed[count:], ends[count:]
         seqs = self.registry.sequences_of(names)
-        if not self.blocks.decode_fits(seqs):  # (each takes at most one block: mostly, no count is needed)
+        # (each takes at most one block: mostly, no count is needed; a sequence holds what is computed)
+        if not self.blocks.decode_fits(seqs, computed):
             needs, free = self.blocks.decode_needs(seqs), self.blocks.num_free
             if sum(needs) > free:
                 count = bisect_right(list(accumulate(needs)), free)
                 del names[count:], states[count:], seqs[count:], computed[count:], ends[count:]
-        # (tuple.__new__ directly, in C: a step makes one of these per running request)
-        rows = zip(names, repeat("running"), repeat(1), computed, repeat(None))
-        record.scheduled.extend(map(tuple.__new__, repeat(Scheduled), rows))
+        record.parts.append(DecodeRun(names, computed))
         for state, end in zip(states, ends, strict=True):
             state.computed = end
         self._compute(seqs, [s.tokens[-1] for s in states])
@@ -311,7 +357,7 @@ class SchedulerV1:
             record.preempted.append(victim)
             if victim == name:
                 return None
-        record.scheduled.append(Scheduled(name, "running", tokens, state.computed, None))
+        record.parts.append(Scheduled(name, "running", tokens, state.computed, None))
         self._compute([seq], [state.tokens[state.computed : state.computed + tokens]])
         state.computed += tokens
         if state.computed == len(state.tokens):
@@ -347,14 +393,17 @@ class SchedulerV1:
             model_tokens = iter(tokens)
             tokens = [next(model_tokens) if s.output is None else s.output[s.num_outputs] for s in states]
         record.sampled.update(zip(done.names, tokens, strict=True))
-        finished = []
-        for state, token in zip(states, tokens, strict=True):
-            held = state.tokens
-            held.append(token)
-            if len(held) >= state.stop_len or (
-                token == eos and (state.sampling is None or state.sampling.stop_at_eos)
-            ):  # (a real model's end-of-sequence token stops a request unless told not to)
-                finished.append(state)
+        # (list.append mapped in C: a step samples a token for nearly every running request)
+        deque(map(list.append, [s.tokens for s in states], tokens), 0)
+        lengths = done.lengths  # each one's length before its new token
+        if eos is None:
+            finished = [s for s, n in zip(states, lengths, strict=True) if n >= s.last_len]
+        else:  # a real model's end-of-sequence token stops a request unless told not to
+            finished = [
+                s
+                for s, n, token in zip(states, lengths, tokens, strict=True)
+                if n >= s.last_len or (token == eos and (s.sampling is None or s.sampling.stop_at_eos))
+            ]
         for state in finished:
             self._finish(state, record)
 

@@ -24,6 +24,10 @@ class Sequence:
     # ignores it) and how many of its tokens are the prompt (what it generated follows).
     sampling: SamplingParams | None = None
     prompt_len: int = 0
+    # Block hashes of these very tokens found before, in order (a v1 request's, kept across
+    # its preemptions as vLLM's Request.block_hashes): taken instead of hashed again, and
+    # extended as blocks fill. Never copied to a fork or a snapshot (their tokens part).
+    known_hashes: list[int] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.token_ids, array):
