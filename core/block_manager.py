@@ -209,8 +209,9 @@ class BlockManager:
             blocks, evicted = [block], [block] if was_cached else evicted
         else:
             blocks = self.pool.allocate(count, evicted)
-        for block in evicted:
-            self.events.add(ev.BlockEvicted, block)
+        if self.events.enabled:  # (a run without events evicts most blocks it takes: no call each)
+            for block in evicted:
+                self.events.emit(ev.BlockEvicted(block))
         for block in blocks:
             self._fill[block] = 0  # an evicted block's old tokens no longer count
         return blocks
@@ -230,8 +231,8 @@ class BlockManager:
         """One block off the free queue becomes ``seq``'s next logical block (once a block of
         tokens): :meth:`_take` and :meth:`_append_blocks` of one block, in one call."""
         block, was_cached = self.pool.allocate_one()
-        if was_cached:
-            self.events.add(ev.BlockEvicted, block)
+        if was_cached and self.events.enabled:
+            self.events.emit(ev.BlockEvicted(block))
         self._fill[block] = 0
         table = seq.block_table
         index = len(table)

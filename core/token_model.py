@@ -60,6 +60,28 @@ def _mix_array_from(z: np.ndarray, *words) -> np.ndarray:
     return z.astype(np.int64)
 
 
+def _mix_positions(states: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
+    """``out[i] = _mix_from(states[i], positions[i]) % VOCAB_SIZE``, compiled (see
+    :func:`_position_mixer`): one splitmix round per token, no temporaries."""
+    for i in range(states.shape[0]):
+        z = states[i] + positions[i] + _GOLDEN
+        z ^= z >> _S30
+        z *= _C1
+        z ^= z >> _S27
+        z *= _C2
+        z ^= z >> _S31
+        out[i] = z % _VOCAB64
+
+
+@functools.cache
+def _position_mixer():
+    """:func:`_mix_positions` compiled on first use (Numba loads with the first step, not
+    with the window): a decode step's ids cost one call instead of a dozen array passes."""
+    import numba
+
+    return numba.njit(cache=True, boundscheck=False)(_mix_positions)
+
+
 def _mix_array(seed: int, crcs: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """``_mix(seed, crc, position) % VOCAB_SIZE`` for arrays."""
     start = np.full(crcs.shape, _GOLDEN, dtype=np.uint64)
@@ -191,7 +213,9 @@ class TokenModel:
             states = self._stream_states(seq_ids)
             self._last_batch = (list(seq_ids), states)
         n = len(seq_ids)
-        return _mix_array_from(states.copy(), np.fromiter(positions, np.uint64, n)).tolist()
+        out = np.empty(n, np.int64)
+        _position_mixer()(states, np.fromiter(positions, np.uint64, n), out)
+        return out.tolist()
 
     def _stream_states(self, seq_ids: list[str]) -> np.ndarray:
         stream_of, n = self._stream_of, len(seq_ids)

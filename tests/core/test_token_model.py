@@ -86,3 +86,24 @@ def test_a_decode_steps_tokens_are_the_ones_each_sequence_holds_at_that_position
         assert model.next_token_ids(names, positions) == expected
     assert model.next_token_ids(["fresh", "a"], [3, 3]) == [model.token_id("fresh", 3), model.token_id("a", 3)]
     assert model.next_token_ids([], []) == []
+
+
+def test_a_decode_steps_ids_are_the_same_splitmix_compiled_as_in_arrays():
+    """The compiled one-round mixer a decode step uses gives, id for id, what the array
+    version (and the scalar one) give, at the edges of uint64 too."""
+    from pagesim.core import token_model as tm
+
+    rng = np.random.default_rng(7)
+    states = np.concatenate(
+        [
+            rng.integers(0, 2**63, 997, dtype=np.int64).view(np.uint64) * np.uint64(3),
+            np.array([0, 2**64 - 1], np.uint64),
+        ]
+    )
+    positions = np.concatenate([rng.integers(0, 10**7, 997), [2**40, 0]]).astype(np.uint64)
+    out = np.empty(len(states), np.int64)
+    tm._position_mixer()(states, positions, out)
+    assert (out == tm._mix_array_from(states.copy(), positions)).all()
+    assert [int(x) for x in out[-2:]] == [
+        tm._mix_from(int(s), int(p)) % tm.VOCAB_SIZE for s, p in zip(states[-2:], positions[-2:], strict=True)
+    ]
