@@ -131,30 +131,14 @@ def test_the_beam_tree_follows_the_real_search_and_survives_a_step_back(qtbot, s
     window.close()
 
 
-DECODES = """
-name = "decodes, then a long grow"
-num_blocks = 64
-block_size = 4
-num_heads = 1
-head_dim = 8
-[[steps]]
-op = "add"
-seq = "A"
-tokens = 9
-[[steps]]
-op = "grow"
-seq = "A"
-[[steps]]
-op = "grow"
-seq = "A"
-[[steps]]
-op = "grow"
-seq = "A"
-[[steps]]
-op = "grow"
-seq = "A"
-tokens = 120
-"""
+ONE_TOKEN = '[[steps]]\nop = "grow"\nseq = "A"\n'
+DECODES = (
+    'name = "decodes, then a long grow"\nnum_blocks = 64\nblock_size = 4\nnum_heads = 1\nhead_dim = 8\n'
+    + '[[steps]]\nop = "add"\nseq = "A"\ntokens = 9\n'
+    + ONE_TOKEN * 3
+    + ONE_TOKEN
+    + "tokens = 120\n"
+)
 
 
 def test_a_decode_step_does_not_remeasure_the_rows_unless_a_cell_outgrows_its_column(qtbot, settings, monkeypatch):
