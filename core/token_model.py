@@ -79,7 +79,8 @@ def _position_mixer():
     with the window): a decode step's ids cost one call instead of a dozen array passes."""
     import numba
 
-    return numba.njit(cache=True, boundscheck=False)(_mix_positions)
+    # Typed up front: int64 positions would mix uint64 with int64, which Numba does in float64.
+    return numba.njit("void(uint64[::1], uint64[::1], int64[::1])", cache=True, boundscheck=False)(_mix_positions)
 
 
 def _mix_array(seed: int, crcs: np.ndarray, positions: np.ndarray) -> np.ndarray:

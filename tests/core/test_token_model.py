@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 from pagesim.core.config import CacheConfig
 from pagesim.core.token_model import TokenModel
 
@@ -107,3 +108,5 @@ def test_a_decode_steps_ids_are_the_same_splitmix_compiled_as_in_arrays():
     assert [int(x) for x in out[-2:]] == [
         tm._mix_from(int(s), int(p)) % tm.VOCAB_SIZE for s, p in zip(states[-2:], positions[-2:], strict=True)
     ]
+    with pytest.raises(TypeError):  # int64 positions would mix types, and Numba would round through float64
+        tm._position_mixer()(states, positions.astype(np.int64), out)
