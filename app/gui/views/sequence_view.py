@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 from pagesim.app.gui.palette import SequenceColours, Theme
 from pagesim.core.view_model import Frame
 from PySide6.QtCore import QPoint, QRect, QRectF, QSignalBlocker, QSize, Qt, Signal
-from PySide6.QtGui import QColor, QIcon, QPainter, QPixmap
+from PySide6.QtGui import QColor, QFontMetricsF, QIcon, QPainter, QPixmap
 from PySide6.QtWidgets import QAbstractItemView, QStyle, QStyledItemDelegate, QTreeWidget, QTreeWidgetItem
 
 TABLE_COLUMN = 3
@@ -229,16 +231,21 @@ class SequenceView(QTreeWidget):
                 item.setText(1, text)
                 item.setToolTip(1, f"This step: {done.describe()}" if done is not None else "Tokens it holds")
             self._repaint_if_shown(item)
-            widened |= self.fontMetrics().horizontalAdvance(text) + self._cell_margin(item) > self.columnWidth(1)
+            widened |= self._text_width(text) + self._cell_margin(item) > self.columnWidth(1)
         self._phased = set(work)
         return widened
+
+    def _text_width(self, text: str) -> int:
+        """A text's width rounded up, as a cell's size hint counts it (a fractional advance
+        rounded to nearest could leave a cell one pixel short, its text cut)."""
+        return math.ceil(QFontMetricsF(self.font()).horizontalAdvance(text))
 
     def _cell_margin(self, item: QTreeWidgetItem) -> int:
         """The Tokens cell's width beyond its text's, as the style sizes it (measured once: a
         guessed margin wider than the style's re-measured every row at every step)."""
         if self._tokens_margin is None:
-            text_width = self.fontMetrics().horizontalAdvance(item.text(1))
-            self._tokens_margin = self.sizeHintForIndex(self.indexFromItem(item, 1)).width() - text_width
+            hint = self.sizeHintForIndex(self.indexFromItem(item, 1)).width()
+            self._tokens_margin = hint - self._text_width(item.text(1))
         return self._tokens_margin
 
     def _repaint_if_shown(self, item: QTreeWidgetItem) -> None:
