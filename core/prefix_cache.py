@@ -15,6 +15,17 @@ from pagesim.core.events import EventLog
 from pagesim.core.sequence import Sequence, block_hash
 
 
+def _hash_once(parent: int | None, token_ids: array, index: int, known: list[int] | None) -> int:
+    """Block ``index``'s chained hash: taken from ``known`` (the hashes of the same tokens'
+    first blocks, found before) when it has it, else computed and, as the next, kept there."""
+    if known is not None and index < len(known):
+        return known[index]
+    h = block_hash(parent, token_ids)
+    if known is not None and index == len(known):
+        known.append(h)
+    return h
+
+
 class PrefixCache:
     def __init__(self, config: CacheConfig, pool: BlockPool, events: EventLog) -> None:
         self.block_size = config.block_size
@@ -36,13 +47,7 @@ class PrefixCache:
         hits: list[tuple[int, int]] = []
         parent = None
         for index, chunk in self._chunks(token_ids, 0, (len(token_ids) - 1) // self.block_size):
-            if known is None:
-                h = block_hash(parent, chunk)
-            elif index < len(known):
-                h = known[index]
-            else:  # (the blocks are taken in order: index == len(known))
-                h = block_hash(parent, chunk)
-                known.append(h)
+            h = _hash_once(parent, chunk, index, known)
             block = self.pool.cached_block(h, chunk)
             if block is None:
                 break
@@ -62,14 +67,7 @@ class PrefixCache:
         for index in range(len(hashes), len(ids) // bs):
             first = index * bs
             raw = ids[first : first + bs]  # (an array slice: a copy the pool keeps)
-            if known is None:
-                h = block_hash(h, raw)
-            elif index < len(known):
-                h = known[index]
-            else:
-                h = block_hash(h, raw)
-                if index == len(known):
-                    known.append(h)
+            h = _hash_once(h, raw, index, known)
             hashes.append(h)
             if register(table[index], h, raw, first) and events.enabled:
                 events.emit(ev.BlockCached(table[index], seq.seq_id, h))

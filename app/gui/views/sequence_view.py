@@ -15,6 +15,12 @@ MAX_LINES = 4  # the selected row's table wraps onto at most this many lines; th
 ENTRY_W, ENTRY_H = 34, 30
 
 
+def _text_width(metrics: QFontMetricsF, text: str) -> int:
+    """A text's width rounded up, as a cell's size hint counts it (a fractional advance
+    rounded to nearest could leave a cell one pixel short, its text cut)."""
+    return math.ceil(metrics.horizontalAdvance(text))
+
+
 class BlockTableDelegate(QStyledItemDelegate):
     """Paints a block table as boxes: logical index on top, physical block id below."""
 
@@ -218,7 +224,7 @@ class SequenceView(QTreeWidget):
         work = {w.seq: w for w in frame.step_work.sequences} if frame.step_work is not None else {}
         phased = self._phased
         counts = {s.seq_id: s.num_tokens for s in frame.sequences} if work or phased else {}
-        widened = False
+        widened, metrics = False, QFontMetricsF(self.font())
         for seq_id in phased | work.keys():
             item = self._rows.get(seq_id)
             if item is None:
@@ -231,21 +237,16 @@ class SequenceView(QTreeWidget):
                 item.setText(1, text)
                 item.setToolTip(1, f"This step: {done.describe()}" if done is not None else "Tokens it holds")
             self._repaint_if_shown(item)
-            widened |= self._text_width(text) + self._cell_margin(item) > self.columnWidth(1)
+            widened |= _text_width(metrics, text) + self._cell_margin(item, metrics) > self.columnWidth(1)
         self._phased = set(work)
         return widened
 
-    def _text_width(self, text: str) -> int:
-        """A text's width rounded up, as a cell's size hint counts it (a fractional advance
-        rounded to nearest could leave a cell one pixel short, its text cut)."""
-        return math.ceil(QFontMetricsF(self.font()).horizontalAdvance(text))
-
-    def _cell_margin(self, item: QTreeWidgetItem) -> int:
+    def _cell_margin(self, item: QTreeWidgetItem, metrics: QFontMetricsF) -> int:
         """The Tokens cell's width beyond its text's, as the style sizes it (measured once: a
         guessed margin wider than the style's re-measured every row at every step)."""
         if self._tokens_margin is None:
             hint = self.sizeHintForIndex(self.indexFromItem(item, 1)).width()
-            self._tokens_margin = hint - self._text_width(item.text(1))
+            self._tokens_margin = hint - _text_width(metrics, item.text(1))
         return self._tokens_margin
 
     def _repaint_if_shown(self, item: QTreeWidgetItem) -> None:
