@@ -14,8 +14,10 @@ write) and the block mappings of a swap, and the engine applies those to the KV 
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
+from itertools import accumulate
 
 from pagesim.core import events as ev
 from pagesim.core.blocks import BlockPool, PoolSnapshot
@@ -338,6 +340,26 @@ class BlockManager:
         free = self.pool.num_free
         return len(seqs) <= free or self.decode_blocks_needed(seqs, lengths) <= free
 
+    def decode_covered(self, seqs: list[Sequence], lengths: list[int]) -> int:
+        """How many of ``seqs``, from the first, the free pool covers a decode step of
+        (``lengths``: theirs). A sequence off a block boundary takes no block unless its
+        shared last block must be copied, so mostly only the boundaries are looked at."""
+        free = self.pool.num_free
+        if len(seqs) <= free:
+            return len(seqs)
+        if self._partial_shared:
+            return bisect_right(list(accumulate(self.decode_needs(seqs))), free)
+        bs, taken, i = self.config.block_size, 0, -1
+        offsets = [n % bs for n in lengths]
+        try:
+            while True:  # (each boundary found by list.index, in C)
+                i = offsets.index(0, i + 1)
+                taken += lengths[i] // bs + 1 - len(seqs[i].block_table)
+                if taken > free:
+                    return i
+        except ValueError:  # no boundary left
+            return len(seqs)
+
     def append(
         self,
         seqs: list[Sequence],
@@ -354,15 +376,15 @@ class BlockManager:
         ``with_slots=False``: no K/V is written, so unless events are on no slot is listed.
         ``starts``: the sequences' lengths before, when the caller has them."""
         done = Appended([], [])
+        if starts is None:
+            starts = [len(seq.token_ids) for seq in seqs]
         if token_ids and type(token_ids[0]) is int:
-            self._append_one_each(seqs, token_ids, with_slots, done)
+            self._append_one_each(seqs, token_ids, starts, with_slots, done)
             added = len(seqs)
         elif not skip and all(len(ids) == 1 for ids in token_ids):  # (a grow by one)
-            self._append_one_each(seqs, [ids[0] for ids in token_ids], with_slots, done)
+            self._append_one_each(seqs, [ids[0] for ids in token_ids], starts, with_slots, done)
             added = len(seqs)
         else:
-            if starts is None:
-                starts = [len(seq.token_ids) for seq in seqs]
             self._append_lists(seqs, token_ids, starts, skip, with_slots, done)
             added = sum(map(len, token_ids))
         self.usage.logical_tokens += added
@@ -370,24 +392,26 @@ class BlockManager:
         self.usage.slots_filled += added - skip * len(seqs)
         return done
 
-    def _append_one_each(self, seqs: list[Sequence], tokens: list[int], with_slots: bool, done: Appended) -> None:
-        """:meth:`append` of a decode step: one token each, into the last block's next slot."""
+    def _append_one_each(
+        self, seqs: list[Sequence], tokens: list[int], starts: list[int], with_slots: bool, done: Appended
+    ) -> None:
+        """:meth:`append` of a decode step: one token each, into the last block's next slot
+        (``starts``: the sequences' lengths before)."""
         bs, refs, fill, slots = self.config.block_size, self.pool._ref_counts, self._fill, done.slots
         emit = self.events.emit if self.events.enabled else None
         list_slots = with_slots or emit is not None
         limit = self.config.max_model_len
         fills_at = bs - 1 if self.config.prefix_caching else -1  # a token at this offset fills its block
         partial_shared = self._partial_shared  # (else no last block off a boundary is shared)
-        for seq, token in zip(seqs, tokens, strict=True):
-            table, ids = seq.block_table, seq.token_ids
-            start = len(ids)
+        for seq, token, start in zip(seqs, tokens, starts, strict=True):
+            table = seq.block_table
             offset = start % bs
             if not offset:
                 if len(table) * bs <= start:  # (a one-token prompt's block came with the sequence)
                     self._new_block(seq)
             elif partial_shared and refs[table[-1]] > 1:
                 done.copies.append(self._copy_on_write(seq))
-            ids.append(token)
+            seq.token_ids.append(token)
             block = table[-1]
             fill[block] += 1
             if list_slots:

@@ -140,17 +140,25 @@ class SequenceRegistry:
         self.runner.free_sequence(seq_id)
         self.events.add(ev.SequenceFreed, seq_id)
 
-    def append(self, seqs: list[Sequence], token_ids: list[list[int]] | list[int], skip: int = 0) -> None:
+    def append(
+        self,
+        seqs: list[Sequence],
+        token_ids: list[list[int]] | list[int],
+        skip: int = 0,
+        starts: list[int] | None = None,
+    ) -> None:
         """Tokens join sequences: the block manager first (slots, copy-on-write), then the
         K/V. ``token_ids[i]``: a list of ``seqs[i]``'s new tokens, or its one new token. The
-        caller has checked that the pool covers the blocks they take."""
+        caller has checked that the pool covers the blocks they take. ``starts``: the
+        sequences' lengths before, when the caller has them."""
         if not self.runner.kv_data:  # memory management only: the blocks alone
-            self.blocks.append(seqs, token_ids, skip, with_slots=False)
+            self.blocks.append(seqs, token_ids, skip, with_slots=False, starts=starts)
             return
         if token_ids and type(token_ids[0]) is int:
             token_ids = [[token] for token in token_ids]
-        starts = [len(s.token_ids) for s in seqs]
-        done = self.blocks.append(seqs, token_ids, skip)
+        if starts is None:
+            starts = [len(s.token_ids) for s in seqs]
+        done = self.blocks.append(seqs, token_ids, skip, starts=starts)
         self.runner.write_kv(seqs, starts, token_ids, done.slots, done.copies, skip)
         self._note_forward("prefill" if skip or any(len(ids) > 1 for ids in token_ids) else "decode")
 

@@ -13,11 +13,10 @@ Block 0 is the null block and freed blocks go back as vLLM v1's ``BlockPool`` re
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections import deque
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
-from itertools import accumulate, repeat
-from operator import sub
+from itertools import repeat
 from typing import NamedTuple
 
 from pagesim.core import events as ev
@@ -30,6 +29,7 @@ from pagesim.core.operations import CHILD_SEPARATOR, Schedule, Submit
 from pagesim.core.registry import SequenceRegistry
 from pagesim.core.sampling import SamplingParams
 from pagesim.core.scheduler import PromptSource, SchedulerStats
+from pagesim.core.sequence import Sequence
 
 WAITING, RUNNING, FINISHED, REJECTED = "waiting", "running", "finished", "rejected"
 
@@ -181,6 +181,13 @@ class SchedulerV1:
         self.requests: dict[str, RequestV1] = {}
         self.waiting: deque[str] = deque()
         self.running: list[str] = []
+        # Beside ``running``, in its order: each request's state and sequence (a decode run
+        # slices them instead of looking up every running request by name each step).
+        self._running_states: list[RequestV1] = []
+        self._running_seqs: list[Sequence] = []
+        # Running requests with more than one token still to compute (a prompt's chunks to
+        # go): every other running request decodes one token a step.
+        self.prompting: set[str] = set()
         self.swapped: deque[str] = deque()  # always empty: v1 preempts by recompute only
         self.stats = SchedulerStats()
         self.prompts = PromptSource(model)
@@ -284,8 +291,12 @@ class SchedulerV1:
                 known_hashes=state.block_hashes,
             )
             state.computed, state.status = held, RUNNING
+            if len(state.tokens) - held > 1:
+                self.prompting.add(state.request)
             state.prefix_hits.append(hit_tokens)
             self.running.append(state.request)
+            self._running_states.append(state)
+            self._running_seqs.append(registry.sequences[state.request])
             budget -= held - hit_tokens
             self.events.add(ev.RequestAdmitted, state.request, (state.request,), kind == "resumed")
         record.free_after_schedule = blocks.num_free
@@ -319,25 +330,24 @@ class SchedulerV1:
         None of them can be preempted this step: a victim is always the newest running
         request, behind them. Returns how many."""
         names = self.running[start : start + budget]
-        states = [self.requests[name] for name in names]
+        count = len(names)
+        for name in self.prompting:  # the run stops at the first prompt with chunks to go
+            with suppress(ValueError):
+                count = names.index(name, 0, count)
+        del names[count:]
+        states = self._running_states[start : start + count]
+        seqs = self._running_seqs[start : start + count]
         computed = [s.computed for s in states]
-        ends = [len(s.tokens) for s in states]  # what each holds once computed
-        count = len(states)
-        pending = list(map(sub, ends, computed))  # at least 1 each
-        if pending.count(1) < count:
-            count = next(i for i, p in enumerate(pending) if p > 1)  # a prompt's next chunk
-            del names[count:], states[count:], computed[count:], ends[count:]
-        seqs = self.registry.sequences_of(names)
+        ends = [n + 1 for n in computed]  # what each holds once computed
         # (each takes at most one block: mostly, no count is needed; a sequence holds what is computed)
-        if not self.blocks.decode_fits(seqs, computed):
-            needs, free = self.blocks.decode_needs(seqs), self.blocks.num_free
-            if sum(needs) > free:
-                count = bisect_right(list(accumulate(needs)), free)
-                del names[count:], states[count:], seqs[count:], computed[count:], ends[count:]
+        covered = self.blocks.decode_covered(seqs, computed)
+        if covered < count:
+            count = covered
+            del names[count:], states[count:], seqs[count:], computed[count:], ends[count:]
         record.parts.append(DecodeRun(names, computed))
         for state, end in zip(states, ends, strict=True):
             state.computed = end
-        self._compute(seqs, [s.tokens[-1] for s in states])
+        self._compute(seqs, [s.tokens[-1] for s in states], computed)
         done.states.extend(states)
         done.names.extend(names)
         done.lengths.extend(ends)
@@ -353,6 +363,7 @@ class SchedulerV1:
         seq = self.registry.sequences[name]
         while self.blocks.append_need(seq, tokens) > self.blocks.num_free:
             victim = self.running.pop()  # the newest running request
+            del self._running_states[-1], self._running_seqs[-1]
             self._preempt(victim)
             record.preempted.append(victim)
             if victim == name:
@@ -360,21 +371,24 @@ class SchedulerV1:
         record.parts.append(Scheduled(name, "running", tokens, state.computed, None))
         self._compute([seq], [state.tokens[state.computed : state.computed + tokens]])
         state.computed += tokens
+        if len(state.tokens) - state.computed <= 1:
+            self.prompting.discard(name)
         if state.computed == len(state.tokens):
             done.add(state)
         return tokens
 
-    def _compute(self, seqs: list, token_ids: list) -> None:
+    def _compute(self, seqs: list, token_ids: list, starts: list[int] | None = None) -> None:
         """Tokens join their sequences: one token id per sequence, or one list of them for
-        each. A model with K/V computes each request's tokens in a forward of its own, so the
-        bits of its K/V and logits stay those of a single request."""
+        each (``starts``: their lengths before, when known). A model with K/V computes each
+        request's tokens in a forward of its own, so the bits of its K/V and logits stay
+        those of a single request."""
         if not seqs:
             return
         if self.registry.runner.kv_data:
             for seq, ids in zip(seqs, token_ids, strict=True):
                 self.registry.append([seq], [ids])
         else:
-            self.registry.append(seqs, token_ids)
+            self.registry.append(seqs, token_ids, starts=starts)
 
     def _sample(self, record: StepV1, done: Computed) -> None:
         """A token for each request ``done`` lists; those that reach ``max_tokens`` or (a real
@@ -409,7 +423,9 @@ class SchedulerV1:
 
     def _finish(self, state: RequestV1, record: StepV1) -> None:
         self.registry.free(state.request)
-        self.running.remove(state.request)
+        index = self.running.index(state.request)
+        del self.running[index], self._running_states[index], self._running_seqs[index]
+        self.prompting.discard(state.request)
         state.status = FINISHED
         self.stats.finished += 1
         record.finished.append(state.request)
@@ -420,6 +436,7 @@ class SchedulerV1:
         held = len(self.registry.sequence(request).block_table)
         self.registry.free(request)
         lost, state.computed = state.computed, 0
+        self.prompting.discard(request)
         state.status = WAITING
         state.preemptions += 1
         self.waiting.appendleft(request)
@@ -447,4 +464,7 @@ class SchedulerV1:
     def restore(self, snap: SchedulerV1Snapshot) -> None:
         self.requests = {s.request: s.copy() for s in snap.requests}
         self.waiting, self.running = deque(snap.waiting), list(snap.running)
+        self._running_states = [self.requests[r] for r in self.running]
+        self._running_seqs = self.registry.sequences_of(self.running)
+        self.prompting = {r for r in self.running if len(self.requests[r].tokens) - self.requests[r].computed > 1}
         self.stats, self.used, self.last_step = replace(snap.stats), snap.used, snap.last_step

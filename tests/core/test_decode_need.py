@@ -45,3 +45,29 @@ def test_the_decode_need_matches_the_full_rule_for_samples_swapped_in_and_out():
         sim.apply(Schedule(1), attend=False, record=False)
         assert sim.blocks.decode_blocks_needed(list(sim.sequences.values())) == full_rule(sim)
     assert sim.scheduler.stats.swapped_blocks > 0 and sim.scheduler.stats.finished == 12
+
+
+def covered_by_the_full_rule(sim: Simulator, seqs: list, free: int) -> int:
+    """The longest prefix of ``seqs`` whose decode needs (each one's own, exactly) fit ``free``."""
+    taken = 0
+    for count, seq in enumerate(seqs):
+        taken += sim.blocks.append_need(seq, 1)
+        if taken > free:
+            return count
+    return len(seqs)
+
+
+def test_the_decode_cover_matches_the_exact_needs_in_any_order_and_pool():
+    config = CacheConfig(num_blocks=96, block_size=4, num_heads=1, head_dim=8, prefix_caching=True)
+    sim = Simulator(config, kv_data=False)
+    rng = random.Random(5)
+    checked = 0
+    for op in random_operations(1200, seed=11):
+        with contextlib.suppress(PagesimError):
+            sim.apply(op, attend=False, record=False)
+        seqs = list(sim.sequences.values())
+        rng.shuffle(seqs)
+        covered = sim.blocks.decode_covered(seqs, [q.num_tokens for q in seqs])
+        assert covered == covered_by_the_full_rule(sim, seqs, sim.blocks.num_free)
+        checked += covered < len(seqs)
+    assert checked > 0  # the pool fell short of a whole step at least once
