@@ -83,12 +83,6 @@ def _position_mixer():
     return numba.njit("void(uint64[::1], uint64[::1], int64[::1])", cache=True, boundscheck=False)(_mix_positions)
 
 
-def _mix_array(seed: int, crcs: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """``_mix(seed, crc, position) % VOCAB_SIZE`` for arrays."""
-    start = np.full(crcs.shape, _GOLDEN, dtype=np.uint64)
-    return _mix_array_from(start, np.uint64(seed & _MASK64), crcs, positions)
-
-
 @functools.lru_cache(maxsize=4)
 def _weights(seed: int, num_heads: int, num_kv_heads: int, head_dim: int) -> tuple[np.ndarray, ...]:
     """The model's fixed weights, shared (read-only) by every model with the same seed and
@@ -199,11 +193,12 @@ class TokenModel:
         return _mix(self.config.seed, zlib.crc32(seq_id.encode()), position) % VOCAB_SIZE
 
     def token_ids(self, seq_id: str, start: int, count: int) -> list[int]:
-        if count <= 8:  # (the (seed, name) rounds once: only the position's round runs per token)
-            stream = _mix(self.config.seed, zlib.crc32(seq_id.encode()))
+        # The (seed, name) rounds once: only the position's round runs per token.
+        stream = _mix(self.config.seed, zlib.crc32(seq_id.encode()))
+        if count <= 8:
             return [_mix_from(stream, p) % VOCAB_SIZE for p in range(start, start + count)]
-        crc = np.full(count, zlib.crc32(seq_id.encode()), dtype=np.uint64)
-        return _mix_array(self.config.seed, crc, np.arange(start, start + count, dtype=np.uint64)).tolist()
+        states = np.full(count, stream, dtype=np.uint64)
+        return _mix_array_from(states, np.arange(start, start + count, dtype=np.uint64)).tolist()
 
     def next_token_ids(self, seq_ids: list[str], positions: list[int], sampling=None) -> list[int]:
         """One token per sequence (a decode step), computed together: each sequence's
