@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 import time
+from array import array
 from collections.abc import Iterable
 from typing import Any
 
@@ -140,7 +141,7 @@ class KVEventConverter:
 
     def _tokens(self, seq_id: str):
         request = getattr(self.sim.scheduler, "requests", {}).get(seq_id)
-        if isinstance(getattr(request, "tokens", None), list):  # the v1 scheduler's requests keep theirs
+        if isinstance(getattr(request, "tokens", None), array):  # the v1 scheduler's requests keep theirs
             return request.tokens
         registry = self.sim.registry
         seq = registry.sequences.get(seq_id) or registry.swapped.get(seq_id) or self._seen.get(seq_id)

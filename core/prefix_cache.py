@@ -37,8 +37,10 @@ class PrefixCache:
     def _chunks(self, token_ids, start: int, stop: int) -> Iterator[tuple[int, array]]:
         """(index, token ids as an int64 array) of full logical blocks ``start`` … ``stop - 1``."""
         bs = self.block_size
+        as_array = type(token_ids) is not array  # (an array's slice is one already)
         for index in range(start, stop):
-            yield index, array("q", token_ids[index * bs : (index + 1) * bs])
+            chunk = token_ids[index * bs : (index + 1) * bs]
+            yield index, array("q", chunk) if as_array else chunk
 
     def match(self, token_ids: list[int], known: list[int] | None = None) -> list[tuple[int, int]]:
         """(block, hash) of the cached full blocks this prompt starts with. The block of the

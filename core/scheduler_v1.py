@@ -13,6 +13,7 @@ Block 0 is the null block and freed blocks go back as vLLM v1's ``BlockPool`` re
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
@@ -43,7 +44,7 @@ class RequestV1:
     order: int
     prompt_len: int
     max_tokens: int
-    tokens: list[int]  # vLLM's all_token_ids
+    tokens: array  # vLLM's all_token_ids, as int64 (slices and block chunks of it copy as memory)
     computed: int = 0  # num_computed_tokens: the tokens whose K/V are in the cache
     status: str = WAITING
     preemptions: int = 0
@@ -66,7 +67,10 @@ class RequestV1:
 
     def copy(self) -> RequestV1:
         return replace(
-            self, tokens=list(self.tokens), prefix_hits=list(self.prefix_hits), block_hashes=list(self.block_hashes)
+            self,
+            tokens=array("q", self.tokens),
+            prefix_hits=list(self.prefix_hits),
+            block_hashes=list(self.block_hashes),
         )
 
 
@@ -219,7 +223,7 @@ class SchedulerV1:
         self.events.add(ev.RequestSubmitted, op.request, len(prompt) or op.length, op.output_len, op.n)
         for index, name in enumerate(names):
             sampling = None if op.sampling is None else op.sampling.for_index(index)
-            state = RequestV1(name, len(self.requests), len(prompt), op.output_len, list(prompt))
+            state = RequestV1(name, len(self.requests), len(prompt), op.output_len, array("q", prompt))
             state.sampling = sampling
             self.requests[name] = state
             if refusal:
@@ -407,8 +411,8 @@ class SchedulerV1:
             model_tokens = iter(tokens)
             tokens = [next(model_tokens) if s.output is None else s.output[s.num_outputs] for s in states]
         record.sampled.update(zip(done.names, tokens, strict=True))
-        # (list.append mapped in C: a step samples a token for nearly every running request)
-        deque(map(list.append, [s.tokens for s in states], tokens), 0)
+        # (array.append mapped in C: a step samples a token for nearly every running request)
+        deque(map(array.append, [s.tokens for s in states], tokens), 0)
         lengths = done.lengths  # each one's length before its new token
         if eos is None:
             finished = [s for s, n in zip(states, lengths, strict=True) if n >= s.last_len]

@@ -33,7 +33,7 @@ def run(sim, steps=60):
 
 def text_of(sim, request):
     state = sim.scheduler.requests[request]
-    return state.tokens[state.prompt_len :]
+    return state.tokens[state.prompt_len :].tolist()
 
 
 def test_chunked_prefill_gives_the_dense_engines_text(smollm, engine):
