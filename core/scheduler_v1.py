@@ -111,7 +111,8 @@ class StepV1:
     parts: list[Scheduled | DecodeRun] = field(default_factory=list)  # in order: see ``scheduled``
     preempted: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
-    sampled: dict[str, int] = field(default_factory=dict)
+    # The requests that sampled, and their tokens: see ``sampled`` (a dict once read).
+    samples: tuple[list[str], list[int]] | dict[str, int] = ((), ())
     free_after_schedule: int = 0
     free_after_update: int = 0
     block_tables: dict[str, list[int]] | None = None  # after scheduling, when ``record_tables``
@@ -130,6 +131,13 @@ class StepV1:
                     rows.append(part)
             self.parts = rows
         return self.parts
+
+    @property
+    def sampled(self) -> dict[str, int]:
+        """Each request that sampled a token this step → the token, in the order computed."""
+        if type(self.samples) is not dict:
+            self.samples = dict(zip(*self.samples, strict=True))
+        return self.samples
 
     def _fields(self) -> tuple:
         return (
@@ -410,7 +418,7 @@ class SchedulerV1:
         if self.replaying:
             model_tokens = iter(tokens)
             tokens = [next(model_tokens) if s.output is None else s.output[s.num_outputs] for s in states]
-        record.sampled.update(zip(done.names, tokens, strict=True))
+        record.samples = (done.names, tokens)
         # (array.append mapped in C: a step samples a token for nearly every running request)
         deque(map(array.append, [s.tokens for s in states], tokens), 0)
         lengths = done.lengths  # each one's length before its new token
