@@ -274,7 +274,8 @@ class BlockManager:
     def allocation_need(self, num_tokens: int, hits: list[tuple[int, int]]) -> int:
         """Blocks an allocation takes off the free queue (a hit on a free cached block too)."""
         new = self.config.blocks_for(num_tokens) - len(hits)
-        return new + sum(1 for block, _ in hits if self.pool.ref_count(block) == 0)
+        refs = self.pool._ref_counts  # (hits name blocks of this pool: no id to check)
+        return new + [refs[block] for block, _ in hits].count(0)
 
     def can_allocate(self, num_tokens: int, hits: list[tuple[int, int]]) -> bool:
         return self.allocation_need(num_tokens, hits) <= self.pool.num_free

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from pagesim.core.checks import is_int
 from pagesim.core.errors import InvalidPlacementError, PoolExhaustedError
+from pagesim.core.sequence import TOKEN_CODE
 
 _NONE = -1
 
@@ -47,7 +48,7 @@ class BlockPool:
         self._tail = num_blocks - 1
         self._num_free = num_blocks
         self._hash_of: dict[int, int] = {}  # block -> its registered hash
-        # block -> the token ids it holds: an int64 array, never changed once stored (a tuple
+        # block -> the token ids it holds: a 64-bit array (TOKEN_CODE), never changed once stored (a tuple
         # cost 16 int objects to build and to free per block, once a block of tokens)
         self._tokens_of: dict[int, array] = {}
         self._position_of: dict[int, int] = {}  # block -> the position of its first token
@@ -91,7 +92,7 @@ class BlockPool:
     def cached_block(self, block_hash: int, token_ids: array | tuple[int, ...]) -> int | None:
         """The block cached under ``block_hash`` if it holds exactly ``token_ids``."""
         if type(token_ids) is not array:
-            token_ids = array("q", token_ids)
+            token_ids = array(TOKEN_CODE, token_ids)
         for block in self._block_of.get(block_hash, ()):
             if self._tokens_of[block] == token_ids:  # never trust a hash alone
                 return block
@@ -126,11 +127,11 @@ class BlockPool:
         Another block may hold the same prefix: both stay cached."""
         if self.ref_count(block_id) == 0:
             raise ValueError(f"block {block_id} is free and cannot be cached")
-        return self.register_held(block_id, block_hash, array("q", token_ids), first_position)
+        return self.register_held(block_id, block_hash, array(TOKEN_CODE, token_ids), first_position)
 
     def register_held(self, block_id: int, block_hash: int, token_ids: array, first_position: int) -> bool:
         """:meth:`register` of a block the caller holds (a sequence's full block): unchecked;
-        ``token_ids`` (an int64 array) is kept, not copied."""
+        ``token_ids`` (a 64-bit array) is kept, not copied."""
         if block_id in self._hash_of:
             return False
         self._block_of.setdefault(block_hash, {})[block_id] = None

@@ -12,7 +12,7 @@ from pagesim.core import events as ev
 from pagesim.core.blocks import BlockPool
 from pagesim.core.config import CacheConfig
 from pagesim.core.events import EventLog
-from pagesim.core.sequence import Sequence, block_hash
+from pagesim.core.sequence import TOKEN_CODE, Sequence, block_hash
 
 
 def _hash_once(parent: int | None, token_ids: array, index: int, known: list[int] | None) -> int:
@@ -35,12 +35,12 @@ class PrefixCache:
         self.hits = 0  # ... and found cached
 
     def _chunks(self, token_ids, start: int, stop: int) -> Iterator[tuple[int, array]]:
-        """(index, token ids as an int64 array) of full logical blocks ``start`` … ``stop - 1``."""
+        """(index, token ids as an array of 64-bit items) of full logical blocks ``start`` … ``stop - 1``."""
         bs = self.block_size
         as_array = type(token_ids) is not array  # (an array's slice is one already)
         for index in range(start, stop):
             chunk = token_ids[index * bs : (index + 1) * bs]
-            yield index, array("q", chunk) if as_array else chunk
+            yield index, array(TOKEN_CODE, chunk) if as_array else chunk
 
     def match(self, token_ids: list[int], known: list[int] | None = None) -> list[tuple[int, int]]:
         """(block, hash) of the cached full blocks this prompt starts with. The block of the

@@ -30,7 +30,7 @@ from pagesim.core.operations import CHILD_SEPARATOR, Schedule, Submit
 from pagesim.core.registry import SequenceRegistry
 from pagesim.core.sampling import SamplingParams
 from pagesim.core.scheduler import PromptSource, SchedulerStats
-from pagesim.core.sequence import Sequence
+from pagesim.core.sequence import TOKEN_CODE, Sequence
 
 WAITING, RUNNING, FINISHED, REJECTED = "waiting", "running", "finished", "rejected"
 
@@ -44,7 +44,7 @@ class RequestV1:
     order: int
     prompt_len: int
     max_tokens: int
-    tokens: array  # vLLM's all_token_ids, as int64 (slices and block chunks of it copy as memory)
+    tokens: array  # vLLM's all_token_ids, 64-bit items (slices and block chunks of it copy as memory)
     computed: int = 0  # num_computed_tokens: the tokens whose K/V are in the cache
     status: str = WAITING
     preemptions: int = 0
@@ -68,7 +68,7 @@ class RequestV1:
     def copy(self) -> RequestV1:
         return replace(
             self,
-            tokens=array("q", self.tokens),
+            tokens=array(TOKEN_CODE, self.tokens),
             prefix_hits=list(self.prefix_hits),
             block_hashes=list(self.block_hashes),
         )
@@ -231,7 +231,7 @@ class SchedulerV1:
         self.events.add(ev.RequestSubmitted, op.request, len(prompt) or op.length, op.output_len, op.n)
         for index, name in enumerate(names):
             sampling = None if op.sampling is None else op.sampling.for_index(index)
-            state = RequestV1(name, len(self.requests), len(prompt), op.output_len, array("q", prompt))
+            state = RequestV1(name, len(self.requests), len(prompt), op.output_len, array(TOKEN_CODE, prompt))
             state.sampling = sampling
             self.requests[name] = state
             if refusal:

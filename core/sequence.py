@@ -10,12 +10,17 @@ from typing import NamedTuple
 
 from pagesim.core.sampling import SamplingParams
 
+# Token ids as unsigned 64-bit items (never negative): the array module converts a Python
+# int to an unsigned item directly, to a signed one through its argument parser, at about
+# twice the cost of an append. An id's bytes, and so its block's hash, are the same in both.
+TOKEN_CODE = "Q"
+
 
 @dataclass(slots=True)
 class Sequence:
     seq_id: str
     # 8 bytes a token (a list of ints held 40): a run holds every token of every sequence.
-    token_ids: array = field(default_factory=lambda: array("q"))
+    token_ids: array = field(default_factory=lambda: array(TOKEN_CODE))
     block_table: list[int] = field(default_factory=list)  # logical block index -> physical block id
     # Prefix caching: the chained hash of each full logical block (parent hash, token ids).
     block_hashes: list[int] = field(default_factory=list)
@@ -31,7 +36,7 @@ class Sequence:
 
     def __post_init__(self) -> None:
         if not isinstance(self.token_ids, array):
-            self.token_ids = array("q", self.token_ids)
+            self.token_ids = array(TOKEN_CODE, self.token_ids)
 
     @property
     def num_tokens(self) -> int:
@@ -58,7 +63,7 @@ class Sequence:
     def copy(self, seq_id: str | None = None) -> Sequence:
         return Sequence(
             seq_id or self.seq_id,
-            array("q", self.token_ids),
+            array(TOKEN_CODE, self.token_ids),
             list(self.block_table),
             list(self.block_hashes),
             self.owner,
@@ -98,5 +103,5 @@ def block_hash(parent: int | None, token_ids: tuple[int, ...] | array) -> int:
     """vLLM's chained block hash: SHA-256 of the parent's hash and the block's token ids,
     so a hash names a whole prefix. Hits still compare the tokens."""
     digest = hashlib.sha256(_ROOT if parent is None else parent.to_bytes(16, "little"))
-    digest.update(token_ids if isinstance(token_ids, array) else array("q", token_ids))
+    digest.update(token_ids if isinstance(token_ids, array) else array(TOKEN_CODE, token_ids))
     return int.from_bytes(digest.digest()[:16], "little")
