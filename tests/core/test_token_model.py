@@ -87,6 +87,8 @@ def test_a_decode_steps_tokens_are_the_ones_each_sequence_holds_at_that_position
         assert model.next_token_ids(names, positions) == expected
     assert model.next_token_ids(["fresh", "a"], [3, 3]) == [model.token_id("fresh", 3), model.token_id("a", 3)]
     assert model.next_token_ids([], []) == []
+    with pytest.raises(ValueError, match="2 sequences but 1 positions"):  # (the compiled loop has no bounds check)
+        model.next_token_ids(["a", "b"], [3])
 
 
 def test_a_decode_steps_ids_are_the_same_splitmix_compiled_as_in_arrays():
