@@ -285,16 +285,19 @@ class BlockManager:
     ) -> None:
         """The empty ``seq``'s prefix-cache hits, then fresh blocks (``placement``: these) for the rest
         of a ``num_tokens`` prompt, whose tokens :meth:`append` adds; :meth:`can_allocate` was checked."""
-        for index, (block, h) in enumerate(hits):
-            was_free = self.pool.ref_count(block) == 0
-            ref_count = self.pool.reuse(block)
+        refs, usage, reuse, add_event = self.pool._ref_counts, self.usage, self.pool.reuse, self.events.add
+        for index, (block, _) in enumerate(hits):  # (hits name cached blocks of this pool)
+            was_free = refs[block] == 0
+            ref_count = reuse(block)
             if was_free:
-                self.usage.slots_filled += self._fill[block]  # its cached tokens count again
-            self.usage.ref_changed(ref_count, up=True)
-            seq.block_table.append(block)
-            seq.block_hashes.append(h)
+                usage.slots_filled += self._fill[block]  # its cached tokens count again
+            elif ref_count == 2:
+                usage.shared_blocks += 1  # (usage.ref_changed, inline: once a hit)
             self._hold(block, seq.seq_id, index)
-            self.events.add(ev.BlockReused, block, seq.seq_id, index, ref_count, was_free)
+            if self.events.enabled:
+                add_event(ev.BlockReused, block, seq.seq_id, index, ref_count, was_free)
+        seq.block_table.extend(block for block, _ in hits)
+        seq.block_hashes.extend(h for _, h in hits)
         self.usage.count_tokens(None, 0, self.contiguous_reservation)
         needed = self.config.blocks_for(num_tokens) - len(hits)
         self._append_blocks(seq, self._take(needed, placement))  # all at once: evictions are announced first

@@ -142,12 +142,14 @@ class BlockPool:
 
     def reuse(self, block_id: int) -> int:
         """A prefix-cache hit: take a cached block back from the free queue, or share it."""
-        if not self.is_cached(block_id):
+        if block_id not in self._hash_of:
             raise ValueError(f"block {block_id} is not cached")
-        if self._ref_counts[block_id] == 0:
+        refs = self._ref_counts
+        if refs[block_id] == 0:
             self._take(block_id)
             return 1
-        return self.share(block_id)
+        refs[block_id] += 1  # (share, its free-block check already answered)
+        return refs[block_id]
 
     def _evict(self, block_id: int) -> bool:
         block_hash = self._hash_of.pop(block_id, None)
