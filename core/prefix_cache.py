@@ -37,7 +37,8 @@ class PrefixCache:
     def _chunks(self, token_ids, start: int, stop: int) -> Iterator[tuple[int, array]]:
         """(index, token ids as an array of 64-bit items) of full logical blocks ``start`` … ``stop - 1``."""
         bs = self.block_size
-        as_array = type(token_ids) is not array  # (an array's slice is one already)
+        # (a slice of an array of token ids is one already)
+        as_array = type(token_ids) is not array or token_ids.typecode != TOKEN_CODE
         for index in range(start, stop):
             chunk = token_ids[index * bs : (index + 1) * bs]
             yield index, array(TOKEN_CODE, chunk) if as_array else chunk

@@ -418,6 +418,8 @@ class SchedulerV1:
         if self.replaying:
             model_tokens = iter(tokens)
             tokens = [next(model_tokens) if s.output is None else s.output[s.num_outputs] for s in states]
+        if len(tokens) != len(states):  # (checked here: the samples' dict is built only when read)
+            raise ValueError(f"the model gave {len(tokens)} tokens for {len(states)} requests")
         record.samples = (done.names, tokens)
         # (array.append mapped in C: a step samples a token for nearly every running request)
         deque(map(array.append, [s.tokens for s in states], tokens), 0)
@@ -477,6 +479,6 @@ class SchedulerV1:
         self.requests = {s.request: s.copy() for s in snap.requests}
         self.waiting, self.running = deque(snap.waiting), list(snap.running)
         self._running_states = [self.requests[r] for r in self.running]
-        self._running_seqs = self.registry.sequences_of(self.running)
+        self._running_seqs = self.registry.sequences_of(self.running)  # (the engine restored these first)
         self.prompting = {r for r in self.running if len(self.requests[r].tokens) - self.requests[r].computed > 1}
         self.stats, self.used, self.last_step = replace(snap.stats), snap.used, snap.last_step

@@ -35,7 +35,7 @@ class Sequence:
     known_hashes: list[int] | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.token_ids, array):
+        if not isinstance(self.token_ids, array) or self.token_ids.typecode != TOKEN_CODE:
             self.token_ids = array(TOKEN_CODE, self.token_ids)
 
     @property

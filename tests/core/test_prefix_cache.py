@@ -136,3 +136,15 @@ def test_block_hashes_are_cryptographic_and_seeded_per_run():
     code = "from pagesim.core.sequence import block_hash; print(block_hash(None, (1, 2, 3, 4)))"
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout for _ in range(2)}
     assert len(runs) == 2  # another process, another root: a hash cannot be predicted
+
+
+def test_a_prompt_given_as_an_array_of_any_item_type_matches_as_its_ids(sim):
+    """Blocks are matched by their ids, not by an array's raw bytes: a signed array's
+    prompt finds the same cached blocks as a tuple's."""
+    from array import array
+
+    sim.apply(Add("a", prompt=(*SYSTEM, 1, 2)))
+    expected = sim.blocks.prefix.match(list((*SYSTEM, 7)))
+    assert len(expected) == 3
+    assert sim.blocks.prefix.match(array("q", (*SYSTEM, 7))) == expected
+    assert sim.blocks.prefix.match(array("i", (*SYSTEM, 7))) == expected

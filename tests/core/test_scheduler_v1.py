@@ -196,3 +196,15 @@ def test_decoding_requests_scheduled_at_once_decide_as_one_at_a_time(monkeypatch
     assert any(preempted and length for preempted, length in runs)  # a run after a preemption
     chunked = [s for r in fast for s in r.scheduled if s.kind == "running" and s.tokens > 1]
     assert chunked  # and prompts continued in chunks, one at a time
+
+
+def test_a_model_that_gives_too_few_tokens_is_an_error_not_a_short_step():
+    """The samples' dict is built only when read: the count is checked when they are taken."""
+    sim = v1()
+    sim.apply(Submit("a", 4, prompt_len=3))
+    sim.apply(Submit("b", 4, prompt_len=3))
+    model = sim.scheduler.model
+    real = model.next_token_ids
+    model.next_token_ids = lambda ids, positions, *rest: real(ids, positions)[:-1]
+    with pytest.raises(ValueError, match="1 tokens for 2 requests"):
+        sim.apply(Schedule(1), attend=False)

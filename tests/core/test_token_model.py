@@ -72,6 +72,9 @@ def test_a_sequence_keeps_its_token_ids_in_eight_bytes_each_and_a_copy_is_indepe
 
     seq = Sequence("s", [1, 2, 3])
     assert isinstance(seq.token_ids, array) and seq.token_ids.itemsize == 8
+    # An array of another item type is taken as ids, not as bytes: the same tokens, the same hash.
+    signed = Sequence("t", array("q", [1, 2, 3]))
+    assert signed.token_ids == seq.token_ids and signed.token_ids.typecode == seq.token_ids.typecode
     child = seq.copy("c")
     child.token_ids.append(4)
     assert list(seq.token_ids) == [1, 2, 3] and list(child.token_ids) == [1, 2, 3, 4]
