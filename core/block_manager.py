@@ -291,8 +291,7 @@ class BlockManager:
             ref_count = reuse(block)
             if was_free:
                 usage.slots_filled += self._fill[block]  # its cached tokens count again
-            elif ref_count == 2:
-                usage.shared_blocks += 1  # (usage.ref_changed, inline: once a hit)
+            usage.ref_changed(ref_count, up=True)
             self._hold(block, seq.seq_id, index)
             if self.events.enabled:
                 add_event(ev.BlockReused, block, seq.seq_id, index, ref_count, was_free)
@@ -320,13 +319,11 @@ class BlockManager:
     def can_append(self, seq: Sequence, num_new: int) -> bool:
         return self.append_need(seq, num_new) <= self.pool.num_free
 
-    def decode_blocks_needed(self, seqs: list[Sequence], lengths: list[int] | None = None) -> int:
+    def decode_blocks_needed(self, seqs: list[Sequence]) -> int:
         """Blocks a decode step may take: one at each boundary, one per shared last block (an
-        upper bound). ``lengths``: the sequences' lengths, when the caller has them."""
+        upper bound)."""
         bs, refs = self.config.block_size, self.pool._ref_counts
         if not self._partial_shared:  # (a last block off a boundary is partly filled: none is shared)
-            if lengths is not None:
-                return [n % bs for n in lengths].count(0)
             return len([q for q in seqs if len(q.token_ids) % bs == 0])
         return len([q for q in seqs if len(q.token_ids) % bs == 0 or refs[q.block_table[-1]] > 1])
 
@@ -339,10 +336,10 @@ class BlockManager:
             needs = [n + copy for n, copy in zip(needs, copies, strict=True)]
         return needs
 
-    def decode_fits(self, seqs: list[Sequence], lengths: list[int] | None = None) -> bool:
+    def decode_fits(self, seqs: list[Sequence]) -> bool:
         """The free pool covers a decode step of ``seqs`` (each takes at most one block)."""
         free = self.pool.num_free
-        return len(seqs) <= free or self.decode_blocks_needed(seqs, lengths) <= free
+        return len(seqs) <= free or self.decode_blocks_needed(seqs) <= free
 
     def decode_covered(self, seqs: list[Sequence], lengths: list[int]) -> int:
         """How many of ``seqs``, from the first, the free pool covers a decode step of

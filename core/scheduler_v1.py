@@ -58,6 +58,11 @@ class RequestV1:
         self.last_len = self.prompt_len + self.max_tokens - 1
 
     @property
+    def to_compute(self) -> int:
+        """Its tokens not yet in the cache: more than one while a prompt has chunks to go."""
+        return len(self.tokens) - self.computed
+
+    @property
     def num_outputs(self) -> int:
         return len(self.tokens) - self.prompt_len
 
@@ -303,7 +308,7 @@ class SchedulerV1:
                 known_hashes=state.block_hashes,
             )
             state.computed, state.status = held, RUNNING
-            if len(state.tokens) - held > 1:
+            if state.to_compute > 1:
                 self.prompting.add(state.request)
             state.prefix_hits.append(hit_tokens)
             self.running.append(state.request)
@@ -383,7 +388,7 @@ class SchedulerV1:
         record.parts.append(Scheduled(name, "running", tokens, state.computed, None))
         self._compute([seq], [state.tokens[state.computed : state.computed + tokens]])
         state.computed += tokens
-        if len(state.tokens) - state.computed <= 1:
+        if state.to_compute <= 1:
             self.prompting.discard(name)
         if state.computed == len(state.tokens):
             done.add(state)
@@ -480,5 +485,5 @@ class SchedulerV1:
         self.waiting, self.running = deque(snap.waiting), list(snap.running)
         self._running_states = [self.requests[r] for r in self.running]
         self._running_seqs = self.registry.sequences_of(self.running)  # (the engine restored these first)
-        self.prompting = {r for r in self.running if len(self.requests[r].tokens) - self.requests[r].computed > 1}
+        self.prompting = {r for r in self.running if self.requests[r].to_compute > 1}
         self.stats, self.used, self.last_step = replace(snap.stats), snap.used, snap.last_step
