@@ -19,10 +19,10 @@ def _config(scheduler: str, block_size: int = 8) -> CacheConfig:
     )  # fmt: skip
 
 
-def _states(scheduler: str, record: bool, count: int = 50) -> tuple[list, Simulator]:
+def _states(scheduler: str, record: bool, count: int = 50, block_size: int = 8) -> tuple[list, Simulator]:
     """The block manager's whole state after every step of a workload that preempts, and
     the simulator at its end."""
-    sim = Simulator(_config(scheduler), kv_data=False)
+    sim = Simulator(_config(scheduler, block_size), kv_data=False)
     specs = generate("sharegpt", count, rate=20.0, seed=3, shared_prefix=16, max_len=300)
     states, index, clock = [], 0, 0.0
     scheduler_ = sim.scheduler
@@ -40,11 +40,13 @@ def _states(scheduler: str, record: bool, count: int = 50) -> tuple[list, Simula
 
 
 @pytest.mark.parametrize("scheduler", ["v0", "v1"])
-def test_a_memory_only_step_leaves_the_pool_as_a_recorded_one_does(scheduler):
-    """Events on or off, the same blocks taken, freed, cached and evicted, in the same order."""
-    recorded, sim = _states(scheduler, record=True)
+@pytest.mark.parametrize("block_size", [8, 1])
+def test_a_memory_only_step_leaves_the_pool_as_a_recorded_one_does(scheduler, block_size):
+    """Events on or off, the same blocks taken, freed, cached and evicted, in the same
+    order; with one-token blocks, every token fills a block and the next takes one."""
+    recorded, sim = _states(scheduler, record=True, block_size=block_size)
     assert sim.scheduler.stats.preemptions > 0  # (the pool is small enough to preempt, and free and reuse blocks)
-    assert _states(scheduler, record=False)[0] == recorded
+    assert _states(scheduler, record=False, block_size=block_size)[0] == recorded
 
 
 def test_a_v1_request_hashes_each_block_of_its_tokens_once(monkeypatch):
