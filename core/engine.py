@@ -45,7 +45,7 @@ from pagesim.kernels.backend import Backend
 from pagesim.kernels.selection import select_backend
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class StepResult:
     step: int  # 1-based: the state after this many operations
     op: Operation
@@ -54,6 +54,23 @@ class StepResult:
     attention: AttentionReport | None
     detail_dropped: bool = False  # an old step: its attention and detail events recompute on a seek
     recorded: bool = True  # False: a run that keeps no events (apply's record=False)
+
+    def __init__(
+        self,
+        step: int,
+        op: Operation,
+        op_events: tuple[ev.Event, ...],
+        metrics: Metrics,
+        attention: AttentionReport | None,
+        detail_dropped: bool = False,
+        recorded: bool = True,
+    ) -> None:
+        # Every step of every run makes one: a frozen dataclass's own __init__ sets each field
+        # through object.__setattr__, four times the time of this one update of its dict.
+        self.__dict__.update(
+            step=step, op=op, op_events=op_events, metrics=metrics, attention=attention,
+            detail_dropped=detail_dropped, recorded=recorded,
+        )  # fmt: skip
 
     @functools.cached_property
     def events(self) -> tuple[ev.Event, ...]:
