@@ -376,7 +376,7 @@ class SchedulerV1:
         the tokens scheduled, or None when it was preempted itself."""
         name = self.running[index]
         state = self.requests[name]
-        tokens = min(len(state.tokens) - state.computed, budget)
+        tokens = min(state.to_compute, budget)
         seq = self.registry.sequences[name]
         while self.blocks.append_need(seq, tokens) > self.blocks.num_free:
             victim = self.running.pop()  # the newest running request
