@@ -11,6 +11,7 @@ instantiations the backend asks NVRTC for. :class:`EmulatedModule` answers CuPy'
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import os
 import shutil
@@ -222,6 +223,15 @@ def build(source: str | None = None, names: list[str] | None = None, *, sanitize
     if library.exists():
         return library
     folder.mkdir(parents=True, exist_ok=True)
+    # Test workers asking for the same module wait for one build rather than each compiling it.
+    with open(folder / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if library.exists():
+            return library
+        return _compile(compiler, flags, source, units, folder, library)
+
+
+def _compile(compiler: str, flags: list[str], source: str, units: dict[str, str], folder: Path, library: Path) -> Path:
     (folder / "module.cu").write_text(source, encoding="utf-8")
     (folder / "entries.h").write_text(_ENTRY_HEADER, encoding="utf-8")
     shutil.copy(HERE / "cuda_emu.h", folder / "cuda_emu.h")
