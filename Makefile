@@ -28,8 +28,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
 
+# One test process per core (pytest-xdist), each test file on one of them: a file's module
+# fixtures (a wheel build, a compiled module) are made once. 0.57x the wall time on 2 cores.
 test: lint
-	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest
+	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -n auto --dist loadfile
 
 # Plant typical kernel bugs in paged_attention.cu one at a time; each must be caught (~9 min on 2 busy cores).
 verify-kernels: $(STAMP)
