@@ -105,9 +105,10 @@ def test_every_shipped_scenario_runs_headless_and_matches_dense(cpu_backend, nam
         steps += 1
         assert busy or not isinstance(result.op, Schedule), f"step {result.step} schedules with nothing to run"
         attention = result.attention
-        if attention is not None and attention.seq_ids:
+        if attention is not None:  # (a real model's report may hold only its layers' and logits' checks)
             assert attention.passed, f"step {result.step}"
-            worst = max(worst, float((attention.head_errors / attention.tolerances).max()))
+            if attention.seq_ids:
+                worst = max(worst, float((attention.head_errors / attention.tolerances).max()))
     assert steps == len(scenario.operations)
     assert worst < 0.25  # rounding stays far inside the bound
 

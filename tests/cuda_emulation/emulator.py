@@ -243,25 +243,29 @@ def _compile(compiler: str, flags: list[str], source: str, units: dict[str, str]
         (folder / unit).write_text(text, encoding="utf-8")
         objects.append(folder / f"{unit}.{tag}.o")
     compile_flags = [f for f in flags if f != "-shared"]
-    with ThreadPoolExecutor(max(1, os.cpu_count() or 1)) as pool:
-        done = list(
-            pool.map(
-                lambda unit, obj: subprocess.run(
-                    [compiler, *compile_flags, "-c", "-I", str(folder), str(folder / unit), "-o", str(obj)],
-                    capture_output=True,
-                    text=True,
-                ),
-                units,
-                objects,
-            )
-        )
-    for result in done:
-        if result.returncode:
-            raise EmulationError(f"{compiler} failed to build the emulated module:\n{result.stderr[-6000:]}")
     partial = folder / f"emulated_kernels.{tag}.so"
-    linked = subprocess.run([compiler, *flags, *map(str, objects), "-o", str(partial)], capture_output=True, text=True)
-    for obj in objects:
-        obj.unlink(missing_ok=True)
+    try:
+        with ThreadPoolExecutor(max(1, os.cpu_count() or 1)) as pool:
+            done = list(
+                pool.map(
+                    lambda unit, obj: subprocess.run(
+                        [compiler, *compile_flags, "-c", "-I", str(folder), str(folder / unit), "-o", str(obj)],
+                        capture_output=True,
+                        text=True,
+                    ),
+                    units,
+                    objects,
+                )
+            )
+        for result in done:
+            if result.returncode:
+                raise EmulationError(f"{compiler} failed to build the emulated module:\n{result.stderr[-6000:]}")
+        linked = subprocess.run(
+            [compiler, *flags, *map(str, objects), "-o", str(partial)], capture_output=True, text=True
+        )
+    finally:  # (a failed build leaves no object files behind)
+        for obj in objects:
+            obj.unlink(missing_ok=True)
     if linked.returncode:
         raise EmulationError(f"{compiler} failed to link the emulated module:\n{linked.stderr[-6000:]}")
     partial.replace(library)  # atomic: concurrent builders never load a half-written file
