@@ -4,8 +4,13 @@ lives on the device and changes there (writes and copy-on-write copies included)
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import json
 import math
+import os
+import tempfile
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,10 +30,12 @@ from pagesim.kernels.cuda_build import (
     heads_per_block,
     instantiation_for,
     kernel_source,
+    nvrtc_cubin,
     prefill_query_tile,
 )
 from pagesim.kernels.dtypes import bfloat16, dtype_name, is_bfloat16
 from pagesim.kernels.occupancy import DeviceLimits, KernelResources, LaunchPlan, plan_launch
+from pagesim.kernels.user_cache import cache_root
 
 # vLLM's rule: v1 when the longest context fits one pass (≤ 8192) and either it is a
 # single partition or there are enough (sequence, head) pairs to fill the GPU.
@@ -92,14 +99,85 @@ _MODULES: dict[tuple[int, int], Any] = {}
 _MODULES_LOCK = threading.Lock()
 
 
-def compiled_module(inst: Instantiation):
+class CompiledModule:
+    """A loaded module whose kernels are asked for by their template names
+    (``pagesim::paged_attention_v1<...>``), as a CuPy ``RawModule`` compiled with
+    ``name_expressions`` is."""
+
+    def __init__(self, raw_module, lowered: dict[str, str]) -> None:
+        self._raw = raw_module
+        self._lowered = lowered
+
+    def get_function(self, name: str):
+        return self._raw.get_function(self._lowered[name])
+
+
+def module_cache_key(inst: Instantiation, arch: str) -> str:
+    """What a compiled module depends on: the source, the options, the target, the kernels
+    named, the compiler."""
+    from cupy.cuda import nvrtc
+
+    digest = hashlib.sha256()
+    parts = (kernel_source(), " ".join(OPTIONS), arch, "\n".join(inst.module_names()), str(nvrtc.getVersion()))
+    for part in parts:
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:32]
+
+
+def cached_cubin(inst: Instantiation, arch: str, folder: Path | None = None) -> tuple[Path, dict[str, str]]:
+    """``inst``'s module as machine code for ``arch`` and its kernels' lowered names,
+    compiled once per machine: kept in pagesim's cache folder and checked by its hash.
+    (CuPy's own cache recompiles in every process when templates are named, and a
+    (dtype, head_dim) module takes seconds to compile.) Where the folder cannot be
+    written, the cubin goes to a temporary one."""
+    folder = cache_root() / "cuda" if folder is None else folder
+    key = module_cache_key(inst, arch)
+    cubin_path, entry_path = folder / f"{key}.cubin", folder / f"{key}.json"
+    try:
+        entry = json.loads(entry_path.read_text(encoding="utf-8"))
+        if entry["sha256"] == hashlib.sha256(cubin_path.read_bytes()).hexdigest():
+            return cubin_path, dict(entry["lowered"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # absent, partial or stale: compiled again below
+    cubin, lowered = nvrtc_cubin(inst.module_names(), arch)
+    entry_text = json.dumps({"sha256": hashlib.sha256(cubin).hexdigest(), "lowered": lowered})
+    try:
+        _replace_file(cubin_path, cubin)  # the cubin first: an entry never names a cubin not yet there
+        _replace_file(entry_path, entry_text.encode())
+    except OSError:
+        cubin_path = Path(tempfile.mkdtemp(prefix="pagesim-cuda-")) / cubin_path.name
+        cubin_path.write_bytes(cubin)
+    return cubin_path, lowered
+
+
+def _replace_file(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all (another process may read it meanwhile)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def device_arch() -> str:
+    import cupy
+
+    return f"sm_{cupy.cuda.Device().compute_capability}"
+
+
+def compiled_module(inst: Instantiation) -> CompiledModule:
     import cupy
 
     with _MODULES_LOCK:
         module = _MODULES.get(inst.module_key)
         if module is None:
-            module = cupy.RawModule(code=kernel_source(), options=OPTIONS, name_expressions=inst.module_names())
-            module.compile()
+            path, lowered = cached_cubin(inst, device_arch())
+            module = CompiledModule(cupy.RawModule(path=str(path)), lowered)
             _MODULES[inst.module_key] = module
         return module
 
@@ -207,7 +285,7 @@ class CudaBackend(Backend):
         return inst, self.compile_module(inst)
 
     def compile_module(self, inst: Instantiation):
-        """The module holding ``inst``'s kernels (NVRTC through CuPy, cached per process)."""
+        """The module holding ``inst``'s kernels (NVRTC, cached per machine and per process)."""
         return compiled_module(inst)
 
     # -- cache writes ------------------------------------------------------------------

