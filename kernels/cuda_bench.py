@@ -21,6 +21,7 @@ from pagesim.kernels.dtypes import storage_dtype
 
 TARGET_BANDWIDTH_FRACTION = 0.85
 TARGET_PAGING_OVERHEAD = 0.10
+TARGET_SINGLE_CONTEXT_FRACTION = 0.90  # one long sequence: the split-K kernel must fill the GPU alone
 
 
 def event_median_ms(fn, repeats: int = 20, warmup: int = 3) -> float:
@@ -157,6 +158,23 @@ def bench_context(backend: CudaBackend, context: int, batch: int) -> dict:
     }
 
 
+def bench_single_context(backend: CudaBackend, context: int, copy_gbs: float) -> dict:
+    """One sequence of a long context (32 query heads over 8 KV heads × 128, fp16): only the
+    split-K kernel (v2) has the work to fill the device."""
+    q, kc, vc, scattered, _, lens = make_case(backend, 1, context, 32, 8, 128, 16, "float16", seed=context + 1)
+    launch = timed_launch(backend, q, kc, vc, scattered, lens, default_scale(128))
+    ms = event_median_ms(launch)
+    achieved = 2 * context * 8 * 128 * 2 / (ms * 1e-3) / 1e9
+    return {
+        "context": context,
+        "variant": backend.launch_plan(kc, 1, 32, context).variant,
+        "ms": ms,
+        "achieved_gbs": achieved,
+        "fraction_of_copy": achieved / copy_gbs,
+        "meets_target": achieved / copy_gbs >= TARGET_SINGLE_CONTEXT_FRACTION,
+    }
+
+
 def run_cuda_benchmarks(args: argparse.Namespace, backend: CudaBackend) -> dict:
     """Run the CUDA benchmarks and return their report (the caller writes it)."""
     import cupy
@@ -195,4 +213,14 @@ def run_cuda_benchmarks(args: argparse.Namespace, backend: CudaBackend) -> dict:
         )
         cupy.get_default_memory_pool().free_all_blocks()
     report["contexts"] = rows
+    singles = []
+    for context in (32768,) if args.quick else (32768, 131072, 524288):
+        singles.append(bench_single_context(backend, context, copy_gbs))
+        r = singles[-1]
+        print(
+            f"one sequence of {context} tokens: {r['ms']:.3f} ms ({r['variant']}), {r['achieved_gbs']:.0f} GB/s = "
+            f"{r['fraction_of_copy']:.0%} of copy (target {TARGET_SINGLE_CONTEXT_FRACTION:.0%})"
+        )
+        cupy.get_default_memory_pool().free_all_blocks()
+    report["single_contexts"] = singles
     return report
