@@ -59,7 +59,7 @@ echo "[$SECONDS s] modules built"
 #    through every case; per-test timeout (signal method: the test fails, the suite goes on).
 timeout -s INT -k 30 "${TESTS_LIMIT:-240}" "$py" -m pytest -c scripts/gpu-pytest.ini --rootdir . tests/gpu \
   tests/kernels/test_cuda_compile.py tests/kernels/test_cuda_module_cache.py -n "${WORKERS:-8}" \
-  -q -p no:cacheprovider --maxfail=25 -o timeout=150 --durations=15 --junitxml="$out/gpu-tests.xml" 2>&1 | tee "$out/gpu-tests.txt" | tail -60
+  -q -p no:cacheprovider -p no:benchmark --maxfail=25 -o timeout=150 --durations=15 --junitxml="$out/gpu-tests.xml" 2>&1 | tee "$out/gpu-tests.txt" | tail -60
 tests_rc=${PIPESTATUS[0]}
 echo "[$SECONDS s] tests rc=$tests_rc"
 
@@ -68,7 +68,7 @@ sanitizer="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-san
 if [ -n "$sanitizer" ]; then
   timeout -s INT -k 20 "${SANITIZER_LIMIT:-90}" "$sanitizer" --tool memcheck --error-exitcode 3 --log-file "$out/sanitizer.log" \
     "$py" -m pytest -c scripts/gpu-pytest.ini --rootdir . tests/gpu/test_cuda_kernels.py tests/gpu/test_prefill_kernel.py \
-    -q -p no:cacheprovider -o timeout=80 -k "v1_and_v2_agree or shared_blocks or one_query_token or copy_on_write" 2>&1 | tail -5
+    -q -p no:cacheprovider -p no:benchmark -o timeout=80 -k "v1_and_v2_agree or shared_blocks or one_query_token or copy_on_write" 2>&1 | tail -5
   sanitizer_rc=${PIPESTATUS[0]}
 else
   echo "compute-sanitizer not found" | tee "$out/sanitizer.log"
@@ -81,5 +81,13 @@ timeout -s INT -k 20 "${BENCH_LIMIT:-150}" "$py" -m pagesim.app.cli bench --back
 bench_rc=${PIPESTATUS[0]}
 echo "[$SECONDS s] bench rc=$bench_rc"
 
+# 4. Nsight Compute on the decode kernels: where their time goes (throughput, occupancy, stalls).
+ncu="$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
+if [ -n "$ncu" ] && [ "${PROFILE_LIMIT:-90}" -gt 1 ]; then
+  timeout -s INT -k 10 "${PROFILE_LIMIT:-90}" "$ncu" --clock-control none -k regex:paged_attention_v -c 8 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+    "$py" scripts/gpu_profile.py > "$out/ncu.txt" 2>&1
+  echo "[$SECONDS s] profile rc=$?"
+fi
 echo "[$SECONDS s] tests rc=$tests_rc sanitizer rc=$sanitizer_rc bench rc=$bench_rc"
 exit $(( tests_rc || sanitizer_rc || bench_rc ))

@@ -128,7 +128,7 @@ def test_engine_on_the_device_with_copy_on_write(cuda_backend, dtype):
     check_invariants(sim)
 
 
-@pytest.mark.parametrize("name", ["seed_demo", "default", "stress"])
+@pytest.mark.parametrize("name", ["seed_demo", "worst_case_fragmentation", "stress"])  # the synthetic ones
 def test_shipped_scenarios_run_on_the_device(cuda_backend, name):
     results = Timeline(load_shipped(name), cuda_backend).run_to_end()
     assert all(r.attention is None or r.attention.passed for r in results)
@@ -137,7 +137,7 @@ def test_shipped_scenarios_run_on_the_device(cuda_backend, name):
 def test_cli_run_with_the_cuda_backend(cuda_backend, capsys):
     from pagesim.app.cli import main
 
-    if main(["run", "default", "--backend", "cuda"]) != 0:
+    if main(["run", "seed_demo", "--backend", "cuda"]) != 0:
         pytest.fail(capsys.readouterr().err)
     assert "CUDA" in capsys.readouterr().out
 

@@ -33,7 +33,12 @@ def test_prefill_matches_the_cpu_kernel(cuda_backend, cpu_backend, block_size, h
     gpu = cuda_backend.paged_prefill(*on_device(cuda_backend, case), scale)
     cpu = cpu_backend.paged_prefill(*case, scale)
     assert np.isfinite(gpu).all(), "a masked or unused slot leaked into the output"
-    np.testing.assert_allclose(gpu, cpu, atol=tolerance(dtype) / 10, rtol=0)
+    # One algorithm, but not one exponential (the GPU's is the hardware's approximation) nor
+    # one order of rounding: in fp32 rows differ by a few ulps of their sums (2.4e-6 at most
+    # on an H200), so they are held to the dense check's bound; in fp16 and bf16 the inputs'
+    # rounding, the same on both sides, dominates, and a tenth of it holds.
+    atol = tolerance(dtype) if dtype == "float32" else tolerance(dtype) / 10
+    np.testing.assert_allclose(gpu, cpu, atol=atol, rtol=0)
 
 
 def test_prefill_matches_dense_causal_attention_on_the_device(cuda_backend):
