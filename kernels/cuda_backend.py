@@ -22,6 +22,7 @@ from pagesim.kernels.backend import (
     validate_prefill_inputs,
 )
 from pagesim.kernels.cuda_build import (
+    HEADS_PER_BLOCK,
     NUM_THREADS,
     OPTIONS,
     PARTITION_SIZE,
@@ -442,13 +443,19 @@ class CudaBackend(Backend):
             return out
 
     def launch_paged_attention(
-        self, query, key_cache, value_cache, tables, lens, max_context: int, scale: float, variant=None
+        self, query, key_cache, value_cache, tables, lens, max_context: int, scale: float, variant=None, heads=None
     ):
-        """The launch alone, on validated device arrays (the benchmark times this)."""
+        """The launch alone, on validated device arrays (the benchmark times this). ``heads``:
+        query heads a thread block attends (default: :func:`heads_per_block`'s choice)."""
         xp = self.xp
         num_seqs, num_heads, head_dim = query.shape
         _, block_size, num_kv_heads, _ = key_cache.shape
-        heads = heads_per_block(num_heads, num_kv_heads)  # query heads a thread block attends
+        if heads is None:
+            heads = heads_per_block(num_heads, num_kv_heads)
+        elif heads not in HEADS_PER_BLOCK or (num_heads // num_kv_heads) % heads:
+            raise KernelInputError(
+                f"a thread block attends 1, 2 or 4 heads of one KV group of {num_heads // num_kv_heads}; got {heads}"
+            )
         inst, module = self._module_for(key_cache, heads)
         if variant is None and self.variant in ("v1", "v2"):
             variant = self.variant

@@ -94,11 +94,13 @@ def torch_gather_sdpa(query, key_cache, value_cache, tables, context: int):
     return run
 
 
-def timed_launch(backend: CudaBackend, q, kc, vc, tables: np.ndarray, lens: np.ndarray, scale: float, variant=None):
+def timed_launch(
+    backend: CudaBackend, q, kc, vc, tables: np.ndarray, lens: np.ndarray, scale: float, variant=None, heads=None
+):
     """A launch to time: the tables and lengths uploaded once, here, outside the timed region."""
     tables_dev, lens_dev = backend.to_device(tables), backend.to_device(lens)
     max_context = int(lens.max())
-    return lambda: backend.launch_paged_attention(q, kc, vc, tables_dev, lens_dev, max_context, scale, variant)
+    return lambda: backend.launch_paged_attention(q, kc, vc, tables_dev, lens_dev, max_context, scale, variant, heads)
 
 
 def bench_headline(backend: CudaBackend, copy_gbs: float, quick: bool) -> dict:
@@ -175,6 +177,21 @@ def bench_single_context(backend: CudaBackend, context: int, copy_gbs: float) ->
     }
 
 
+def bench_heads_per_block(backend: CudaBackend, batch: int, context: int, copy_gbs: float) -> list[dict]:
+    """GQA (32 query heads over 8 KV heads × 128, fp16): 1, 2 or 4 query heads per thread
+    block. More heads share each K/V load but hold more registers (fewer blocks a SM)."""
+    q, kc, vc, scattered, _, lens = make_case(backend, batch, context, 32, 8, 128, 16, "float16", seed=batch)
+    kv_bytes = 2 * batch * context * 8 * 128 * 2
+    rows = []
+    for variant in ("v1", "v2") if batch > 1 else ("v2",):
+        for heads in (1, 2, 4):
+            ms = event_median_ms(timed_launch(backend, q, kc, vc, scattered, lens, default_scale(128), variant, heads))
+            gbs = kv_bytes / (ms * 1e-3) / 1e9
+            rows.append({"batch": batch, "context": context, "variant": variant, "heads_per_block": heads, "ms": ms,
+                         "achieved_gbs": gbs, "fraction_of_copy": gbs / copy_gbs})  # fmt: skip
+    return rows
+
+
 def run_cuda_benchmarks(args: argparse.Namespace, backend: CudaBackend) -> dict:
     """Run the CUDA benchmarks and return their report (the caller writes it)."""
     import cupy
@@ -223,4 +240,14 @@ def run_cuda_benchmarks(args: argparse.Namespace, backend: CudaBackend) -> dict:
         )
         cupy.get_default_memory_pool().free_all_blocks()
     report["single_contexts"] = singles
+    heads_rows = []
+    for batch, context in ((8, 1024),) if args.quick else ((64, 4096), (1, 131072)):
+        heads_rows += bench_heads_per_block(backend, batch, context, copy_gbs)
+        cupy.get_default_memory_pool().free_all_blocks()
+    for r in heads_rows:
+        print(
+            f"GQA {r['batch']}×{r['context']} {r['variant']}, {r['heads_per_block']} heads a block: {r['ms']:.3f} ms, "
+            f"{r['fraction_of_copy']:.0%} of copy"
+        )
+    report["heads_per_block"] = heads_rows
     return report

@@ -151,3 +151,25 @@ def test_the_occupancy_model_reads_the_device_and_plans_the_headline_case(cuda_b
     kc = cuda_backend.allocate_cache(16, 16, 32, 128, np.dtype(np.float16))[0]
     plan = cuda_backend.launch_plan(kc, 64, 32, 4096)  # the headline case
     assert plan.blocks_per_sm > 0 and plan.waves >= MIN_WAVES, plan  # not a 1.3-wave launch
+
+
+@pytest.mark.parametrize("variant", ["v1", "v2"])
+def test_every_heads_per_block_reads_the_same_attention(cuda_backend, variant):
+    rng = np.random.default_rng(12)
+    case = make_case(
+        rng, num_seqs=3, context_lens=[700, 33, 1500], block_size=16, num_heads=16, num_kv_heads=2, head_dim=128,
+        dtype="float16",
+    )  # fmt: skip
+    q, kc, vc, tables, ctx = on_device(cuda_backend, case)
+    tables_dev, lens_dev = cuda_backend.to_device(tables), cuda_backend.to_device(ctx)
+    outs = [
+        cuda_backend.to_numpy(
+            cuda_backend.launch_paged_attention(q, kc, vc, tables_dev, lens_dev, int(ctx.max()), 0.1, variant, heads)
+        )
+        for heads in (1, 2, 4)
+    ]
+    for out in outs[1:]:
+        np.testing.assert_allclose(out, outs[0], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(outs[0], dense_for(*case, 0.1), atol=1e-3)
+    with pytest.raises(KernelInputError, match="1, 2 or 4 heads"):
+        cuda_backend.launch_paged_attention(q, kc, vc, tables_dev, lens_dev, int(ctx.max()), 0.1, variant, 3)
