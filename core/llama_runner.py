@@ -42,6 +42,7 @@ from pagesim.core.models import DenseKVCache, ModelFile
 from pagesim.core.models.catalog import SHAPE_FIELDS, check_shapes, load_model
 from pagesim.core.sequence import Sequence
 from pagesim.kernels.backend import Backend, default_scale
+from pagesim.kernels.dtypes import dtype_name
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,22 @@ class LlamaRunnerSnapshot(RunnerSnapshot):
 
     def without_data(self) -> LlamaRunnerSnapshot:
         return replace(super().without_data(), layers=None, layer_swaps=None, reference=None)
+
+
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+
+
+def torch_device_for(backend: Backend) -> torch.device:
+    """Where the paged engine runs its model: the CUDA backend's GPU where this torch build
+    has CUDA, else the host."""
+    if backend.name == "cuda" and torch.cuda.is_available():
+        return torch.device("cuda", getattr(backend, "device_id", 0))
+    return torch.device("cpu")
+
+
+def _host(t: torch.Tensor) -> np.ndarray:
+    """A tensor's values in a host array of their own."""
+    return t.detach().cpu().numpy().copy()
 
 
 def padded_tables(seqs: list[Sequence]) -> np.ndarray:
@@ -89,11 +106,15 @@ class LlamaRunner(ModelRunner):
         model = LlamaModel(file, config.seed)
         super().__init__(config, backend, True, model=model)
         self.model: LlamaModel = model
-        self.llama = model.llama
+        # The paged engine's model: on the GPU with the CUDA backend (where torch has CUDA),
+        # its K/V going to the kernels' cache with no copy (DLPack); the dense reference keeps
+        # the host's copy.
+        self.torch_device = torch_device_for(backend)
+        self.llama = model.llama if self.torch_device.type == "cpu" else model.llama.on(self.torch_device)
         others = range(num_layers - 1)  # the last layer's cache is the base runner's: the report shows it
         self.caches = [PagedKVCache(config, backend) for _ in others] + [self.cache]
         self.swaps = [SwapSpace(config, self.cache.dtype) for _ in others] + [self.swap_space]
-        self.reference = DenseReference(self.llama)
+        self.reference = DenseReference(model.llama)
         self.scale = default_scale(config.head_dim)
         self.logits_checks: list[LogitsCheck] = []  # the last forward's, one per sequence computed
         self.paged_seconds = self.dense_seconds = 0.0  # the last forward's, each side's
@@ -175,17 +196,22 @@ class LlamaRunner(ModelRunner):
         context_lens = np.array([start + len(ids) for _, start, ids in computed], np.int32)
         tables = padded_tables(seqs)
         decode = max(q_lens) == 1
-        backend, dtype, check, scale = self.backend, self.cache.dtype, self.check_layer, self.scale
+        backend, check, scale = self.backend, self.check_layer, self.scale
         seen: dict[str, np.ndarray] = {}
         last_rows = query_starts[1:] - 1  # each sequence's newest token
         slots = gather_slots([s.block_table for s in seqs], context_lens.tolist(), self.config.block_size)
         layer_errors, layer_bounds, layer_queries = [], [], []
 
+        on_device = self.torch_device.type != "cpu"
+        last_rows_t = torch.from_numpy(last_rows.astype(np.int64)).to(self.torch_device)
+
         def attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             cache = self.caches[layer]
-            keys, values = k.numpy().astype(dtype, copy=False), v.numpy().astype(dtype, copy=False)
+            keys, values = self._as_stored(k), self._as_stored(v)
             cache.write(slot_array, keys, values)
-            query = backend.to_device(np.ascontiguousarray(q.numpy().astype(dtype, copy=False)))
+            query = self._as_stored(q)
+            if not on_device:
+                query = backend.to_device(np.ascontiguousarray(query))
             if decode:
                 out = backend.paged_attention(query, cache.key_cache, cache.value_cache, tables, context_lens, scale)
             else:
@@ -193,24 +219,29 @@ class LlamaRunner(ModelRunner):
                     query, cache.key_cache, cache.value_cache, query_starts, tables, context_lens, scale
                 )
             if layer == check:
-                seen.update(q=q.numpy().copy(), k=keys.copy(), v=values.copy())
-            layer_queries.append(q.numpy()[last_rows])  # (fancy indexing copies)
-            out = np.ascontiguousarray(backend.to_numpy(out), dtype=np.float32)
+                seen.update(q=_host(q), k=backend.to_numpy(keys).copy(), v=backend.to_numpy(values).copy())
+            layer_queries.append(_host(q[last_rows_t]))
+            if on_device:  # the kernel's output, still on the device, is the next layer's input
+                out = torch.from_dlpack(out)
+                last_out = _host(out[last_rows_t])
+            else:
+                out = torch.from_numpy(np.ascontiguousarray(backend.to_numpy(out), dtype=np.float32))
+                last_out = out.numpy()[last_rows]
             if self.check_layers:  # (its time is the check's, not the paged forward's)
                 started = time.perf_counter()
                 arrays = backend.to_numpy(cache.key_cache), backend.to_numpy(cache.value_cache)
                 query_rows = backend.to_numpy(query)[last_rows]
-                errors, bounds = check_layer(*arrays, slots, query_rows, out[last_rows], scale)
+                errors, bounds = check_layer(*arrays, slots, query_rows, last_out, scale)
                 layer_errors.append(errors)
                 layer_bounds.append(bounds)
                 self.check_seconds += time.perf_counter() - started
-            return torch.from_numpy(out)
+            return out
 
         hidden = self.llama.forward(torch.tensor(flat, dtype=torch.long), torch.from_numpy(positions), attention)
         if layer_errors:
             ids = tuple(s.seq_id for s in seqs)
             self._forward_check = LayerCheck(ids, np.stack(layer_errors), np.stack(layer_bounds))
-        logits = self.llama.logits(hidden[torch.from_numpy(query_starts[1:].astype(np.int64) - 1)])
+        logits = self.llama.logits(hidden[last_rows_t]).cpu()
         for i, (seq, start, _) in enumerate(computed):
             seq_id, lo, hi = seq.seq_id, int(query_starts[i]), int(query_starts[i + 1])
             self.model.logits[seq_id] = logits[i].clone()
@@ -221,6 +252,18 @@ class LlamaRunner(ModelRunner):
             self._last_query[seq_id] = seen["q"][hi - 1].copy()
         for i, queries in enumerate(np.stack(layer_queries, axis=1)):
             self._layer_queries[seqs[i].seq_id] = queries
+
+    def _as_stored(self, t: torch.Tensor):
+        """A forward's q, k or v in the cache's dtype where the kernels read it: a host array,
+        or on the device a view of the same memory (DLPack, no copy where the dtype is the
+        cache's)."""
+        if t.device.type == "cpu":
+            return t.numpy().astype(self.cache.dtype, copy=False)
+        xp = self.backend.xp
+        name = dtype_name(self.cache.dtype)
+        if name == "bfloat16":  # the device cache holds bf16 bit patterns as uint16
+            return xp.from_dlpack(t.to(torch.bfloat16).view(torch.int16).contiguous()).view(xp.uint16)
+        return xp.from_dlpack(t.to(TORCH_DTYPES[name]).contiguous())
 
     def attend(self, seqs: list[Sequence]):
         """The checked layer's decode attention over every live sequence (as for the synthetic

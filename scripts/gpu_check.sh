@@ -57,8 +57,9 @@ echo "[$SECONDS s] modules built"
 
 # 1. The GPU suite, a worker per two cores: --maxfail so a broken context cannot cascade
 #    through every case; per-test timeout (signal method: the test fails, the suite goes on).
-timeout -s INT -k 30 "${TESTS_LIMIT:-240}" "$py" -m pytest -c scripts/gpu-pytest.ini --rootdir . tests/gpu \
-  tests/kernels/test_cuda_compile.py tests/kernels/test_cuda_module_cache.py -n "${WORKERS:-8}" \
+# The model's scenarios first: the longest tests, started while the kernels' matrix fills the other workers.
+tests="${TEST_PATHS:-tests/gpu/test_model_on_device.py tests/gpu tests/kernels/test_cuda_compile.py tests/kernels/test_cuda_module_cache.py}"
+timeout -s INT -k 30 "${TESTS_LIMIT:-240}" "$py" -m pytest -c scripts/gpu-pytest.ini --rootdir . $tests -n "${WORKERS:-8}" \
   -q -p no:cacheprovider -p no:benchmark --maxfail=25 -o timeout=150 --durations=15 --junitxml="$out/gpu-tests.xml" 2>&1 | tee "$out/gpu-tests.txt" | tail -60
 tests_rc=${PIPESTATUS[0]}
 echo "[$SECONDS s] tests rc=$tests_rc"
@@ -81,7 +82,13 @@ timeout -s INT -k 20 "${BENCH_LIMIT:-150}" "$py" -m pagesim.app.cli bench --back
 bench_rc=${PIPESTATUS[0]}
 echo "[$SECONDS s] bench rc=$bench_rc"
 
-# 4. Nsight Compute on the decode kernels: where their time goes (throughput, occupancy, stalls).
+# 4. The model's decode and prefill steps on the device, paged against dense.
+if [ -n "${PAGESIM_GPU_MODEL:-}" ] && [ "${MODEL_BENCH_LIMIT:-90}" -gt 1 ]; then
+  OMP_NUM_THREADS=8 timeout -s INT -k 10 "${MODEL_BENCH_LIMIT:-90}" "$py" scripts/gpu_model_bench.py "$PAGESIM_GPU_MODEL" "$out/model-bench-cuda.json" 2>&1 | tail -8
+  echo "[$SECONDS s] model bench rc=${PIPESTATUS[0]}"
+fi
+
+# 5. Nsight Compute on the decode kernels: where their time goes (throughput, occupancy, stalls).
 ncu="$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)"
 if [ -n "$ncu" ] && [ "${PROFILE_LIMIT:-90}" -gt 1 ]; then
   timeout -s INT -k 10 "${PROFILE_LIMIT:-90}" "$ncu" --clock-control none -k regex:paged_attention_v -c 8 \

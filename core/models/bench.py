@@ -150,7 +150,7 @@ class PagedDecode:
             stored = [cache.read_sequence(first.block_table, held) for cache in runner.caches]
             keys = torch.stack([torch.from_numpy(k).transpose(0, 1) for k, _ in stored])
             values = torch.stack([torch.from_numpy(v).transpose(0, 1) for _, v in stored])
-            self.dense_cache = DenseBatchKVCache(file.config, batch, capacity=context)
+            self.dense_cache = DenseBatchKVCache(file.config, batch, capacity=context, device=self.llama.device)
             self.dense_cache.fill(keys, values)
         self.dense_logits: torch.Tensor | None = None
 
@@ -161,7 +161,8 @@ class PagedDecode:
         self.dense_cache.length = self.held
         ids = torch.tensor(self.new_tokens)
         positions = torch.full((len(self.new_tokens),), self.held)
-        self.dense_logits = self.llama.logits(self.llama.forward(ids, positions, self.dense_cache))
+        # (to the host, as the paged step's: on a GPU that also waits for the step to end)
+        self.dense_logits = self.llama.logits(self.llama.forward(ids, positions, self.dense_cache)).cpu()
 
     def paged_logits(self) -> torch.Tensor:
         return torch.stack([self.runner.model.logits[s.seq_id] for s in self.seqs])
@@ -209,12 +210,12 @@ def bench_prefill(file: ModelFile, backend: Backend, plan: ModelBenchPlan) -> di
     ids = context_ids(file, tokens)
     computed, slots = [(seq, 0, ids)], slots_of(table, range(tokens), bs)
     engine = DenseLlamaEngine(runner.llama)
-    dense_cache = DenseKVCache(file.config, capacity=tokens)
+    dense_cache = DenseKVCache(file.config, capacity=tokens, device=runner.llama.device)
     dense_logits = []
 
     def dense() -> None:
         dense_cache.length = 0
-        dense_logits[:] = [engine.step(dense_cache, ids)]
+        dense_logits[:] = [engine.step(dense_cache, ids).cpu()]
 
     paged, dense = alternated_medians([lambda: runner._forward(computed, slots, 0), dense], plan.prefill_repeats)
     paged_rate, dense_rate = tokens / paged.wall, tokens / dense.wall

@@ -21,9 +21,10 @@ attention's q, k, v and output stay fp32, and the logits come out of the LM head
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -102,6 +103,23 @@ class Llama:
         self.inv_freq = inv_freq.float()
         self.q_size = c.num_heads * c.head_dim
 
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    def on(self, device: torch.device | str) -> Llama:
+        """This model with its weights on ``device`` (a copy; this one stays where it is)."""
+        moved = copy.copy(self)
+        for name in ("embed", "norm", "lm_head", "inv_freq"):
+            setattr(moved, name, getattr(self, name).to(device))
+        if self.lm_head is self.embed:  # tied: one tensor on the device too
+            moved.lm_head = moved.embed
+        moved.layers = [
+            LayerWeights(**{f.name: getattr(layer, f.name).to(device) for f in fields(LayerWeights)})
+            for layer in self.layers
+        ]
+        return moved
+
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin, ``(T, 1, head_dim)``, for each token's position."""
         angles = (positions.float() / self.config.rope_scale)[:, None] * self.inv_freq[None, :]
@@ -119,8 +137,8 @@ class Llama:
         def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # fp32 out
             return project(x, w).float()
 
-        x = self.embed[token_ids].float()
-        cos, sin = self.rope(positions)
+        x = self.embed[token_ids.to(self.device)].float()
+        cos, sin = self.rope(positions.to(self.device))
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, c.rms_eps)
             q = linear(h, layer.wq).view(-1, c.num_heads, c.head_dim)
@@ -143,12 +161,12 @@ class DenseKVCache:
     """One sequence's K and V, contiguous per layer, and attention over them with torch's
     SDPA (causal within the new tokens). Use it as a forward's ``attention``."""
 
-    def __init__(self, config: LlamaConfig, capacity: int = 256) -> None:
+    def __init__(self, config: LlamaConfig, capacity: int = 256, device: torch.device | str = "cpu") -> None:
         self.config = config
         self.length = 0  # tokens whose K/V every layer holds
         shape = (config.num_layers, config.num_kv_heads, capacity, config.head_dim)
-        self.keys = torch.zeros(shape)
-        self.values = torch.zeros(shape)
+        self.keys = torch.zeros(shape, device=device)
+        self.values = torch.zeros(shape, device=device)
 
     def _reserve(self, length: int) -> None:
         capacity = self.keys.shape[2]
@@ -175,7 +193,8 @@ class DenseKVCache:
         query = q.transpose(0, 1)[None].contiguous()  # (1, heads, new, head_dim)
         mask = None
         if new > 1:  # token j of the new ones sees the cache and new tokens up to j
-            mask = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]
+            device = self.keys.device
+            mask = torch.arange(end, device=device)[None, :] <= torch.arange(start, end, device=device)[:, None]
         out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, enable_gqa=True)
         return out[0].transpose(0, 1)  # (new, heads, head_dim)
 
@@ -187,18 +206,18 @@ class DenseBatchKVCache:
     holds ``length`` tokens and gets one new token per forward. Use it as a forward's
     ``attention``."""
 
-    def __init__(self, config: LlamaConfig, batch: int, capacity: int) -> None:
+    def __init__(self, config: LlamaConfig, batch: int, capacity: int, device: torch.device | str = "cpu") -> None:
         self.config = config
         self.length = 0
         shape = (config.num_layers, batch, config.num_kv_heads, capacity, config.head_dim)
-        self.keys = torch.zeros(shape)
-        self.values = torch.zeros(shape)
+        self.keys = torch.zeros(shape, device=device)
+        self.values = torch.zeros(shape, device=device)
 
     def fill(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Every sequence holds the same ``(num_layers, num_kv_heads, n, head_dim)`` K and V."""
         n = keys.shape[2]
-        self.keys[:, :, :, :n] = keys[:, None]
-        self.values[:, :, :, :n] = values[:, None]
+        self.keys[:, :, :, :n] = keys[:, None].to(self.keys.device)
+        self.values[:, :, :, :n] = values[:, None].to(self.values.device)
         self.length = n
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

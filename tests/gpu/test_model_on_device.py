@@ -11,6 +11,7 @@ import os
 import re
 
 import pytest
+import torch
 from pagesim.core.models import ModelFileError, bundled_model_path
 from pagesim.core.scenario import parse_scenario, shipped_folder
 from pagesim.core.timeline import Timeline
@@ -49,6 +50,9 @@ def on_model(name: str, path: str):
 
 def tokens_by_step(scenario, backend):
     timeline = Timeline(scenario, backend, snapshot_data=False, history=False)
+    runner = timeline.sim.runner
+    if backend.name == "cuda" and torch.cuda.is_available():
+        assert runner.llama.device.type == "cuda", "the paged engine's model is not on the device"
     steps = []
     while not timeline.at_end:
         result = timeline.forward()
