@@ -212,16 +212,18 @@ class LlamaRunner(ModelRunner):
             query = self._as_stored(q)
             if not on_device:
                 query = backend.to_device(np.ascontiguousarray(query))
+            # (on the device, the kernels' own output stays there: the next layer's input)
+            decode_kernel = backend.paged_attention_device if on_device else backend.paged_attention
+            prefill_kernel = backend.paged_prefill_device if on_device else backend.paged_prefill
+            kc, vc = cache.key_cache, cache.value_cache
             if decode:
-                out = backend.paged_attention(query, cache.key_cache, cache.value_cache, tables, context_lens, scale)
+                out = decode_kernel(query, kc, vc, tables, context_lens, scale)
             else:
-                out = backend.paged_prefill(
-                    query, cache.key_cache, cache.value_cache, query_starts, tables, context_lens, scale
-                )
+                out = prefill_kernel(query, kc, vc, query_starts, tables, context_lens, scale)
             if layer == check:
                 seen.update(q=_host(q), k=backend.to_numpy(keys).copy(), v=backend.to_numpy(values).copy())
             layer_queries.append(_host(q[last_rows_t]))
-            if on_device:  # the kernel's output, still on the device, is the next layer's input
+            if on_device:
                 out = torch.from_dlpack(out)
                 last_out = _host(out[last_rows_t])
             else:
