@@ -59,7 +59,7 @@ echo "[$SECONDS s] modules built"
 #    through every case; per-test timeout (signal method: the test fails, the suite goes on).
 # The model's scenarios first: the longest tests, started while the kernels' matrix fills the other workers.
 tests="${TEST_PATHS:-tests/gpu/test_model_on_device.py tests/gpu tests/kernels/test_cuda_compile.py tests/kernels/test_cuda_module_cache.py}"
-timeout -s INT -k 30 "${TESTS_LIMIT:-240}" "$py" -m pytest -c scripts/gpu-pytest.ini --rootdir . $tests -n "${WORKERS:-8}" \
+timeout -s INT -k 30 "${TESTS_LIMIT:-360}" "$py" -m pytest -c scripts/gpu-pytest.ini --rootdir . $tests -n "${WORKERS:-8}" \
   -q -p no:cacheprovider -p no:benchmark --maxfail=25 -o timeout=150 --durations=15 --junitxml="$out/gpu-tests.xml" 2>&1 | tee "$out/gpu-tests.txt" | tail -60
 tests_rc=${PIPESTATUS[0]}
 echo "[$SECONDS s] tests rc=$tests_rc"
