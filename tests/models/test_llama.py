@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 from pagesim.core.models import DenseKVCache, DenseLlamaEngine, Llama, load_gguf
+from pagesim.kernels.cpu_backend import CpuBackend
 
 from tests.models import tiny_gguf
 
@@ -79,6 +80,36 @@ def test_attention_is_the_callers_call_per_layer(smollm, llama):
     llama.forward(torch.tensor([1, 2, 3]), torch.arange(3), attention)
     q_shape, kv_shape = (3, c.num_heads, c.head_dim), (3, c.num_kv_heads, c.head_dim)
     assert seen == [(i, q_shape, kv_shape, kv_shape) for i in range(c.num_layers)]
+
+
+def test_the_model_moves_whole_to_another_device(smollm, llama):
+    """``Llama.on``: every weight on the device (a GPU's where the paged engine runs there;
+    here torch's meta device, which holds shapes alone), the tied head still the embedding,
+    the original where it was; a forward there takes the host's token ids and runs
+    throughout on the device, the dense cache too."""
+    moved = llama.on("meta")
+    tensors = [moved.embed, moved.norm, moved.lm_head, moved.inv_freq]
+    tensors += [getattr(layer, name) for layer in moved.layers for name in vars(layer)]
+    assert len(moved.layers) == smollm.config.num_layers
+    assert all(t.device.type == "meta" for t in tensors)
+    assert (moved.lm_head is moved.embed) == smollm.config.tie_embeddings
+    assert llama.device.type == "cpu" and all(layer.wq.device.type == "cpu" for layer in llama.layers)
+
+    cache = DenseKVCache(smollm.config, capacity=8, device=moved.device)
+    hidden = moved.forward(torch.tensor([1, 2, 3]), torch.arange(3), cache)
+    assert hidden.device.type == "meta" and tuple(hidden.shape) == (3, smollm.config.hidden_size)
+    assert tuple(moved.logits(hidden).shape) == (3, smollm.config.vocab_size)
+
+
+def test_the_paged_engine_runs_its_model_where_the_kernels_are():
+    from types import SimpleNamespace
+
+    from pagesim.core.llama_runner import torch_device_for
+
+    assert torch_device_for(CpuBackend()).type == "cpu"
+    gpu_backend = SimpleNamespace(name="cuda", device_id=0)
+    expected = "cuda" if torch.cuda.is_available() else "cpu"  # (a CPU build of torch keeps it on the host)
+    assert torch_device_for(gpu_backend).type == expected
 
 
 def llama_cpp_style_logits(w, config, token_ids):
