@@ -107,8 +107,8 @@ class LlamaRunner(ModelRunner):
         super().__init__(config, backend, True, model=model)
         self.model: LlamaModel = model
         # The paged engine's model: on the GPU with the CUDA backend (where torch has CUDA),
-        # its K/V going to the kernels' cache with no copy (DLPack); the dense reference keeps
-        # the host's copy.
+        # its q, k and v handed to the kernels through DLPack (no copy for an fp32 cache, a
+        # cast for fp16 and bf16 ones); the dense reference keeps the host's copy.
         self.torch_device = torch_device_for(backend)
         self.llama = model.llama if self.torch_device.type == "cpu" else model.llama.on(self.torch_device)
         others = range(num_layers - 1)  # the last layer's cache is the base runner's: the report shows it
@@ -225,12 +225,11 @@ class LlamaRunner(ModelRunner):
             layer_queries.append(_host(q[last_rows_t]))
             if on_device:
                 out = torch.from_dlpack(out)
-                last_out = _host(out[last_rows_t])
             else:
                 out = torch.from_numpy(np.ascontiguousarray(backend.to_numpy(out), dtype=np.float32))
-                last_out = out.numpy()[last_rows]
             if self.check_layers:  # (its time is the check's, not the paged forward's)
                 started = time.perf_counter()
+                last_out = _host(out[last_rows_t]) if on_device else out.numpy()[last_rows]
                 arrays = backend.to_numpy(cache.key_cache), backend.to_numpy(cache.value_cache)
                 query_rows = backend.to_numpy(query)[last_rows]
                 errors, bounds = check_layer(*arrays, slots, query_rows, last_out, scale)

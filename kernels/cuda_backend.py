@@ -3,11 +3,13 @@ lives on the device and changes there (writes and copy-on-write copies included)
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
 import json
 import math
 import os
+import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -26,12 +28,14 @@ from pagesim.kernels.cuda_build import (
     NUM_THREADS,
     OPTIONS,
     PARTITION_SIZE,
+    CompileError,
     Instantiation,
     check_head_dim,
     heads_per_block,
     instantiation_for,
     kernel_source,
     nvrtc_cubin,
+    nvrtc_ptx,
     prefill_query_tile,
 )
 from pagesim.kernels.dtypes import bfloat16, dtype_name, is_bfloat16
@@ -95,8 +99,8 @@ def unavailable_reason() -> str | None:
     return None
 
 
-# Compiled modules, one per (dtype, head_dim) with every block-size variant, per process.
-_MODULES: dict[tuple[int, int], Any] = {}
+# Compiled modules, one per (dtype, head_dim) with every block-size variant, per target and process.
+_MODULES: dict[tuple[tuple[int, int], str], Any] = {}
 _MODULES_LOCK = threading.Lock()
 
 
@@ -113,43 +117,81 @@ class CompiledModule:
         return self._raw.get_function(self._lowered[name])
 
 
-def module_cache_key(inst: Instantiation, arch: str) -> str:
+def module_cache_key(inst: Instantiation, target: str) -> str:
     """What a compiled module depends on: the source, the options, the target, the kernels
-    named, the compiler."""
+    named, the compiler (NVRTC's major.minor version: all that it reports)."""
     from cupy.cuda import nvrtc
 
     digest = hashlib.sha256()
-    parts = (kernel_source(), " ".join(OPTIONS), arch, "\n".join(inst.module_names()), str(nvrtc.getVersion()))
+    parts = (kernel_source(), " ".join(OPTIONS), target, "\n".join(inst.module_names()), str(nvrtc.getVersion()))
     for part in parts:
         digest.update(part.encode())
         digest.update(b"\0")
     return digest.hexdigest()[:32]
 
 
-def cached_cubin(inst: Instantiation, arch: str, folder: Path | None = None) -> tuple[Path, dict[str, str]]:
-    """``inst``'s module as machine code for ``arch`` and its kernels' lowered names,
-    compiled once per machine: kept in pagesim's cache folder and checked by its hash.
-    (CuPy's own cache recompiles in every process when templates are named, and a
-    (dtype, head_dim) module takes seconds to compile.) Where the folder cannot be
-    written, the cubin goes to a temporary one."""
-    folder = cache_root() / "cuda" if folder is None else folder
-    key = module_cache_key(inst, arch)
-    cubin_path, entry_path = folder / f"{key}.cubin", folder / f"{key}.json"
+def device_target(compute_capability: str | int) -> str:
+    """What NVRTC compiles for a device of this compute capability ("90"): its machine code
+    (``sm_90``) where NVRTC knows the architecture, else PTX for the newest one it knows
+    (``compute_90``), which the driver compiles for the device when it loads it (as CuPy
+    does for a GPU newer than its NVRTC)."""
+    from cupy.cuda import nvrtc
+
+    capability = int(compute_capability)
+    known = sorted(nvrtc.getSupportedArchs())
+    if capability in known:
+        return f"sm_{capability}"
+    older = [arch for arch in known if arch < capability]
+    if not older:
+        major, minor = divmod(capability, 10)
+        raise CompileError(
+            f"this NVRTC ({'.'.join(map(str, nvrtc.getVersion()))}) compiles for compute capability "
+            f"{known[0] // 10}.{known[0] % 10} and newer; the GPU is {major}.{minor}"
+        )
+    return f"compute_{older[-1]}"
+
+
+def cached_module_file(inst: Instantiation, target: str, folder: Path | None = None) -> tuple[Path, dict[str, str]]:
+    """``inst``'s module compiled for ``target`` (a cubin for ``sm_XY``, PTX for
+    ``compute_XY``) and its kernels' lowered names, compiled once per machine: kept in
+    pagesim's cache folder, checked by its hash and its names. (CuPy's own cache recompiles
+    in every process when templates are named, and a (dtype, head_dim) module takes seconds
+    to compile.) Where the folder cannot be written, the file goes to a temporary one."""
+    names = inst.module_names()
+    key = module_cache_key(inst, target)
+    suffix = ".cubin" if target.startswith("sm_") else ".ptx"
+    try:
+        folder = cache_root() / "cuda" if folder is None else folder
+    except RuntimeError:  # no home folder to find the cache in
+        folder = _temporary_folder()
+    module_path, entry_path = folder / f"{key}{suffix}", folder / f"{key}.json"
     try:
         entry = json.loads(entry_path.read_text(encoding="utf-8"))
-        if entry["sha256"] == hashlib.sha256(cubin_path.read_bytes()).hexdigest():
-            return cubin_path, dict(entry["lowered"])
+        lowered = dict(entry["lowered"])
+        if entry["sha256"] == hashlib.sha256(module_path.read_bytes()).hexdigest() and set(lowered) == set(names):
+            return module_path, lowered
     except (OSError, ValueError, KeyError, TypeError):
         pass  # absent, partial or stale: compiled again below
-    cubin, lowered = nvrtc_cubin(inst.module_names(), arch)
-    entry_text = json.dumps({"sha256": hashlib.sha256(cubin).hexdigest(), "lowered": lowered})
+    if suffix == ".cubin":
+        data, lowered = nvrtc_cubin(names, target)
+    else:
+        ptx, lowered = nvrtc_ptx(names, target)
+        data = ptx.encode()
+    entry_text = json.dumps({"sha256": hashlib.sha256(data).hexdigest(), "lowered": lowered})
     try:
-        _replace_file(cubin_path, cubin)  # the cubin first: an entry never names a cubin not yet there
+        _replace_file(module_path, data)  # the module first: an entry never names a file not yet there
         _replace_file(entry_path, entry_text.encode())
     except OSError:
-        cubin_path = Path(tempfile.mkdtemp(prefix="pagesim-cuda-")) / cubin_path.name
-        cubin_path.write_bytes(cubin)
-    return cubin_path, lowered
+        module_path = _temporary_folder() / module_path.name
+        module_path.write_bytes(data)
+    return module_path, lowered
+
+
+def _temporary_folder() -> Path:
+    """A folder of this process's own, removed when it exits."""
+    folder = Path(tempfile.mkdtemp(prefix="pagesim-cuda-"))
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 def _replace_file(path: Path, data: bytes) -> None:
@@ -159,27 +201,33 @@ def _replace_file(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(temp, 0o644)  # (mkstemp's 0600 would keep another user's processes compiling)
         os.replace(temp, path)
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
 
 
-def device_arch() -> str:
+def _load_module(path: Path, lowered: dict[str, str]) -> CompiledModule:
+    """The module at ``path``, loaded now (CuPy loads on first use)."""
     import cupy
 
-    return f"sm_{cupy.cuda.Device().compute_capability}"
+    raw = cupy.RawModule(path=str(path))
+    raw.get_function(next(iter(lowered.values())))
+    return CompiledModule(raw, lowered)
 
 
-def compiled_module(inst: Instantiation) -> CompiledModule:
-    import cupy
-
+def compiled_module(inst: Instantiation, target: str) -> CompiledModule:
     with _MODULES_LOCK:
-        module = _MODULES.get(inst.module_key)
+        module = _MODULES.get((inst.module_key, target))
         if module is None:
-            path, lowered = cached_cubin(inst, device_arch())
-            module = CompiledModule(cupy.RawModule(path=str(path)), lowered)
-            _MODULES[inst.module_key] = module
+            path, lowered = cached_module_file(inst, target)
+            try:
+                module = _load_module(path, lowered)
+            except Exception:  # the cached file changed or went since it was checked: compile afresh
+                path, lowered = cached_module_file(inst, target, _temporary_folder())
+                module = _load_module(path, lowered)
+            _MODULES[(inst.module_key, target)] = module
         return module
 
 
@@ -199,6 +247,7 @@ class CudaBackend(Backend):
         self.variant = variant
         self.device_id = device_id
         self._device = cupy.cuda.Device(device_id)
+        self.target = device_target(self._device.compute_capability)  # what its modules are compiled for
         props = cupy.cuda.runtime.getDeviceProperties(device_id)
         self._device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
         self._limits: DeviceLimits | None = None
@@ -218,9 +267,11 @@ class CudaBackend(Backend):
             )
         return self._limits
 
-    def launch_plan(self, key_cache, num_seqs: int, num_heads: int, max_context: int) -> LaunchPlan:
-        """v1 or v2 from the occupancy model, with the compiled kernels' registers and shared memory."""
-        heads = heads_per_block(num_heads, key_cache.shape[2])
+    def launch_plan(self, key_cache, num_seqs: int, num_heads: int, max_context: int, heads=None) -> LaunchPlan:
+        """v1 or v2 from the occupancy model, with the compiled kernels' registers and shared
+        memory (of the kernels attending ``heads`` query heads a thread block: by default,
+        :func:`heads_per_block`'s choice)."""
+        heads = heads_per_block(num_heads, key_cache.shape[2]) if heads is None else heads
         inst, module = self._module_for(key_cache, heads)
 
         def resources(name: str) -> KernelResources:
@@ -287,7 +338,7 @@ class CudaBackend(Backend):
 
     def compile_module(self, inst: Instantiation):
         """The module holding ``inst``'s kernels (NVRTC, cached per machine and per process)."""
-        return compiled_module(inst)
+        return compiled_module(inst, self.target)
 
     # -- cache writes ------------------------------------------------------------------
     def _check_cache_pair(self, key_cache, value_cache) -> None:
@@ -462,7 +513,7 @@ class CudaBackend(Backend):
         elif variant is None and self.variant == "vllm":
             variant = choose_variant(max_context, num_seqs, num_heads)
         elif variant is None:
-            variant = self.launch_plan(key_cache, num_seqs, num_heads, max_context).variant
+            variant = self.launch_plan(key_cache, num_seqs, num_heads, max_context, heads).variant
         with self._device:
             q = xp.ascontiguousarray(query)
             if num_seqs == 0 or max_context == 0:

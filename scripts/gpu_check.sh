@@ -17,9 +17,10 @@ SECONDS=0
 
 # pagesim without installing it: a namespace folder whose subpackages are the top-level folders.
 pkg="$(mktemp -d)"
+site=""
+trap 'rm -rf "$pkg" ${site:+"$site"}' EXIT
 mkdir -p "$pkg/pagesim"
 for d in app core kernels assets; do ln -s "$PWD/$d" "$pkg/pagesim/$d"; done
-site=""
 if compgen -G ".whl/*.whl" > /dev/null; then
   site="$(mktemp -d)"
   "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" .whl/*.whl 2>&1 | tail -2
@@ -43,17 +44,19 @@ cat "$out/device.txt"
 #    compile each; the test workers then load the cubins).
 timeout -k 10 120 "$py" - <<'EOF' 2>&1 | tee "$out/build.log"
 import concurrent.futures as cf, time
-from pagesim.kernels.cuda_backend import cached_cubin, device_arch
+import cupy
+from pagesim.kernels.cuda_backend import cached_module_file, device_target
 from pagesim.kernels.cuda_build import instantiation_for
-arch = device_arch()
+arch = device_target(cupy.cuda.Device().compute_capability)
 insts = [instantiation_for(d, h, 16) for d in ("float32", "float16", "bfloat16") for h in (8, 24, 32, 64, 128, 256)]
 started = time.perf_counter()
 with cf.ProcessPoolExecutor(max_workers=16) as pool:
-    for inst, _ in zip(insts, pool.map(cached_cubin, insts, [arch] * len(insts))):
+    for inst, _ in zip(insts, pool.map(cached_module_file, insts, [arch] * len(insts))):
         pass
 print(f"{len(insts)} modules compiled for {arch} in {time.perf_counter() - started:.1f} s")
 EOF
-echo "[$SECONDS s] modules built"
+build_rc=${PIPESTATUS[0]}
+echo "[$SECONDS s] modules built rc=$build_rc"
 
 # 1. The GPU suite, a worker per two cores: --maxfail so a broken context cannot cascade
 #    through every case; per-test timeout (signal method: the test fails, the suite goes on).
@@ -85,7 +88,8 @@ echo "[$SECONDS s] bench rc=$bench_rc"
 # 4. The model's decode and prefill steps on the device, paged against dense.
 if [ -n "${PAGESIM_GPU_MODEL:-}" ] && [ "${MODEL_BENCH_LIMIT:-90}" -gt 1 ]; then
   OMP_NUM_THREADS=8 timeout -s INT -k 10 "${MODEL_BENCH_LIMIT:-90}" "$py" scripts/gpu_model_bench.py "$PAGESIM_GPU_MODEL" "$out/model-bench-cuda.json" 2>&1 | tail -8
-  echo "[$SECONDS s] model bench rc=${PIPESTATUS[0]}"
+  model_rc=${PIPESTATUS[0]}
+  echo "[$SECONDS s] model bench rc=$model_rc"
 fi
 
 # 5. Nsight Compute on the decode kernels: where their time goes (throughput, occupancy, stalls).
@@ -94,7 +98,9 @@ if [ -n "$ncu" ] && [ "${PROFILE_LIMIT:-90}" -gt 1 ]; then
   timeout -s INT -k 10 "${PROFILE_LIMIT:-90}" "$ncu" --clock-control none -k regex:paged_attention_v -c 8 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
     "$py" scripts/gpu_profile.py > "$out/ncu.txt" 2>&1
-  echo "[$SECONDS s] profile rc=$?"
+  profile_rc=$?
+  echo "[$SECONDS s] profile rc=$profile_rc"
 fi
-echo "[$SECONDS s] tests rc=$tests_rc sanitizer rc=$sanitizer_rc bench rc=$bench_rc"
-exit $(( tests_rc || sanitizer_rc || bench_rc ))
+echo "[$SECONDS s] build rc=$build_rc tests rc=$tests_rc sanitizer rc=$sanitizer_rc bench rc=$bench_rc" \
+  "model bench rc=${model_rc:-skipped} profile rc=${profile_rc:-skipped}"
+exit $(( build_rc || tests_rc || sanitizer_rc || bench_rc || ${model_rc:-0} || ${profile_rc:-0} ))

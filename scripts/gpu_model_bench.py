@@ -10,7 +10,7 @@ import sys
 
 import torch
 from pagesim.core.models import load_gguf
-from pagesim.core.models.bench import ModelBenchPlan, bench_decode, bench_prefill
+from pagesim.core.models.bench import ModelBenchPlan, bench_decode, bench_prefill, paged_runner
 from pagesim.kernels.cuda_backend import CudaBackend
 
 
@@ -25,6 +25,7 @@ def main(model: str, out: str) -> None:
         "torch": torch.__version__,
         "decode": [],
     }
+    report["torch_device"] = str(paged_runner(file, backend, 4, plan.block_size).llama.device)  # the paged engine's
     for batch in plan.batches:
         row = bench_decode(file, backend, batch, plan)
         report["decode"].append(row)

@@ -110,10 +110,10 @@ class Llama:
     def on(self, device: torch.device | str) -> Llama:
         """This model with its weights on ``device`` (a copy; this one stays where it is)."""
         moved = copy.copy(self)
-        for name in ("embed", "norm", "lm_head", "inv_freq"):
+        for name in ("embed", "norm", "inv_freq"):
             setattr(moved, name, getattr(self, name).to(device))
-        if self.lm_head is self.embed:  # tied: one tensor on the device too
-            moved.lm_head = moved.embed
+        # tied to the embedding: one tensor on the device too
+        moved.lm_head = moved.embed if self.lm_head is self.embed else self.lm_head.to(device)
         moved.layers = [
             LayerWeights(**{f.name: getattr(layer, f.name).to(device) for f in fields(LayerWeights)})
             for layer in self.layers

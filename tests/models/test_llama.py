@@ -101,12 +101,16 @@ def test_the_model_moves_whole_to_another_device(smollm, llama):
     assert tuple(moved.logits(hidden).shape) == (3, smollm.config.vocab_size)
 
 
-def test_the_paged_engine_runs_its_model_where_the_kernels_are():
+def test_the_paged_engine_runs_its_model_where_the_kernels_are(smollm):
     from types import SimpleNamespace
 
-    from pagesim.core.llama_runner import torch_device_for
+    from pagesim.core.llama_runner import LlamaRunner, torch_device_for
+    from pagesim.core.models.catalog import config_for_model
 
-    assert torch_device_for(CpuBackend()).type == "cpu"
+    runner = LlamaRunner(config_for_model(str(smollm.path), num_blocks=4, block_size=16), CpuBackend(), smollm)
+    assert runner.torch_device.type == "cpu"
+    assert runner.llama is runner.model.llama, "on the host the paged engine shares the model, no copy"
+    assert runner.reference.engine.model is runner.model.llama
     gpu_backend = SimpleNamespace(name="cuda", device_id=0)
     expected = "cuda" if torch.cuda.is_available() else "cpu"  # (a CPU build of torch keeps it on the host)
     assert torch_device_for(gpu_backend).type == expected
