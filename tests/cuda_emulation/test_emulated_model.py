@@ -1,0 +1,88 @@
+"""A real model's runner on the CUDA backend's own launch code (the emulated module as the
+device): every layer's K/V written with ``reshape_and_cache``, prompts through the paged
+prefill kernel, decode steps through v1/v2, copy-on-write with ``copy_blocks`` — the path a
+GPU runs with the model's dense layers on the host. A tiny Llama (two layers, head dim 8)
+keeps the emulation quick; its tokens must be the CPU backend's, step for step."""
+
+import pytest
+from pagesim.core.scenario import parse_scenario
+from pagesim.core.timeline import Timeline
+
+from tests.cuda_emulation import emulator
+from tests.models import tiny_gguf
+
+STEPS = """
+[[steps]]
+op = "add"
+seq = "A"
+prompt = "hello the world, hello the world"
+
+[[steps]]
+op = "grow"
+seq = "A"
+tokens = 3
+
+[[steps]]
+op = "fork"
+seq = "A"
+as = "B"
+
+[[steps]]
+op = "grow"
+seq = "B"
+tokens = 2
+
+[[steps]]
+op = "add"
+seq = "C"
+prompt = "the world"
+
+[[steps]]
+op = "grow"
+seq = "A"
+tokens = 9
+
+[[steps]]
+op = "free"
+seq = "B"
+
+[[steps]]
+op = "grow"
+seq = "C"
+tokens = 4
+"""
+
+
+@pytest.fixture
+def tiny_model_scenario(tmp_path, monkeypatch):
+    monkeypatch.setenv("PAGESIM_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "tiny.gguf"
+    tiny_gguf.write_llama(path)
+    header = (
+        f'name = "tiny"\ndescription = "tiny"\nmodel = "{path}"\n'
+        'num_blocks = 24\nblock_size = 4\ndtype = "float32"\nseed = 3\n'
+    )
+    return parse_scenario(header + STEPS, "tiny")
+
+
+def tokens_by_step(scenario, backend):
+    timeline = Timeline(scenario, backend, snapshot_data=False, history=False)
+    steps, copies = [], 0
+    while not timeline.at_end:
+        result = timeline.forward()
+        report = result.attention
+        assert report is not None and report.passed, f"step {timeline.position}: {report}"
+        assert report.backend == backend.name
+        copies += sum(type(e).__name__ == "BlockCopied" for e in result.events)
+        steps.append({s: tuple(seq.token_ids) for s, seq in timeline.sim.sequences.items()})
+    return steps, copies
+
+
+@pytest.mark.parametrize("variant", ["v1", "v2"])  # (auto asks the device for its kernels' registers)
+def test_the_cuda_launch_path_writes_the_cpus_tokens(emulated_module, cpu_backend, tiny_model_scenario, variant):
+    backend = emulator.EmulatedCudaBackend(emulated_module, variant)
+    on_cuda, copies = tokens_by_step(tiny_model_scenario, backend)
+    on_cpu, _ = tokens_by_step(tiny_model_scenario, cpu_backend)
+    assert copies >= 1, "the scenario should copy a shared block on write"
+    assert on_cuda == on_cpu
+    assert len(on_cuda[-1]["A"]) > len(on_cuda[0]["A"])
