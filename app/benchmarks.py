@@ -20,7 +20,6 @@ import numba
 import numpy as np
 import torch
 from pagesim.app.options import add_bench_options, bench_json, writable_problem
-from pagesim.core.atomic_write import atomic_write
 from pagesim.core.config import CacheConfig
 from pagesim.core.engine import Simulator
 from pagesim.core.errors import PagesimError
@@ -32,6 +31,7 @@ from pagesim.core.operations import Add, Fork, Free, Grow, Schedule, Submit
 from pagesim.core.scenario import Scenario, load_shipped
 from pagesim.core.studies.workload import generate
 from pagesim.core.timeline import Timeline
+from pagesim.kernels.atomic_write import atomic_write
 from pagesim.kernels.backend import Backend, default_scale
 from pagesim.kernels.cpu_backend import CpuBackend
 from pagesim.kernels.cuda_bench import run_cuda_benchmarks

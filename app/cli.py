@@ -32,7 +32,6 @@ from pagesim.app.report import (
 )
 from pagesim.app.serving_cli import add_parsers as add_serving_parsers
 from pagesim.app.serving_cli import add_waste_pool_options, cmd_latency, cmd_sweep, waste_pool
-from pagesim.core.atomic_write import atomic_write
 from pagesim.core.errors import PagesimError
 from pagesim.core.events import RequestRejected
 from pagesim.core.language_model import BUNDLED_MODEL
@@ -41,6 +40,7 @@ from pagesim.core.studies.waste import CATEGORIES, CATEGORY_LABELS, check_bounde
 from pagesim.core.studies.workload import DISTRIBUTIONS, generate
 from pagesim.core.timeline import Timeline
 from pagesim.core.trace import dumps_trace, load_workload, run_workload
+from pagesim.kernels.atomic_write import atomic_write
 from pagesim.kernels.backend import BackendUnavailableError
 from pagesim.kernels.selection import available_backends, select_backend
 

@@ -14,7 +14,6 @@ import statistics
 import sys
 
 from pagesim.app.options import writable_problem
-from pagesim.core.atomic_write import atomic_write
 from pagesim.core.engine import Simulator
 from pagesim.core.errors import InvalidOperationError
 from pagesim.core.models.catalog import config_for_model, load_model
@@ -22,6 +21,7 @@ from pagesim.core.models.precision import DTYPE_ENV, describe_dtype, resolve_dty
 from pagesim.core.models.threads import apply_chosen_threads
 from pagesim.core.operations import Add, Grow
 from pagesim.core.sampling import SamplingParams
+from pagesim.kernels.atomic_write import atomic_write
 from pagesim.kernels.selection import select_backend
 
 SEQ = "0"

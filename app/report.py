@@ -8,10 +8,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
-from pagesim.core.atomic_write import atomic_open, atomic_write
 from pagesim.core.engine import StepResult
 from pagesim.core.events import TokenWritten
 from pagesim.core.timeline import Timeline
+from pagesim.kernels.atomic_write import atomic_open, atomic_write
 from pagesim.kernels.dtypes import dtype_name
 
 

@@ -204,6 +204,9 @@ class LlamaRunner(ModelRunner):
 
         on_device = self.torch_device.type != "cpu"
         last_rows_t = torch.from_numpy(last_rows.astype(np.int64)).to(self.torch_device)
+        # (on the device, the kernels' own output stays there: the next layer's input)
+        decode_kernel = backend.paged_attention_device if on_device else backend.paged_attention
+        prefill_kernel = backend.paged_prefill_device if on_device else backend.paged_prefill
 
         def attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             cache = self.caches[layer]
@@ -212,9 +215,6 @@ class LlamaRunner(ModelRunner):
             query = self._as_stored(q)
             if not on_device:
                 query = backend.to_device(np.ascontiguousarray(query))
-            # (on the device, the kernels' own output stays there: the next layer's input)
-            decode_kernel = backend.paged_attention_device if on_device else backend.paged_attention
-            prefill_kernel = backend.paged_prefill_device if on_device else backend.paged_prefill
             kc, vc = cache.key_cache, cache.value_cache
             if decode:
                 out = decode_kernel(query, kc, vc, tables, context_lens, scale)

@@ -8,7 +8,6 @@ import ctypes
 import hashlib
 import json
 import math
-import os
 import shutil
 import tempfile
 import threading
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pagesim.kernels.atomic_write import atomic_write
 from pagesim.kernels.backend import (
     Backend,
     KernelInputError,
@@ -179,8 +179,9 @@ def cached_module_file(inst: Instantiation, target: str, folder: Path | None = N
         data = ptx.encode()
     entry_text = json.dumps({"sha256": hashlib.sha256(data).hexdigest(), "lowered": lowered})
     try:
-        _replace_file(module_path, data)  # the module first: an entry never names a file not yet there
-        _replace_file(entry_path, entry_text.encode())
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write(module_path, data)  # the module first: an entry never names a file not yet there
+        atomic_write(entry_path, entry_text)
     except OSError:
         module_path = _temporary_folder() / module_path.name
         module_path.write_bytes(data)
@@ -192,20 +193,6 @@ def _temporary_folder() -> Path:
     folder = Path(tempfile.mkdtemp(prefix="pagesim-cuda-"))
     atexit.register(shutil.rmtree, folder, True)
     return folder
-
-
-def _replace_file(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` whole or not at all (another process may read it meanwhile)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(temp, 0o644)  # (mkstemp's 0600 would keep another user's processes compiling)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
 
 
 def _load_module(path: Path, lowered: dict[str, str]) -> CompiledModule:

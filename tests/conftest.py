@@ -5,7 +5,7 @@ import os
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import pytest
-from pagesim.core import atomic_write
+from pagesim.kernels import atomic_write
 from pagesim.kernels.cpu_backend import CpuBackend
 
 

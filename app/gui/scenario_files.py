@@ -8,9 +8,9 @@ import weakref
 from pathlib import Path
 
 from pagesim.app.gui.settings import MAX_RECENT
-from pagesim.core.atomic_write import atomic_path, atomic_write
 from pagesim.core.errors import PagesimError
 from pagesim.core.scenario import Scenario, load_scenario, scenario_model, shipped_folder
+from pagesim.kernels.atomic_write import atomic_path, atomic_write
 from PySide6.QtWidgets import QFileDialog, QMenu
 
 

@@ -31,9 +31,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-from pagesim.core.atomic_write import atomic_path, atomic_write
 from pagesim.core.errors import PagesimError
 from pagesim.core.models.tokenizer import GGUFTokenizer, SpecialTokens, build_tokenizer
+from pagesim.kernels.atomic_write import atomic_path, atomic_write
 from pagesim.kernels.user_cache import CACHE_ENV, cache_root  # noqa: F401 (CACHE_ENV: the loader's callers set it)
 from tokenizers import Tokenizer
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pagesim.app import benchmarks
 from pagesim.app.cli import main
-from pagesim.core import atomic_write as aw
+from pagesim.kernels import atomic_write as aw
 
 HEADER = "num_blocks = 8\nblock_size = 4\nnum_heads = 2\nhead_dim = 8\n"
 

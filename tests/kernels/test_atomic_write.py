@@ -5,8 +5,8 @@ import os
 import stat
 
 import pytest
-from pagesim.core import atomic_write as aw
-from pagesim.core.atomic_write import atomic_open, atomic_path, atomic_write
+from pagesim.kernels import atomic_write as aw
+from pagesim.kernels.atomic_write import atomic_open, atomic_path, atomic_write
 
 
 def _no_temp_left(folder):
