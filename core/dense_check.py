@@ -122,7 +122,7 @@ class DenseCheck:
             norms = np.sqrt(np.add.reduce(k32 * k32, axis=2))
             most = norms[0] if len(norms) == 1 else norms.max(axis=0)  # (one token, a grow's: no reduction)
             np.maximum(self._k_norm[seq_id], most, out=self._k_norm[seq_id])
-            np.maximum(self._v_abs[seq_id], np.abs(v32).max(axis=(0, 2)), out=self._v_abs[seq_id])
+            np.maximum(self._v_abs[seq_id], np.maximum.reduce(np.abs(v32), axis=(0, 2)), out=self._v_abs[seq_id])
 
     def bounds(self, ids: tuple[str, ...], query: np.ndarray, scale: float, context_lens: np.ndarray) -> np.ndarray:
         """:func:`error_bounds` for these sequences, from the magnitudes seen so far. A row

@@ -85,6 +85,34 @@ def _position_mixer():
     return numba.njit("void(uint64[::1], uint64[::1], int64[::1])", cache=True, boundscheck=False)(_mix_positions)
 
 
+def _rotate_rows(x: np.ndarray, factors: np.ndarray, positions: np.ndarray, out: np.ndarray) -> None:
+    """Rotary embedding of ``x`` (n, heads, dim) into ``out``: each head's halves x1, x2
+    become x1 cos - x2 sin and x2 cos + x1 sin (``factors[p]``: cos, -sin, sin at position
+    ``p``); an odd dim's last element is copied. Compiled (see :func:`_rotator`): a grow's
+    one token costs one call, not a dozen array passes. Each element is two float32
+    products and their sum, rounded as NumPy rounds them, so the bits do not depend on the
+    batch (no fused multiply-add: Numba contracts nothing without fastmath)."""
+    half = factors.shape[2]
+    for i in range(x.shape[0]):
+        f = factors[positions[i]]
+        for h in range(x.shape[1]):
+            for j in range(half):
+                x1, x2 = x[i, h, j], x[i, h, half + j]
+                out[i, h, j] = x1 * f[0, j] + x2 * f[1, j]
+                out[i, h, half + j] = x2 * f[0, j] + x1 * f[2, j]
+            for j in range(2 * half, x.shape[2]):
+                out[i, h, j] = x[i, h, j]
+
+
+@functools.cache
+def _rotator():
+    """:func:`_rotate_rows` compiled on first use (Numba loads with the first write, not
+    with the window)."""
+    import numba
+
+    return numba.njit(cache=True, boundscheck=False)(_rotate_rows)
+
+
 @functools.lru_cache(maxsize=4)
 def _weights(seed: int, num_heads: int, num_kv_heads: int, head_dim: int) -> tuple[np.ndarray, ...]:
     """The model's fixed weights, shared (read-only) by every model with the same seed and
@@ -241,16 +269,14 @@ class TokenModel:
         half = self._rotary.half
         if half == 0 or x.shape[0] == 0:
             return x
-        # Each head's halves as a pair: [x1, x2] * cos + [x2, x1] * [-sin, sin] is x1 cos - x2 sin
-        # and x2 cos + x1 sin, bit for bit (a + (-b) is a - b), in a few calls for every token.
-        n, heads, rotated = x.shape[0], x.shape[1], 2 * half
-        factors = self._rotary.factors_at(positions)[:, None]  # (n, 1, 3, half)
-        pairs = (x if rotated == x.shape[2] else x[..., :rotated]).reshape(n, heads, 2, half)
-        out = pairs * factors[:, :, :1]
-        out += pairs[:, :, ::-1] * factors[:, :, 1:]
-        out = out.reshape(n, heads, rotated)
-        if rotated < x.shape[2]:  # an odd head dim: its last element is not rotated
-            out = np.concatenate([out, x[..., rotated:]], axis=2)
+        if len(positions) != x.shape[0]:
+            raise ValueError(f"{x.shape[0]} tokens but {len(positions)} positions")
+        first, last = (int(positions[0]),) * 2 if len(positions) == 1 else (int(positions.min()), int(positions.max()))
+        if first < 0:
+            raise ValueError(f"positions must be non-negative, got {first}")
+        self._rotary.fill(last + 1)  # (the compiled loop reads the table unchecked)
+        out = np.empty(x.shape, np.float32)
+        _rotator()(x, self._rotary.factors, np.ascontiguousarray(positions, np.int64), out)
         return out
 
     def qkv(self, token_ids, positions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -124,3 +124,26 @@ def test_a_long_run_of_ids_is_the_same_as_each_id_on_its_own():
         model = TokenModel(config(seed=seed))
         for name, start, count in (("x", 0, 8), ("x", 0, 9), ("r12/s3", 5, 300), ("shared", 2**40, 64)):
             assert model.token_ids(name, start, count) == [model.token_id(name, p) for p in range(start, start + count)]
+
+
+@pytest.mark.parametrize("head_dim", [2, 7, 32, 65])
+def test_the_compiled_rotation_gives_numpy_s_bits_for_any_batch(head_dim):
+    """q and k are rotated in a compiled loop: two float32 products and their sum per
+    element, rounded as NumPy's array passes round them (no fused multiply-add), for one
+    token or many, from the strided view qkv hands it; an odd dim's last element unrotated."""
+    model = TokenModel(CacheConfig(num_blocks=64, block_size=16, num_heads=4, num_kv_heads=2, head_dim=head_dim))
+    rng = np.random.default_rng(head_dim)
+    table, half = model._rotary, head_dim // 2
+    for n in (1, 3, 40):
+        rows = (rng.standard_normal((n, 6 * head_dim + 5)) * 30).astype(np.float32)
+        x = rows[:, : 6 * head_dim].reshape(n, 6, head_dim)
+        positions = rng.integers(0, 3000, n)
+        table.fill(int(positions.max()) + 1)
+        cos, neg_sin, sin = (table.factors[positions][:, None, k] for k in range(3))
+        x1, x2 = x[..., :half], x[..., half : 2 * half]
+        expected = np.concatenate([x1 * cos + x2 * neg_sin, x2 * cos + x1 * sin, x[..., 2 * half :]], axis=2)
+        assert model._rotate(x, positions).tobytes() == expected.astype(np.float32).tobytes()
+    with pytest.raises(ValueError, match="non-negative"):
+        model._rotate(x[:1], np.array([-1]))
+    with pytest.raises(ValueError, match="positions"):
+        model._rotate(x[:2], np.array([1]))
