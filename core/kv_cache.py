@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from pagesim.core.config import CacheConfig
-from pagesim.kernels.backend import Backend
+from pagesim.kernels.backend import Backend, ForwardInputs
 from pagesim.kernels.dtypes import storage_dtype
 
 
@@ -52,6 +52,12 @@ class PagedKVCache:
         if self._undo is not None and self._live:  # (the blocks only matter to a checkpoint)
             self._before_change(np.asarray(slot_mapping) // self.config.block_size)
         self.backend.write_kv(self.key_cache, self.value_cache, slot_mapping, keys, values)
+
+    def write_for(self, inputs: ForwardInputs, keys, values) -> None:
+        """:meth:`write` of one layer of a model's forward (on a device, its slots are uploaded once)."""
+        if self._undo is not None and self._live:
+            self._before_change(np.asarray(inputs.slots) // self.config.block_size)
+        self.backend.write_kv_for(self.key_cache, self.value_cache, inputs, keys, values)
 
     def write_blocks(self, blocks: list[int], keys: np.ndarray, values: np.ndarray) -> None:
         self._before_change(blocks)

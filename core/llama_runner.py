@@ -41,7 +41,7 @@ from pagesim.core.model_runner import AttentionReport, ModelRunner, RunnerSnapsh
 from pagesim.core.models import DenseKVCache, ModelFile
 from pagesim.core.models.catalog import SHAPE_FIELDS, check_shapes, load_model
 from pagesim.core.sequence import Sequence
-from pagesim.kernels.backend import Backend, default_scale
+from pagesim.kernels.backend import Backend, ForwardInputs, default_scale
 from pagesim.kernels.dtypes import dtype_name
 
 
@@ -111,6 +111,10 @@ class LlamaRunner(ModelRunner):
         # cast for fp16 and bf16 ones); the dense reference keeps the host's copy.
         self.torch_device = torch_device_for(backend)
         self.llama = model.llama if self.torch_device.type == "cpu" else model.llama.on(self.torch_device)
+        # The kernels read the model's tensors where they are (DLPack) and leave their output
+        # there, and each forward's tables are uploaded once: the CUDA backend with torch on
+        # its GPU (or, in a test, an emulated device that reads host memory).
+        self.on_device = self.torch_device.type != "cpu"
         others = range(num_layers - 1)  # the last layer's cache is the base runner's: the report shows it
         self.caches = [PagedKVCache(config, backend) for _ in others] + [self.cache]
         self.swaps = [SwapSpace(config, self.cache.dtype) for _ in others] + [self.swap_space]
@@ -202,27 +206,30 @@ class LlamaRunner(ModelRunner):
         slots = gather_slots([s.block_table for s in seqs], context_lens.tolist(), self.config.block_size)
         layer_errors, layer_bounds, layer_queries = [], [], []
 
-        on_device = self.torch_device.type != "cpu"
+        on_device = self.on_device
         last_rows_t = torch.from_numpy(last_rows.astype(np.int64)).to(self.torch_device)
-        # (on the device, the kernels' own output stays there: the next layer's input)
-        decode_kernel = backend.paged_attention_device if on_device else backend.paged_attention
-        prefill_kernel = backend.paged_prefill_device if on_device else backend.paged_prefill
+        # The slots and tables of every layer: on the device, uploaded once (a synchronous
+        # copy a layer drained the device's queue, and the host's, every layer).
+        inputs = ForwardInputs(slot_array, tables, context_lens, None if decode else query_starts)
 
         def attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             cache = self.caches[layer]
             keys, values = self._as_stored(k), self._as_stored(v)
-            cache.write(slot_array, keys, values)
+            cache.write_for(inputs, keys, values)
             query = self._as_stored(q)
-            if not on_device:
-                query = backend.to_device(np.ascontiguousarray(query))
             kc, vc = cache.key_cache, cache.value_cache
-            if decode:
-                out = decode_kernel(query, kc, vc, tables, context_lens, scale)
+            if on_device:  # (the kernels' own output stays there: the next layer's input)
+                out = backend.attention_device_for(query, kc, vc, inputs, scale)
             else:
-                out = prefill_kernel(query, kc, vc, query_starts, tables, context_lens, scale)
+                query = backend.to_device(np.ascontiguousarray(query))
+                if decode:
+                    out = backend.paged_attention(query, kc, vc, tables, context_lens, scale)
+                else:
+                    out = backend.paged_prefill(query, kc, vc, query_starts, tables, context_lens, scale)
             if layer == check:
                 seen.update(q=_host(q), k=backend.to_numpy(keys).copy(), v=backend.to_numpy(values).copy())
-            layer_queries.append(_host(q[last_rows_t]))
+            # (on the device, kept there: one copy to the host after the last layer, not one a layer)
+            layer_queries.append(q[last_rows_t].detach() if on_device else _host(q[last_rows_t]))
             if on_device:
                 out = torch.from_dlpack(out)
             else:
@@ -251,7 +258,8 @@ class LlamaRunner(ModelRunner):
                 self.dense.append(seq_id, hit_k, hit_v)
             self.dense.append(seq_id, seen["k"][lo:hi], seen["v"][lo:hi])
             self._last_query[seq_id] = seen["q"][hi - 1].copy()
-        for i, queries in enumerate(np.stack(layer_queries, axis=1)):
+        stacked = torch.stack(layer_queries, dim=1).cpu().numpy() if on_device else np.stack(layer_queries, axis=1)
+        for i, queries in enumerate(stacked):
             self._layer_queries[seqs[i].seq_id] = queries
 
     def _as_stored(self, t: torch.Tensor):

@@ -20,6 +20,16 @@ class KernelInputError(ValueError):
     """Kernel inputs that would make the kernel read out of bounds or compute garbage."""
 
 
+class ForwardInputs:
+    """One model forward's slots, block tables and context lengths (and a prefill's query
+    starts): the same for every layer. A backend with a device uploads them at the first
+    layer and keeps the uploads in ``uploads`` for the others."""
+
+    def __init__(self, slots: np.ndarray, tables: np.ndarray, context_lens: np.ndarray, query_starts=None) -> None:
+        self.slots, self.tables, self.context_lens, self.query_starts = slots, tables, context_lens, query_starts
+        self.uploads: dict[str, Any] = {}
+
+
 class Backend(ABC):
     """A paged-attention backend.
 
@@ -50,6 +60,10 @@ class Backend(ABC):
     ) -> None:
         """Write ``keys``/``values`` of shape (n, num_kv_heads, head_dim) to flat slots
         ``block * block_size + offset`` (vLLM's ``reshape_and_cache``)."""
+
+    def write_kv_for(self, key_cache: Any, value_cache: Any, inputs: ForwardInputs, keys, values) -> None:
+        """:meth:`write_kv` of one layer of a forward (a device backend uploads its slots once)."""
+        self.write_kv(key_cache, value_cache, inputs.slots, keys, values)
 
     def read_blocks(self, key_cache: Any, value_cache: Any, block_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """Whole blocks' K/V to the host (swap out)."""

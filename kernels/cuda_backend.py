@@ -18,6 +18,7 @@ import numpy as np
 from pagesim.kernels.atomic_write import atomic_write
 from pagesim.kernels.backend import (
     Backend,
+    ForwardInputs,
     KernelInputError,
     query_tiles,
     validate_kernel_inputs,
@@ -417,6 +418,69 @@ class CudaBackend(Backend):
                 variant,
             )
 
+    # -- a model's forward: its tables uploaded once, for every layer -----------------------------
+    def write_kv_for(self, key_cache, value_cache, inputs: ForwardInputs, keys, values) -> None:
+        """:meth:`write_kv` of a forward's layer: the slots validated and uploaded at the first
+        layer, reused by the others (a synchronous copy a layer drained the device's queue)."""
+        uploaded = inputs.uploads
+        if "slots" not in uploaded:
+            self.write_kv(key_cache, value_cache, inputs.slots, keys, values)  # validates and writes
+            with self._device:
+                uploaded["slots"] = self.xp.asarray(np.asarray(inputs.slots, dtype=np.int64))
+            return
+        slots = uploaded["slots"]
+        if slots.size == 0:
+            return
+        inst, module = self._module_for(key_cache)
+        token_size = key_cache.shape[2] * key_cache.shape[3]
+        k, v = self.to_device(keys), self.to_device(values)
+        if k.shape != (slots.size, *key_cache.shape[2:]) or k.dtype != key_cache.dtype or v.shape != k.shape:
+            raise KernelInputError(
+                f"keys and values must be ({slots.size}, {key_cache.shape[2]}, {key_cache.shape[3]})"
+            )
+        with self._device:
+            module.get_function(inst.names["write"])(
+                (slots.size,), (min(token_size, 256),), (k, v, key_cache, value_cache, slots, np.int32(token_size))
+            )
+
+    def attention_device_for(self, query, key_cache, value_cache, inputs: ForwardInputs, scale):
+        """A forward's layer of attention on the device (decode, or prefill where ``inputs``
+        has query starts): validated at the first layer, whose uploads and launch choices
+        (the tables, v1 or v2, a prefill's tiles) the other layers reuse."""
+        uploaded, xp = inputs.uploads, self.xp
+        if "tables" not in uploaded:
+            if inputs.query_starts is None:
+                out = self.paged_attention_device(
+                    query, key_cache, value_cache, inputs.tables, inputs.context_lens, scale
+                )
+            else:
+                out = self.paged_prefill_device(
+                    query, key_cache, value_cache, inputs.query_starts, inputs.tables, inputs.context_lens, scale
+                )
+            tables = np.ascontiguousarray(inputs.tables, dtype=np.int32)
+            lens = np.ascontiguousarray(inputs.context_lens, dtype=np.int32)
+            with self._device:
+                uploaded["tables"], uploaded["lens"] = xp.asarray(tables), xp.asarray(lens)
+            uploaded["shape"] = (tuple(query.shape), tuple(key_cache.shape), key_cache.dtype)
+            uploaded["max_context"] = int(lens.max()) if lens.size else 0
+            return out
+        if uploaded["shape"] != (tuple(query.shape), tuple(key_cache.shape), key_cache.dtype):
+            raise KernelInputError("every layer of a forward must have the first layer's query and cache shapes")
+        self._check_alignment(query, key_cache, value_cache)
+        if inputs.query_starts is None:
+            if "variant" not in uploaded:
+                num_seqs, num_heads, _ = query.shape
+                heads = heads_per_block(num_heads, key_cache.shape[2])
+                uploaded["variant"] = self._variant_for(key_cache, num_seqs, num_heads, uploaded["max_context"], heads)
+            with self._device:
+                return self.launch_paged_attention(
+                    query, key_cache, value_cache, uploaded["tables"], uploaded["lens"],
+                    uploaded["max_context"], scale, uploaded["variant"],
+                )  # fmt: skip
+        return self.launch_paged_prefill(
+            query, key_cache, value_cache, inputs.query_starts, uploaded["tables"], uploaded["lens"], scale, uploaded
+        )
+
     def _check_alignment(self, query, key_cache, value_cache) -> None:
         for name, array in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
             if self.device_pointer(array) % 16:
@@ -445,30 +509,38 @@ class CudaBackend(Backend):
         self._check_alignment(query, key_cache, value_cache)
         return self.launch_paged_prefill(query, key_cache, value_cache, starts, tables, lens, scale)
 
-    def launch_paged_prefill(self, query, key_cache, value_cache, query_starts, block_tables, context_lens, scale):
+    def launch_paged_prefill(
+        self, query, key_cache, value_cache, query_starts, block_tables, context_lens, scale, uploads=None
+    ):
         """The prefill launch on validated inputs: ``query_starts`` on the host (the tiles are
-        cut there), the tables on the host or the device."""
+        cut there), the tables on the host or the device. ``uploads``: a forward's, where the
+        starts and tiles of its first layer are kept for the others."""
         xp = self.xp
         total, num_heads, head_dim = query.shape
         _, block_size, num_kv_heads, _ = key_cache.shape
         heads = heads_per_block(num_heads, num_kv_heads)
         inst, module = self._module_for(key_cache, heads)
-        tile_seqs, tile_rows = query_tiles(query_starts, prefill_query_tile(head_dim, heads))
+        uploads = {} if uploads is None else uploads
         with self._device:
-            if tile_seqs.size == 0:
+            if "tiles" not in uploads:
+                tile_seqs, tile_rows = query_tiles(query_starts, prefill_query_tile(head_dim, heads))
+                starts = xp.asarray(np.ascontiguousarray(query_starts, dtype=np.int32))
+                uploads["tiles"] = (tile_seqs.size, starts, xp.asarray(tile_seqs), xp.asarray(tile_rows))
+            num_tiles, starts, tile_seqs, tile_rows = uploads["tiles"]
+            if num_tiles == 0:
                 return xp.zeros((total, num_heads, head_dim), dtype=xp.float32)  # no zero-sized grid
             out = xp.empty((total, num_heads, head_dim), dtype=xp.float32)
             module.get_function(inst.names["prefill"])(
-                (tile_seqs.size, num_heads // heads),
+                (num_tiles, num_heads // heads),
                 (NUM_THREADS,),
                 (
                     out,
                     xp.ascontiguousarray(query),
                     key_cache,
                     value_cache,
-                    xp.asarray(np.ascontiguousarray(query_starts, dtype=np.int32)),
-                    xp.asarray(tile_seqs),
-                    xp.asarray(tile_rows),
+                    starts,
+                    tile_seqs,
+                    tile_rows,
                     xp.asarray(block_tables),
                     xp.asarray(context_lens),
                     np.float32(scale),
@@ -479,6 +551,14 @@ class CudaBackend(Backend):
                 ),
             )
             return out
+
+    def _variant_for(self, key_cache, num_seqs: int, num_heads: int, max_context: int, heads: int) -> str:
+        """v1 or v2 for a launch: the backend's fixed choice, vLLM's rule, or the occupancy model's."""
+        if self.variant in ("v1", "v2"):
+            return self.variant
+        if self.variant == "vllm":
+            return choose_variant(max_context, num_seqs, num_heads)
+        return self.launch_plan(key_cache, num_seqs, num_heads, max_context, heads).variant
 
     def launch_paged_attention(
         self, query, key_cache, value_cache, tables, lens, max_context: int, scale: float, variant=None, heads=None
@@ -495,12 +575,8 @@ class CudaBackend(Backend):
                 f"a thread block attends 1, 2 or 4 heads of one KV group of {num_heads // num_kv_heads}; got {heads}"
             )
         inst, module = self._module_for(key_cache, heads)
-        if variant is None and self.variant in ("v1", "v2"):
-            variant = self.variant
-        elif variant is None and self.variant == "vllm":
-            variant = choose_variant(max_context, num_seqs, num_heads)
-        elif variant is None:
-            variant = self.launch_plan(key_cache, num_seqs, num_heads, max_context, heads).variant
+        if variant is None:
+            variant = self._variant_for(key_cache, num_seqs, num_heads, max_context, heads)
         with self._device:
             q = xp.ascontiguousarray(query)
             if num_seqs == 0 or max_context == 0:

@@ -1,16 +1,21 @@
 """The model's steps on the GPU, paged against dense, both engines on the device (the GPU
 check runs this): decode steps of 8 and 32 sequences at context 512 and a 512-token
-prefill, medians side by side, as ``pagesim bench --model`` measures them on the CPU.
+prefill, medians side by side, as ``pagesim bench --model`` measures them on the CPU; then
+where the host's time goes in the paged steps (cProfile, beside OUT.json as OUT.profile.txt):
+on a GPU a step this small is bound by the host's launches and waits, not by the device.
 
     python scripts/gpu_model_bench.py MODEL.gguf OUT.json
 """
 
+import cProfile
+import io
 import json
+import pstats
 import sys
 
 import torch
 from pagesim.core.models import load_gguf
-from pagesim.core.models.bench import ModelBenchPlan, bench_decode, bench_prefill, paged_runner
+from pagesim.core.models.bench import ModelBenchPlan, PagedDecode, bench_decode, bench_prefill, paged_runner
 from pagesim.kernels.cuda_backend import CudaBackend
 
 
@@ -42,6 +47,18 @@ def main(model: str, out: str) -> None:
     )
     with open(out, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=1)
+    step = PagedDecode(file, backend, plan.batches[0], plan.context, plan.block_size, dense=False)
+    step.paged_step()
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(20):
+        step.paged_step()
+    profile.disable()
+    text = io.StringIO()
+    text.write(f"20 paged decode steps of {plan.batches[0]} sequences at context {plan.context}, host time\n")
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
+    with open(out.removesuffix(".json") + ".profile.txt", "w", encoding="utf-8") as f:
+        f.write(text.getvalue())
 
 
 if __name__ == "__main__":

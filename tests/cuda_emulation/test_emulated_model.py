@@ -86,3 +86,34 @@ def test_the_cuda_launch_path_writes_the_cpus_tokens(emulated_module, cpu_backen
     assert copies >= 1, "the scenario should copy a shared block on write"
     assert on_cuda == on_cpu
     assert len(on_cuda[-1]["A"]) > len(on_cuda[0]["A"])
+
+
+def test_the_device_resident_path_uploads_a_forwards_tables_once_and_writes_the_cpus_tokens(
+    emulated_module, cpu_backend, tiny_model_scenario, monkeypatch
+):
+    """With the model on the device, the kernels take the model's tensors through DLPack and
+    each forward's slots and tables are uploaded at its first layer, the other layers
+    launching on those uploads (here the emulated device reads host memory, so the path runs
+    on any machine): the tokens stay the CPU backend's, step for step."""
+    backend = emulator.EmulatedCudaBackend(emulated_module, "v2")
+    uploads = []
+    real_attention = backend.attention_device_for
+
+    def counting(query, key_cache, value_cache, inputs, scale):
+        uploads.append("tables" in inputs.uploads)
+        return real_attention(query, key_cache, value_cache, inputs, scale)
+
+    monkeypatch.setattr(backend, "attention_device_for", counting)
+    timeline = Timeline(tiny_model_scenario, backend, snapshot_data=False, history=False)
+    timeline.sim.runner.on_device = True
+    steps = []
+    while not timeline.at_end:
+        report = timeline.forward().attention
+        assert report is not None and report.passed, f"step {timeline.position}: {report}"
+        steps.append({s: tuple(seq.token_ids) for s, seq in timeline.sim.sequences.items()})
+    on_cpu, _ = tokens_by_step(tiny_model_scenario, cpu_backend)
+    assert steps == on_cpu
+    layers = timeline.sim.runner.num_layers
+    assert layers > 1 and len(uploads) % layers == 0
+    # each forward: its first layer uploads, every later layer finds the uploads
+    assert uploads == [False, *[True] * (layers - 1)] * (len(uploads) // layers)
