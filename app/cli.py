@@ -290,6 +290,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.repeats > 1 and (args.gui or args.model or args.backend == "cuda"):
+        print("error: --repeats is for the engine and scheduler benchmarks (pagesim bench on the CPU)", file=sys.stderr)
+        return 2
     if args.gui:
         return cmd_gui_bench(args)
     # Lazy on purpose: the benchmarks import torch (over a second), which no other command needs.

@@ -44,6 +44,16 @@ def add_dtype_option(parser: argparse.ArgumentParser, default: str | None) -> No
     )
 
 
+def _repeat_count(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= 50:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to 50, got {text!r}")
+    return count
+
+
 def add_bench_options(parser: argparse.ArgumentParser) -> None:
     add_backend_option(parser)
     parser.add_argument(
@@ -54,6 +64,14 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         f"{DEFAULT_MODEL_BENCH_JSON} with --model)",
     )
     parser.add_argument("--quick", action="store_true", help="small sizes and few repeats (a smoke run)")
+    parser.add_argument(
+        "--repeats",
+        type=_repeat_count,
+        default=1,
+        metavar="N",
+        help="run the engine and scheduler benchmarks N times each, in turn, each in a fresh process, and "
+        "report their medians (default 1: once, in this process)",
+    )
     parser.add_argument(
         "--model",
         nargs="?",

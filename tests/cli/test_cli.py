@@ -185,3 +185,30 @@ def test_only_the_window_asks_openmp_threads_to_sleep_and_before_torch_loads(arg
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == ("PASSIVE" if passive else "None")
+
+
+def test_bench_repeats_runs_each_one_core_benchmark_in_a_fresh_process_and_reports_the_median():
+    from pagesim.app.benchmarks import _fresh_one_core_run, _median_row
+
+    row = _fresh_one_core_run("v1", quick=True)  # its own process, one core
+    assert row["scheduler"] == "v1" and row["finished"] == row["requests"] == 200 and row["seconds"] > 0
+    runs = [{**row, "seconds": s} for s in (3.0, 9.0, 5.0)]
+    median = _median_row(runs)
+    assert median["seconds"] == 5.0 and median["runs_seconds"] == [3.0, 9.0, 5.0]
+    assert median["meets_target"] == (5.0 <= row["target_seconds"])
+    engine = _median_row(
+        [{"operations": 100, "ops_per_second": 0, "seconds": s, "target_seconds": 1.0} for s in (2.0, 4.0)]
+    )
+    assert engine["seconds"] == 3.0 and engine["ops_per_second"] == 100 / 3.0 and not engine["meets_target"]
+
+
+@pytest.mark.parametrize("extra", [["--gui"], ["--model"], ["--backend", "cuda"]])
+def test_bench_repeats_is_refused_where_no_one_core_benchmark_runs(extra, capsys):
+    assert main(["bench", "--repeats", "3", *extra]) == 2
+    assert "--repeats is for the engine and scheduler benchmarks" in capsys.readouterr().err
+
+
+def test_bench_repeats_must_be_a_small_whole_number(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--repeats", "0"])
+    assert "from 1 to 50" in capsys.readouterr().err
