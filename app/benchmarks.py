@@ -601,7 +601,11 @@ def run_benchmarks(args: argparse.Namespace) -> int:
             f"{row['gather_reference_ms']:>10.1f} {row['paged_over_dense']:>9.2f}× {row['paged_gb_per_s']:>6.1f} "
             f"{row['copy_gb_per_s']:>9.1f} {row['paged_over_copy_bandwidth']:>6.0%}"
         )
-    engine, scheduler, scheduler_v1 = one_core_benchmarks(args.quick, args.repeats)
+    try:
+        engine, scheduler, scheduler_v1 = one_core_benchmarks(args.quick, args.repeats)
+    except RuntimeError as exc:  # a fresh process's run failed: its error, not a traceback of ours
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     runs = (
         (lambda row: f" (the median of {', '.join(f'{t:.2f}' for t in row['runs_seconds'])})")
         if args.repeats > 1
