@@ -248,7 +248,8 @@ def _serve(sim: Simulator, specs: list) -> int:
 def bench_engine_ops(count: int) -> dict:
     config = CacheConfig(num_blocks=4096, block_size=16, num_heads=4, num_kv_heads=2, head_dim=32, seed=1)
     # A warm-up run first (another seed): the compiled kernels load from Numba's cache on
-    # first use, a one-off of the process, not a cost of each operation.
+    # first use, a one-off of the process, not a cost of each operation (the rotary table's
+    # first positions are filled by it too, as by any earlier run in the process).
     _apply_all(Simulator(config, select_backend("cpu")), list(random_operations(300, seed=1)))
     sim = Simulator(config, select_backend("cpu"))
     ops = list(random_operations(count))
@@ -335,7 +336,10 @@ def _fresh_one_core_run(name: str, quick: bool) -> dict:
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"the {name} benchmark's run failed: {done.stderr.strip()[-800:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError) as exc:
+        raise RuntimeError(f"the {name} benchmark's run printed no result ({exc}): {done.stdout[-400:]!r}") from exc
 
 
 def _median_row(rows: list[dict]) -> dict:
@@ -572,15 +576,15 @@ def run_benchmarks(args: argparse.Namespace) -> int:
     if reason := writable_problem(path, "--json"):
         print(f"error: {reason}", file=sys.stderr)
         return 2
-    if args.model:
-        return run_model_benchmarks(args, path)
-    backend = select_backend(args.backend)
-    if backend.name == "cuda" and args.repeats > 1:
+    backend = None if args.model else select_backend(args.backend)
+    if args.repeats > 1 and (backend is None or backend.name == "cuda"):
         print(
             "error: --repeats is for the engine and scheduler benchmarks, which run with the CPU backend",
             file=sys.stderr,
         )
         return 2
+    if args.model:
+        return run_model_benchmarks(args, path)
     if backend.name == "cuda":
         write_results(path, run_cuda_benchmarks(args, backend))
         return 0

@@ -271,6 +271,10 @@ class TokenModel:
             return x
         if len(positions) != x.shape[0]:
             raise ValueError(f"{x.shape[0]} tokens but {len(positions)} positions")
+        if x.shape[2] not in (2 * half, 2 * half + 1):  # (the compiled loop indexes unchecked)
+            raise ValueError(
+                f"rows of {x.shape[2]} elements for a rotary table of head dim {2 * half} or {2 * half + 1}"
+            )
         first, last = (int(positions[0]),) * 2 if len(positions) == 1 else (int(positions.min()), int(positions.max()))
         if first < 0:
             raise ValueError(f"positions must be non-negative, got {first}")

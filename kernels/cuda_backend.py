@@ -338,30 +338,37 @@ class CudaBackend(Backend):
             )
 
     def write_kv(self, key_cache, value_cache, slot_mapping, keys, values) -> None:
+        slots = self._checked_slots(key_cache, value_cache, slot_mapping)
+        if slots.size:
+            with self._device:
+                self._launch_write(key_cache, value_cache, self.xp.asarray(slots), keys, values)
+
+    def _checked_slots(self, key_cache, value_cache, slot_mapping) -> np.ndarray:
+        """The slots as a host int64 array, each in the pool (or -1: a token skipped)."""
         self._check_cache_pair(key_cache, value_cache)
         slots = np.asarray(slot_mapping, dtype=np.int64)
-        if slots.size == 0:
-            return
         num_slots = key_cache.shape[0] * key_cache.shape[1]
-        if slots.max() >= num_slots or slots.min() < -1:
+        if slots.size and (slots.max() >= num_slots or slots.min() < -1):
             bad = int(slots.max()) if slots.max() >= num_slots else int(slots.min())
             raise KernelInputError(f"slot {bad} is out of range for a pool of {num_slots} slots (-1 skips a token)")
+        return slots
+
+    def _launch_write(self, key_cache, value_cache, device_slots, keys, values) -> None:
+        """``reshape_and_cache`` on checked slots already on the device."""
         inst, module = self._module_for(key_cache)
         token_size = key_cache.shape[2] * key_cache.shape[3]
         k, v = self.to_device(keys), self.to_device(values)
         for name, array in (("keys", k), ("values", v)):
-            if array.shape != (slots.size, key_cache.shape[2], key_cache.shape[3]) or array.dtype != key_cache.dtype:
+            if array.shape != (device_slots.size, *key_cache.shape[2:]) or array.dtype != key_cache.dtype:
                 raise KernelInputError(
-                    f"{name} must be ({slots.size}, {key_cache.shape[2]}, {key_cache.shape[3]}) in the cache dtype "
-                    f"{key_cache.dtype}; got {tuple(array.shape)} {array.dtype}"
+                    f"{name} must be ({device_slots.size}, {key_cache.shape[2]}, {key_cache.shape[3]}) in the cache "
+                    f"dtype {key_cache.dtype}; got {tuple(array.shape)} {array.dtype}"
                 )
-        kernel = module.get_function(inst.names["write"])
-        with self._device:
-            kernel(
-                (slots.size,),
-                (min(token_size, 256),),
-                (k, v, key_cache, value_cache, self.xp.asarray(slots), np.int32(token_size)),
-            )
+        module.get_function(inst.names["write"])(
+            (device_slots.size,),
+            (min(token_size, 256),),
+            (k, v, key_cache, value_cache, device_slots, np.int32(token_size)),
+        )
 
     def copy_blocks(self, key_cache, value_cache, block_mapping) -> None:
         self._check_cache_pair(key_cache, value_cache)
@@ -394,6 +401,14 @@ class CudaBackend(Backend):
         launch needs), upload the tables and launch. Returns the (num_seqs, num_heads,
         head_dim) float32 output on the device."""
         query = query if not isinstance(query, np.ndarray) else self.to_device(query)
+        tables, lens = self._checked_decode_inputs(query, key_cache, value_cache, block_tables, context_lens)
+        max_context = int(lens.max()) if lens.size else 0
+        with self._device:
+            tables, lens = self.xp.asarray(tables), self.xp.asarray(lens)
+            return self.launch_paged_attention(query, key_cache, value_cache, tables, lens, max_context, scale, variant)
+
+    def _checked_decode_inputs(self, query, key_cache, value_cache, block_tables, context_lens):
+        """The tables and lengths as host int32 arrays, checked against the query and the cache."""
         tables = np.ascontiguousarray(block_tables, dtype=np.int32)
         lens = np.ascontiguousarray(context_lens, dtype=np.int32)
         validate_kernel_inputs(query, key_cache, value_cache, tables, lens, self.kv_dtype_name)
@@ -405,81 +420,66 @@ class CudaBackend(Backend):
                 f"{num_seqs} sequences in one launch; the grid's y dimension holds at most {MAX_GRID_Y}"
             )
         self._check_alignment(query, key_cache, value_cache)
-        max_context = int(lens.max()) if num_seqs else 0
-        with self._device:
-            return self.launch_paged_attention(
-                query,
-                key_cache,
-                value_cache,
-                self.xp.asarray(tables),
-                self.xp.asarray(lens),
-                max_context,
-                scale,
-                variant,
-            )
+        return tables, lens
 
     # -- a model's forward: its tables uploaded once, for every layer -----------------------------
+    # The first layer checks the forward's slots and tables on the host and uploads them; every
+    # layer, the first included, launches on those uploads (a synchronous host-to-device copy a
+    # layer drained the device's queue). A later layer's cache and query must have the first's
+    # shapes and dtype: what was checked once holds for it.
     def write_kv_for(self, key_cache, value_cache, inputs: ForwardInputs, keys, values) -> None:
-        """:meth:`write_kv` of a forward's layer: the slots validated and uploaded at the first
-        layer, reused by the others (a synchronous copy a layer drained the device's queue)."""
+        """:meth:`write_kv` of one layer of a model's forward."""
         uploaded = inputs.uploads
         if "slots" not in uploaded:
-            self.write_kv(key_cache, value_cache, inputs.slots, keys, values)  # validates and writes
+            slots = self._checked_slots(key_cache, value_cache, inputs.slots)
             with self._device:
-                uploaded["slots"] = self.xp.asarray(np.asarray(inputs.slots, dtype=np.int64))
-            return
-        slots = uploaded["slots"]
-        if slots.size == 0:
-            return
-        inst, module = self._module_for(key_cache)
-        token_size = key_cache.shape[2] * key_cache.shape[3]
-        k, v = self.to_device(keys), self.to_device(values)
-        if k.shape != (slots.size, *key_cache.shape[2:]) or k.dtype != key_cache.dtype or v.shape != k.shape:
-            raise KernelInputError(
-                f"keys and values must be ({slots.size}, {key_cache.shape[2]}, {key_cache.shape[3]})"
-            )
-        with self._device:
-            module.get_function(inst.names["write"])(
-                (slots.size,), (min(token_size, 256),), (k, v, key_cache, value_cache, slots, np.int32(token_size))
-            )
+                uploaded["slots"] = self.xp.asarray(slots)
+            uploaded["write_cache"] = (tuple(key_cache.shape), key_cache.dtype)
+        elif uploaded["write_cache"] != (tuple(key_cache.shape), key_cache.dtype):
+            raise KernelInputError("every layer of a forward must have the first layer's cache shape and dtype")
+        else:
+            self._check_cache_pair(key_cache, value_cache)
+        if uploaded["slots"].size:
+            with self._device:
+                self._launch_write(key_cache, value_cache, uploaded["slots"], keys, values)
 
     def attention_device_for(self, query, key_cache, value_cache, inputs: ForwardInputs, scale):
         """A forward's layer of attention on the device (decode, or prefill where ``inputs``
-        has query starts): validated at the first layer, whose uploads and launch choices
-        (the tables, v1 or v2, a prefill's tiles) the other layers reuse."""
+        has query starts); returns its float32 output there."""
         uploaded, xp = inputs.uploads, self.xp
+        shapes = (tuple(query.shape), tuple(key_cache.shape), key_cache.dtype)
         if "tables" not in uploaded:
             if inputs.query_starts is None:
-                out = self.paged_attention_device(
-                    query, key_cache, value_cache, inputs.tables, inputs.context_lens, scale
+                tables, lens = self._checked_decode_inputs(
+                    query, key_cache, value_cache, inputs.tables, inputs.context_lens
                 )
             else:
-                out = self.paged_prefill_device(
-                    query, key_cache, value_cache, inputs.query_starts, inputs.tables, inputs.context_lens, scale
+                _, tables, lens = self._checked_prefill_inputs(
+                    query, key_cache, value_cache, inputs.query_starts, inputs.tables, inputs.context_lens
                 )
-            tables = np.ascontiguousarray(inputs.tables, dtype=np.int32)
-            lens = np.ascontiguousarray(inputs.context_lens, dtype=np.int32)
             with self._device:
                 uploaded["tables"], uploaded["lens"] = xp.asarray(tables), xp.asarray(lens)
-            uploaded["shape"] = (tuple(query.shape), tuple(key_cache.shape), key_cache.dtype)
+            uploaded["shapes"] = shapes
             uploaded["max_context"] = int(lens.max()) if lens.size else 0
-            return out
-        if uploaded["shape"] != (tuple(query.shape), tuple(key_cache.shape), key_cache.dtype):
+        elif uploaded["shapes"] != shapes:
             raise KernelInputError("every layer of a forward must have the first layer's query and cache shapes")
-        self._check_alignment(query, key_cache, value_cache)
-        if inputs.query_starts is None:
-            if "variant" not in uploaded:
-                num_seqs, num_heads, _ = query.shape
-                heads = heads_per_block(num_heads, key_cache.shape[2])
-                uploaded["variant"] = self._variant_for(key_cache, num_seqs, num_heads, uploaded["max_context"], heads)
-            with self._device:
-                return self.launch_paged_attention(
-                    query, key_cache, value_cache, uploaded["tables"], uploaded["lens"],
-                    uploaded["max_context"], scale, uploaded["variant"],
-                )  # fmt: skip
-        return self.launch_paged_prefill(
-            query, key_cache, value_cache, inputs.query_starts, uploaded["tables"], uploaded["lens"], scale, uploaded
-        )
+        else:
+            self._check_cache_pair(key_cache, value_cache)
+            self._check_alignment(query, key_cache, value_cache)
+        if inputs.query_starts is not None:
+            return self.launch_paged_prefill(
+                query, key_cache, value_cache, inputs.query_starts, uploaded["tables"], uploaded["lens"], scale,
+                uploaded,
+            )  # fmt: skip
+        if "variant" not in uploaded:
+            num_seqs, num_heads, _ = query.shape
+            heads = heads_per_block(num_heads, key_cache.shape[2])
+            uploaded["variant"] = self._variant_for(key_cache, num_seqs, num_heads, uploaded["max_context"], heads)
+        with self._device:
+            return self.launch_paged_attention(
+                query, key_cache, value_cache, uploaded["tables"], uploaded["lens"], uploaded["max_context"], scale,
+                uploaded["variant"],
+            )  # fmt: skip
 
     def _check_alignment(self, query, key_cache, value_cache) -> None:
         for name, array in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
@@ -496,6 +496,13 @@ class CudaBackend(Backend):
         needs), upload the tables and launch. Returns the (total_query_tokens, num_heads,
         head_dim) float32 output on the device."""
         query = query if not isinstance(query, np.ndarray) else self.to_device(query)
+        starts, tables, lens = self._checked_prefill_inputs(
+            query, key_cache, value_cache, query_starts, block_tables, context_lens
+        )
+        return self.launch_paged_prefill(query, key_cache, value_cache, starts, tables, lens, scale)
+
+    def _checked_prefill_inputs(self, query, key_cache, value_cache, query_starts, block_tables, context_lens):
+        """The query starts, tables and lengths as host int32 arrays, checked against the query and the cache."""
         starts = np.ascontiguousarray(query_starts, dtype=np.int32)
         tables = np.ascontiguousarray(block_tables, dtype=np.int32)
         lens = np.ascontiguousarray(context_lens, dtype=np.int32)
@@ -507,7 +514,7 @@ class CudaBackend(Backend):
         if num_heads // heads > MAX_GRID_Y:
             raise KernelInputError(f"{num_heads} query heads: the grid's y dimension holds at most {MAX_GRID_Y} blocks")
         self._check_alignment(query, key_cache, value_cache)
-        return self.launch_paged_prefill(query, key_cache, value_cache, starts, tables, lens, scale)
+        return starts, tables, lens
 
     def launch_paged_prefill(
         self, query, key_cache, value_cache, query_starts, block_tables, context_lens, scale, uploads=None

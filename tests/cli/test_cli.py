@@ -195,7 +195,7 @@ def test_bench_repeats_runs_each_one_core_benchmark_in_a_fresh_process_and_repor
     runs = [{**row, "seconds": s} for s in (3.0, 9.0, 5.0)]
     median = _median_row(runs)
     assert median["seconds"] == 5.0 and median["runs_seconds"] == [3.0, 9.0, 5.0]
-    assert median["meets_target"] == (5.0 <= row["target_seconds"])
+    assert median["meets_target"] == (row["target_seconds"] >= 5.0)
     engine = _median_row(
         [{"operations": 100, "ops_per_second": 0, "seconds": s, "target_seconds": 1.0} for s in (2.0, 4.0)]
     )
@@ -205,6 +205,19 @@ def test_bench_repeats_runs_each_one_core_benchmark_in_a_fresh_process_and_repor
 @pytest.mark.parametrize("extra", [["--gui"], ["--model"], ["--backend", "cuda"]])
 def test_bench_repeats_is_refused_where_no_one_core_benchmark_runs(extra, capsys):
     assert main(["bench", "--repeats", "3", *extra]) == 2
+    assert "--repeats is for the engine and scheduler benchmarks" in capsys.readouterr().err
+
+
+def test_bench_repeats_is_refused_by_the_module_entry_too(tmp_path, capsys):
+    import argparse
+
+    from pagesim.app.benchmarks import run_benchmarks
+    from pagesim.app.options import add_bench_options
+
+    parser = argparse.ArgumentParser()
+    add_bench_options(parser)
+    args = parser.parse_args(["--model", "--repeats", "3", "--json", str(tmp_path / "out.json")])
+    assert run_benchmarks(args) == 2
     assert "--repeats is for the engine and scheduler benchmarks" in capsys.readouterr().err
 
 

@@ -147,3 +147,5 @@ def test_the_compiled_rotation_gives_numpy_s_bits_for_any_batch(head_dim):
         model._rotate(x[:1], np.array([-1]))
     with pytest.raises(ValueError, match="positions"):
         model._rotate(x[:2], np.array([1]))
+    with pytest.raises(ValueError, match="rotary table of head dim"):
+        model._rotate(np.ones((1, 6, head_dim + 2), np.float32), np.array([1]))

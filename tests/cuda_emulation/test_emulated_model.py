@@ -117,3 +117,27 @@ def test_the_device_resident_path_uploads_a_forwards_tables_once_and_writes_the_
     assert layers > 1 and len(uploads) % layers == 0
     # each forward: its first layer uploads, every later layer finds the uploads
     assert uploads == [False, *[True] * (layers - 1)] * (len(uploads) // layers)
+
+
+def test_a_later_layer_of_another_shape_is_refused_before_it_writes(emulated_module):
+    """What the first layer checked holds for the others only while their caches and queries
+    have its shapes: a layer of another is refused, before anything is written."""
+    import numpy as np
+    from pagesim.kernels.backend import ForwardInputs, KernelInputError
+
+    backend = emulator.EmulatedCudaBackend(emulated_module, "v1")
+    first = backend.allocate_cache(8, 4, 2, 8, np.float32)
+    other = backend.allocate_cache(4, 4, 2, 8, np.float32)
+    inputs = ForwardInputs(np.array([0, 1], np.int64), np.array([[0]], np.int32), np.array([2], np.int32))
+    rows = np.ones((2, 2, 8), np.float32)
+    backend.write_kv_for(*first, inputs, rows, rows)
+    assert np.array_equal(first[0][0, :2], rows)
+    with pytest.raises(KernelInputError, match="first layer's cache"):
+        backend.write_kv_for(*other, inputs, rows, rows)
+    assert not other[0].any()  # nothing written
+    query = np.ones((1, 4, 8), np.float32)
+    backend.attention_device_for(query, *first, inputs, 0.5)
+    with pytest.raises(KernelInputError, match="first layer's query and cache shapes"):
+        backend.attention_device_for(query, *other, inputs, 0.5)
+    with pytest.raises(KernelInputError, match="first layer's query and cache shapes"):
+        backend.attention_device_for(np.ones((1, 2, 8), np.float32), *first, inputs, 0.5)
