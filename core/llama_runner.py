@@ -266,7 +266,7 @@ class LlamaRunner(ModelRunner):
         """A forward's q, k or v in the cache's dtype where the kernels read it: a host array,
         or on the device a view of the same memory (DLPack, no copy where the dtype is the
         cache's)."""
-        if t.device.type == "cpu":
+        if not self.on_device:
             return t.numpy().astype(self.cache.dtype, copy=False)
         xp = self.backend.xp
         name = dtype_name(self.cache.dtype)

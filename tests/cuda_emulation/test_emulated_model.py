@@ -53,16 +53,20 @@ tokens = 4
 """
 
 
-@pytest.fixture
-def tiny_model_scenario(tmp_path, monkeypatch):
+def tiny_scenario(tmp_path, monkeypatch, dtype: str = "float32"):
     monkeypatch.setenv("PAGESIM_CACHE_DIR", str(tmp_path / "cache"))
     path = tmp_path / "tiny.gguf"
     tiny_gguf.write_llama(path)
     header = (
         f'name = "tiny"\ndescription = "tiny"\nmodel = "{path}"\n'
-        'num_blocks = 24\nblock_size = 4\ndtype = "float32"\nseed = 3\n'
+        f'num_blocks = 24\nblock_size = 4\ndtype = "{dtype}"\nseed = 3\n'
     )
     return parse_scenario(header + STEPS, "tiny")
+
+
+@pytest.fixture
+def tiny_model_scenario(tmp_path, monkeypatch):
+    return tiny_scenario(tmp_path, monkeypatch)
 
 
 def tokens_by_step(scenario, backend):
@@ -92,9 +96,9 @@ def test_the_device_resident_path_uploads_a_forwards_tables_once_and_writes_the_
     emulated_module, cpu_backend, tiny_model_scenario, monkeypatch
 ):
     """With the model on the device, the kernels take the model's tensors through DLPack and
-    each forward's slots and tables are uploaded at its first layer, the other layers
-    launching on those uploads (here the emulated device reads host memory, so the path runs
-    on any machine): the tokens stay the CPU backend's, step for step."""
+    each forward's slots and tables are uploaded once, every layer launching on those
+    uploads (here the emulated device reads host memory, so the path runs on any machine):
+    the tokens stay the CPU backend's, step for step."""
     backend = emulator.EmulatedCudaBackend(emulated_module, "v2")
     uploads = []
     real_attention = backend.attention_device_for
@@ -141,3 +145,26 @@ def test_a_later_layer_of_another_shape_is_refused_before_it_writes(emulated_mod
         backend.attention_device_for(query, *other, inputs, 0.5)
     with pytest.raises(KernelInputError, match="first layer's query and cache shapes"):
         backend.attention_device_for(np.ones((1, 2, 8), np.float32), *first, inputs, 0.5)
+
+
+def test_a_bf16_cache_reaches_the_kernels_as_its_bit_patterns_on_the_device_path(
+    emulated_module, tmp_path, monkeypatch
+):
+    """A bf16 cache holds 16-bit patterns on the device: the model's q, k and v go to the
+    kernels as such through DLPack, and every step's attention and logits are the host
+    path's, bit for bit (the tiny model's bf16 logits sit outside the fp32 tolerance on
+    every backend, the CPU's too: equality with the host path is what is checked here)."""
+    scenario = tiny_scenario(tmp_path, monkeypatch, "bfloat16")
+    runs = []
+    for on_device in (False, True):
+        timeline = Timeline(
+            scenario, emulator.EmulatedCudaBackend(emulated_module, "v2"), snapshot_data=False, history=False
+        )
+        timeline.sim.runner.on_device = on_device
+        steps = []
+        while not timeline.at_end:
+            report = timeline.forward().attention
+            logits = {s: timeline.sim.runner.model.logits[s].numpy().tobytes() for s in timeline.sim.sequences}
+            steps.append((report.output.tobytes(), report.layers.logits_diff if report.layers else None, logits))
+        runs.append(steps)
+    assert runs[0] == runs[1]
