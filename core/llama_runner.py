@@ -118,7 +118,7 @@ class LlamaRunner(ModelRunner):
         others = range(num_layers - 1)  # the last layer's cache is the base runner's: the report shows it
         self.caches = [PagedKVCache(config, backend) for _ in others] + [self.cache]
         self.swaps = [SwapSpace(config, self.cache.dtype) for _ in others] + [self.swap_space]
-        self.reference = DenseReference(model.llama)
+        self.reference = DenseReference(model.llama, config.dtype)
         self.scale = default_scale(config.head_dim)
         self.logits_checks: list[LogitsCheck] = []  # the last forward's, one per sequence computed
         self.paged_seconds = self.dense_seconds = 0.0  # the last forward's, each side's

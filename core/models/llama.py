@@ -161,9 +161,18 @@ class DenseKVCache:
     """One sequence's K and V, contiguous per layer, and attention over them with torch's
     SDPA (causal within the new tokens). Use it as a forward's ``attention``."""
 
-    def __init__(self, config: LlamaConfig, capacity: int = 256, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self,
+        config: LlamaConfig,
+        capacity: int = 256,
+        device: torch.device | str = "cpu",
+        stored_dtype: torch.dtype | None = None,
+    ) -> None:
+        """``stored_dtype``: q, K and V are rounded to it (a paged cache of that dtype holds
+        K and V so, and its kernels read q so), then kept and used in fp32."""
         self.config = config
         self.length = 0  # tokens whose K/V every layer holds
+        self.stored_dtype = stored_dtype
         shape = (config.num_layers, config.num_kv_heads, capacity, config.head_dim)
         self.keys = torch.zeros(shape, device=device)
         self.values = torch.zeros(shape, device=device)
@@ -183,6 +192,8 @@ class DenseKVCache:
         new = q.shape[0]
         start, end = self.length, self.length + new
         self._reserve(end)
+        if self.stored_dtype is not None:  # (the paged kernels take q in the cache's dtype too)
+            q, k, v = (t.to(self.stored_dtype).float() for t in (q, k, v))
         self.keys[layer, :, start:end] = k.transpose(0, 1)
         self.values[layer, :, start:end] = v.transpose(0, 1)
         if layer == self.config.num_layers - 1:  # a forward calls every layer in order

@@ -63,3 +63,33 @@ def test_every_preemption_writes_the_uninterrupted_text():
     assert swaps and recomputes and v1_preemptions
     assert swap == recompute == v1
     assert len(swap) == 4 and all(swap.values())
+
+
+@pytest.mark.parametrize(("dtype", "tolerance"), [("bfloat16", 1.0), ("float16", 0.125)])
+def test_a_half_precision_cache_passes_its_checks_against_a_dense_engine_that_rounds_alike(dtype, tolerance):
+    """A real model over a bf16 or fp16 KV cache: the dense engine rounds q, K and V to the
+    cache's dtype as the paged one does, and the logits are held to what that rounding
+    explains (they failed every step against fp32 rows and the fp32 bound)."""
+    import re
+
+    import torch
+    from pagesim.core.scenario import parse_scenario, shipped_folder
+
+    text = (shipped_folder() / "default.toml").read_text(encoding="utf-8")
+    text, count = re.subn(r'^dtype = "[^"]*"$', f'dtype = "{dtype}"', text, flags=re.M)
+    assert count == 1
+    timeline = Timeline(parse_scenario(text, "default"), CpuBackend(), snapshot_data=False, history=False)
+    checks = []
+    while not timeline.at_end:
+        report = timeline.forward().attention
+        assert report is None or report.passed, f"step {timeline.position}: {report.layers}"
+        if report is not None and report.layers is not None:
+            checks.append(report.layers)
+    assert checks and all(c.logits_tolerance == tolerance and c.tokens_agree for c in checks)
+    assert max(c.logits_diff for c in checks) > 0  # (the engines do differ: the check is not vacuous)
+    reference = timeline.sim.runner.reference
+    rows = next(iter(reference.caches.values()))
+    stored = getattr(torch, dtype)
+    assert rows.stored_dtype == stored
+    held = rows.keys[:, :, : rows.length]
+    assert torch.equal(held, held.to(stored).float())  # every K the dense rows hold is representable
