@@ -44,7 +44,7 @@ STORED_TORCH_DTYPES = {"float32": None, "float16": torch.float16, "bfloat16": to
 # scenarios (about 200 checks each) the logits differed by up to 0.22 with a bf16 cache and
 # 0.026 with an fp16 one: 512 units of the cache's roundoff (1.0 and 0.125) bound them 4.5x
 # over. As with bf16 weights, the per-layer attention check, on the same stored K/V, is the
-# one that still sees a stale slot there.
+# one that still sees a stale slot there (docs/bench/kv-dtype-logits-drift-2026-12-04-amd.txt).
 KV_LOGITS_TOLERANCES = {"float32": 0.0, "float16": 512 * 2.0**-12, "bfloat16": 512 * 2.0**-9}
 
 
