@@ -168,3 +168,24 @@ def test_a_bf16_cache_reaches_the_kernels_as_its_bit_patterns_on_the_device_path
             steps.append((report.output.tobytes(), report.layers.logits_diff if report.layers else None, logits))
         runs.append(steps)
     assert runs[0] == runs[1]
+
+
+def test_the_device_path_keeps_its_checkpoints_so_a_seek_back_replays_the_same_text(
+    emulated_module, tiny_model_scenario
+):
+    """A layer's writes on the device path record what they overwrite for the timeline's
+    checkpoints as the host path's do: seeking back and stepping forward again gives the
+    same tokens, every check passing."""
+    timeline = Timeline(tiny_model_scenario, emulator.EmulatedCudaBackend(emulated_module, "v2"), snapshot_every=2)
+    timeline.sim.runner.on_device = True
+    seen = {}
+    while not timeline.at_end:
+        timeline.forward()
+        seen[timeline.position] = {s: tuple(q.token_ids) for s, q in timeline.sim.sequences.items()}
+    end = timeline.position
+    timeline.seek(3)
+    timeline.sim.runner.on_device = True  # (a seek may rebuild the runner's state, not its flag)
+    while timeline.position < end:
+        report = timeline.forward().attention
+        assert report is None or report.passed
+        assert {s: tuple(q.token_ids) for s, q in timeline.sim.sequences.items()} == seen[timeline.position]
