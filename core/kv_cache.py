@@ -49,15 +49,17 @@ class PagedKVCache:
                 self._undo[block] = (keys[i], values[i])
 
     def write(self, slot_mapping: np.ndarray, keys: np.ndarray, values: np.ndarray) -> None:
-        if self._undo is not None and self._live:  # (the blocks only matter to a checkpoint)
-            self._before_change(np.asarray(slot_mapping) // self.config.block_size)
+        self._before_slots_change(slot_mapping)
         self.backend.write_kv(self.key_cache, self.value_cache, slot_mapping, keys, values)
 
     def write_for(self, inputs: ForwardInputs, keys, values) -> None:
         """:meth:`write` of one layer of a model's forward (on a device, its slots are uploaded once)."""
-        if self._undo is not None and self._live:
-            self._before_change(np.asarray(inputs.slots) // self.config.block_size)
+        self._before_slots_change(inputs.slots)
         self.backend.write_kv_for(self.key_cache, self.value_cache, inputs, keys, values)
+
+    def _before_slots_change(self, slot_mapping) -> None:
+        if self._undo is not None and self._live:  # (the blocks only matter to a checkpoint)
+            self._before_change(np.asarray(slot_mapping) // self.config.block_size)
 
     def write_blocks(self, blocks: list[int], keys: np.ndarray, values: np.ndarray) -> None:
         self._before_change(blocks)

@@ -110,11 +110,11 @@ class LlamaRunner(ModelRunner):
         # its q, k and v handed to the kernels through DLPack (no copy for an fp32 cache, a
         # cast for fp16 and bf16 ones); the dense reference keeps the host's copy.
         self.torch_device = torch_device_for(backend)
-        self.llama = model.llama if self.torch_device.type == "cpu" else model.llama.on(self.torch_device)
         # The kernels read the model's tensors where they are (DLPack) and leave their output
         # there, and each forward's tables are uploaded once: the CUDA backend with torch on
         # its GPU (or, in a test, an emulated device that reads host memory).
         self.on_device = self.torch_device.type != "cpu"
+        self.llama = model.llama.on(self.torch_device) if self.on_device else model.llama
         others = range(num_layers - 1)  # the last layer's cache is the base runner's: the report shows it
         self.caches = [PagedKVCache(config, backend) for _ in others] + [self.cache]
         self.swaps = [SwapSpace(config, self.cache.dtype) for _ in others] + [self.swap_space]
