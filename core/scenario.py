@@ -76,9 +76,7 @@ class Scenario:
 
     def summary(self, max_chars: int = 100) -> str:
         """The description's first sentence on one line, shortened with "…" past ``max_chars``."""
-        text = " ".join(self.description.split())
-        first = text.split(". ")[0].rstrip(".")
-        return first if len(first) <= max_chars else first[: max_chars - 1].rstrip() + "…"
+        return first_sentence(self.description, max_chars)
 
     def note(self, index: int) -> str:
         """The narration of operation ``index`` (0-based), or ""."""
@@ -282,6 +280,12 @@ def parse_scenario(text: str, source: str = "<memory>") -> Scenario:
     return Scenario(name, doc.get("description", ""), config, tuple(operations), source, tuple(notes))
 
 
+def first_sentence(text: str, max_chars: int = 100) -> str:
+    """``text``'s first sentence on one line, shortened with "…" past ``max_chars``."""
+    first = " ".join(text.split()).split(". ")[0].rstrip(".")
+    return first if len(first) <= max_chars else first[: max_chars - 1].rstrip() + "…"
+
+
 def _text_prompt(raw: dict, tokenizer, source: str, number: int) -> dict:
     """A step's prompt given as text (``prompt = "…"``) or as chat ``messages`` (rendered
     by the model's chat template), as token ids; other steps unchanged."""
@@ -415,11 +419,31 @@ def shipped_scenarios() -> dict[str, str]:
     return {p.name.removesuffix(".toml"): p.name for p in folder.iterdir() if p.name.endswith(".toml")}
 
 
-def examples() -> list[tuple[str, Scenario]]:
-    """Every shipped scenario, in the suggested order (any not listed there last)."""
-    names = [n for n in SUGGESTED_ORDER if n in shipped_scenarios()]
-    names += sorted(set(shipped_scenarios()) - set(names))
-    return [(name, load_shipped(name)) for name in names]
+@dataclass(frozen=True)
+class Example:
+    """A shipped scenario as a list of them shows it: its header's text alone."""
+
+    name: str  # the shipped name, as load_shipped takes it
+    title: str
+    description: str
+
+    def summary(self, max_chars: int = 100) -> str:
+        return first_sentence(self.description, max_chars)
+
+
+def examples() -> list[Example]:
+    """Every shipped scenario, in the suggested order (any not listed there last). Read from
+    the headers alone: parsing a real-model scenario loads its model (seconds, and the
+    first time minutes of dequantising), which a list of names must not wait for."""
+    shipped = shipped_scenarios()
+    names = [n for n in SUGGESTED_ORDER if n in shipped]
+    names += sorted(set(shipped) - set(names))
+    folder = resources.files("pagesim.assets") / "scenarios"
+    out = []
+    for name in names:
+        doc = tomllib.loads((folder / shipped[name]).read_text(encoding="utf-8"))
+        out.append(Example(name, doc.get("name") or name, doc.get("description", "")))
+    return out
 
 
 def shipped_folder() -> Path | None:

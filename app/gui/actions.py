@@ -201,12 +201,12 @@ class WindowActions:
         if self.examples_menu.actions():
             return
         w = self.window
-        for number, (name, scenario) in enumerate(examples(), start=1):
-            action = self.examples_menu.addAction(f"{number}. {scenario.name}")
-            first_line = scenario.summary()
+        for number, example in enumerate(examples(), start=1):
+            action = self.examples_menu.addAction(f"{number}. {example.title}")
+            first_line = example.summary()
             action.setToolTip(first_line)
             action.setStatusTip(first_line)
-            action.triggered.connect(lambda _=False, n=name: w.open_shipped(n))
+            action.triggered.connect(lambda _=False, n=example.name: w.open_shipped(n))
 
     def _build_menus(self) -> None:
         w = self.window

@@ -192,10 +192,10 @@ class WelcomeDialog(QDialog):
         intro = QLabel(INTRO)
         intro.setWordWrap(True)
         self.list = QListWidget()
-        for number, (name, scenario) in enumerate(examples(), start=1):
-            item = QListWidgetItem(f"{number}. {scenario.name} — {scenario.summary()}")
-            item.setData(Qt.ItemDataRole.UserRole, name)
-            item.setToolTip(" ".join(scenario.description.split()))
+        for number, example in enumerate(examples(), start=1):
+            item = QListWidgetItem(f"{number}. {example.title} — {example.summary()}")
+            item.setData(Qt.ItemDataRole.UserRole, example.name)
+            item.setToolTip(" ".join(example.description.split()))
             self.list.addItem(item)
         self.list.setCurrentRow(0)
         # One line each, cut with "…" where the dialog is narrow; the tooltip has it all.

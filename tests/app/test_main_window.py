@@ -571,9 +571,26 @@ def test_the_welcome_lists_the_examples_in_order_and_opens_one(window, qtbot, se
     name = dialog.list.currentItem().data(Qt.ItemDataRole.UserRole)
     dialog.at_start.setChecked(False)
     dialog.accept()
+    qtbot.waitUntil(lambda: not window.model_loader.loading, timeout=60_000)  # its model, on its own thread
     frame = wait_idle(qtbot, window)
     assert name == "shared_system_prompt" and frame.scenario_name.startswith("Shared system prompt")
     assert not window.welcome_due  # not again at the next start
+
+
+def test_the_welcome_and_the_examples_menu_load_no_model_on_the_gui_thread(make_window, monkeypatch):
+    """On a first start the welcome opens while the tour's model loads on its own thread
+    (the first load dequantises for seconds): listing the examples must not load it again
+    on the GUI thread, which would freeze the window for that long."""
+    from pagesim.core.models import catalog
+
+    window = make_window()
+    loads = []
+    monkeypatch.setattr(catalog, "load_model", lambda *a, **k: loads.append(a))
+    dialog = window.show_welcome()
+    window.actions.examples_menu.aboutToShow.emit()
+    assert not loads
+    assert dialog.list.count() == len(window.actions.examples_menu.actions()) == len(shipped_scenarios())
+    dialog.reject()
 
 
 def test_the_first_step_after_a_load_is_not_a_silent_wait(make_window, qtbot):

@@ -86,6 +86,28 @@ def test_shipped_scenarios_include_the_required_ones():
     assert load_scenario("default").operations == load_shipped("default").operations
 
 
+def test_the_examples_list_reads_headers_alone_and_says_what_parsing_says(monkeypatch):
+    """A list of the shipped scenarios (the welcome, File → Examples) must not wait for a
+    real model's load: it is read from each file's header, in the suggested order, with the
+    title and first sentence a full parse gives."""
+    from pagesim.core.models import catalog
+    from pagesim.core.scenario import SUGGESTED_ORDER, examples
+
+    parsed = {name: load_shipped(name) for name in shipped_scenarios()}
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded to list the examples")
+
+    monkeypatch.setattr(catalog, "load_model", refuse)
+    listed = examples()
+    assert [e.name for e in listed[: len(SUGGESTED_ORDER)]] == list(SUGGESTED_ORDER)
+    assert sorted(e.name for e in listed) == sorted(parsed)
+    for example in listed:
+        scenario = parsed[example.name]
+        assert (example.title, example.description) == (scenario.name, scenario.description)
+        assert example.summary() == scenario.summary() and example.summary(30) == scenario.summary(30)
+
+
 @pytest.mark.parametrize("name", sorted(shipped_scenarios()))
 def test_every_shipped_scenario_runs_headless_and_matches_dense(cpu_backend, name):
     """One walk through each shipped scenario (the real-model ones take seconds) checks all
