@@ -55,6 +55,30 @@ def display_problem() -> str | None:
     return None
 
 
+class StallWatch:
+    """The longest the GUI thread went without running its event loop (the largest gap
+    between a 10 ms timer's ticks), from now until :meth:`stop`: a window that long frozen."""
+
+    TICK_MS = 10
+
+    def __init__(self, parent) -> None:
+        self.longest = 0.0
+        self._last = time.perf_counter()
+        self._timer = QTimer(parent)
+        self._timer.timeout.connect(self._tick)
+        self._timer.start(self.TICK_MS)
+
+    def _tick(self) -> None:
+        now = time.perf_counter()
+        self.longest, self._last = max(self.longest, now - self._last), now
+
+    def stop(self) -> float:
+        """Seconds of the longest gap, the one still open included."""
+        self._tick()
+        self._timer.stop()
+        return self.longest
+
+
 def main(args: argparse.Namespace) -> int:
     # A real model not yet in memory loads once the window is up (its progress bar; the first
     # load of a file takes seconds); a screenshot waits for it here, its errors on stderr.
@@ -102,9 +126,11 @@ def main(args: argparse.Namespace) -> int:
         width, height = args.size
         window.resize(width, height)
     window.show()
+    stall_watch = None
     if os.environ.get("PAGESIM_REPORT_FIRST_FRAME"):
         window.repaint()  # its first paint, before any scenario's frame (a real model may be loading)
         print(f"first-paint {time.time():.6f}", flush=True)
+        stall_watch = StallWatch(window)
     if args.panel:
         window.studies.show_panel(args.panel)
     if deferred:
@@ -125,6 +151,7 @@ def main(args: argparse.Namespace) -> int:
         if os.environ.get("PAGESIM_REPORT_FIRST_FRAME") and not outcome.get("reported"):
             window.repaint()
             outcome["reported"] = True
+            print(f"gui-stall {stall_watch.stop() * 1e3:.1f}", flush=True)
             print(f"first-frame {time.time():.6f}", flush=True)
         # Step to the position asked for (or the last): counted by the frames' positions,
         # since a view may ask for a frame of the same step (a real model's layer menu does).

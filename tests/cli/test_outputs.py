@@ -229,3 +229,14 @@ def test_a_request_that_can_never_fit_is_reported_not_passed(tmp_path, capsys):
     assert "REJECTED: r rejected" in out and "PASS" not in out
     assert "100.0%" not in out  # no block held: no utilisation to claim
     assert len([line for line in out.splitlines() if "      –  " in line]) == 2  # util: "–" at both steps
+
+
+def test_a_first_start_reports_its_paint_its_first_frame_and_the_stall_between():
+    """``make app`` as the GUI benchmark starts it (a fresh settings folder: the welcome
+    opens while the tour's model loads): the window paints, then the tour's first frame
+    comes, and the longest the GUI thread went unanswered in between is reported."""
+    from pagesim.app.gui.bench import launch_seconds
+
+    launch = launch_seconds(timeout_s=240)
+    assert 0 < launch["window_s"] < launch["tour_frame_s"]
+    assert 0 < launch["load_stall_ms"] < 1e3 * (launch["tour_frame_s"] - launch["window_s"]) + 50
