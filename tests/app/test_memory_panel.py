@@ -1,6 +1,8 @@
 """The memory history redraws at most every HISTORY_REDRAW_MS while frames stream in,
 always ends on the newest frame, and a frame after a pause is drawn at once."""
 
+import numpy as np
+import pytest
 from pagesim.app.gui.palette import THEMES
 from pagesim.app.gui.views.plots import HISTORY_REDRAW_MS, MemoryPanel
 from pagesim.core.scenario import load_scenario
@@ -50,3 +52,22 @@ def test_flush_draws_what_is_pending(qtbot):
     assert panel.plotted is first and panel._redraw_timer.isActive()
     panel.flush()
     assert panel.plotted is second and not panel._redraw_timer.isActive()
+
+
+def test_before_any_frame_the_axes_are_readable_and_no_pool_is_drawn(qtbot):
+    """A real model may load for seconds before the first frame: meanwhile the block axis
+    shows a few spaced ticks (not a log axis's default range, its labels on one spot) and
+    no "pool size" line; the first frame sets both from its pool."""
+    panel = MemoryPanel(next(iter(THEMES.values())))
+    qtbot.addWidget(panel)
+    labels = [text for level in panel.blocks_plot.getAxis("left")._tickLevels for _, text in level]
+    assert sorted(labels, key=int) == ["1", "2", "5", "10"]
+    assert not panel.pool_line.isVisible()
+    assert panel.blocks_plot.viewRange()[1][0] == 0  # from one block up
+    frame = _frames(1)[-1]
+    panel.show_frame(frame)
+    panel.flush()
+    pool = frame.config.num_blocks
+    peak = max(pool, *(m.contiguous_blocks for m in frame.history))
+    assert panel.pool_line.isVisible() and panel.pool_line.value() == pytest.approx(np.log10(pool))
+    assert panel.blocks_plot.viewRange()[1][1] == pytest.approx(np.log10(peak * 1.6))

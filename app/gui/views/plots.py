@@ -411,6 +411,9 @@ def _same_focus(a, b) -> bool:
     )
 
 
+EMPTY_VIEW = (10, 10)  # (steps, blocks) the memory plots span before any frame
+
+
 class MemoryPanel(QWidget):
     """Blocks used over steps against a contiguous max-length reservation; utilisation."""
 
@@ -453,6 +456,10 @@ class MemoryPanel(QWidget):
         self.plots.setMinimumHeight(130)
         layout.addWidget(self.plots, 1)
         self.set_theme(theme)
+        # Until a scenario's first frame (a real model may still be loading): empty axes with
+        # readable ticks, not a log axis's default range crowding its labels into one spot.
+        self._set_view(*EMPTY_VIEW)
+        self.pool_line.hide()  # no pool yet
 
     def set_theme(self, theme: Theme) -> None:
         self.theme = theme
@@ -527,25 +534,10 @@ class MemoryPanel(QWidget):
             steps, [m.contiguous_blocks if m.contiguous_blocks > pool else nan for m in history]
         )
         self.pool_line.setValue(np.log10(pool))  # the plot is in log10 units
+        self.pool_line.show()
         # Fixed ranges: axes re-layout only when the scenario or the peak changes.
         peak = max([frame.config.num_blocks, *(m.contiguous_blocks for m in history)])
-        view = (max(1, frame.length), peak)
-        if view != self._view:
-            self._view = view
-            spacing = max(1, round(view[0] / 10))  # whole steps only
-            for plot in (self.blocks_plot, self.util_plot):
-                plot.setXRange(0, view[0] + 0.5, padding=0)
-                plot.getAxis("bottom").setTickSpacing(spacing, spacing)
-            self.blocks_plot.setYRange(0, np.log10(peak * 1.6), padding=0)  # from 1 block
-
-            # Powers of ten labelled; 2 and 5 times them as a second level, which pyqtgraph
-            # labels only where there is room (a log axis's own minor ticks crowd a short plot).
-            def marks(multiples):
-                return [(np.log10(m * 10**e), f"{m * 10**e:,}") for e in range(8) for m in multiples
-                        if m * 10**e <= peak * 1.6]  # fmt: skip
-
-            self.blocks_plot.getAxis("left").setTicks([marks((1,)), marks((2, 5))])
-            self.util_plot.setYRange(0, 105, padding=0)
+        self._set_view(max(1, frame.length), peak)
         # Nothing allocated: no utilisation to speak of (a gap, not a jump to 100 %).
         self.util_curve.setData(steps, [100 * m.utilisation if m.slots_allocated else nan for m in history])
         self.frag_curve.setData(
@@ -554,6 +546,26 @@ class MemoryPanel(QWidget):
         # Nothing looked up yet: no rate (a gap).
         hits = [100 * m.prefix_hit_rate if m.prefix_lookup_blocks else nan for m in history] if self.shows_hits else []
         self.hit_curve.setData(steps if self.shows_hits else [], hits)
+
+    def _set_view(self, steps: int, peak: int) -> None:
+        """Fixed ranges: the axes re-layout only when the scenario or the peak changes."""
+        if (steps, peak) == self._view:
+            return
+        self._view = (steps, peak)
+        spacing = max(1, round(steps / 10))  # whole steps only
+        for plot in (self.blocks_plot, self.util_plot):
+            plot.setXRange(0, steps + 0.5, padding=0)
+            plot.getAxis("bottom").setTickSpacing(spacing, spacing)
+        self.blocks_plot.setYRange(0, np.log10(peak * 1.6), padding=0)  # from 1 block
+
+        # Powers of ten labelled; 2 and 5 times them as a second level, which pyqtgraph
+        # labels only where there is room (a log axis's own minor ticks crowd a short plot).
+        def marks(multiples):
+            return [(np.log10(m * 10**e), f"{m * 10**e:,}") for e in range(8) for m in multiples
+                    if m * 10**e <= peak * 1.6]  # fmt: skip
+
+        self.blocks_plot.getAxis("left").setTicks([marks((1,)), marks((2, 5))])
+        self.util_plot.setYRange(0, 105, padding=0)
 
     def _show_summary(self, frame: Frame) -> None:
         m = frame.metrics
