@@ -428,6 +428,7 @@ class Example:
     description: str
 
     def summary(self, max_chars: int = 100) -> str:
+        """As :meth:`Scenario.summary` says it."""
         return first_sentence(self.description, max_chars)
 
 

@@ -60,6 +60,7 @@ def test_before_any_frame_the_axes_are_readable_and_no_pool_is_drawn(qtbot):
     no "pool size" line; the first frame sets both from its pool."""
     panel = MemoryPanel(next(iter(THEMES.values())))
     qtbot.addWidget(panel)
+    # (pyqtgraph has no getter for ticks given with setTicks: its attribute is read)
     labels = [text for level in panel.blocks_plot.getAxis("left")._tickLevels for _, text in level]
     assert sorted(labels, key=int) == ["1", "2", "5", "10"]
     assert not panel.pool_line.isVisible()

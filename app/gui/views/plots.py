@@ -459,6 +459,7 @@ class MemoryPanel(QWidget):
         # Until a scenario's first frame (a real model may still be loading): empty axes with
         # readable ticks, not a log axis's default range crowding its labels into one spot.
         self._set_view(*EMPTY_VIEW)
+        self._view = None  # the first frame sets its own, whatever it is
         self.pool_line.hide()  # no pool yet
 
     def set_theme(self, theme: Theme) -> None:
