@@ -5,8 +5,8 @@ source "$(dirname "$0")/xvfb_lib.sh"
 start_xvfb 77
 launch_app /tmp/xdo_app.log 8 assets/scenarios/default.toml --size 1280x800 --steps 8
 place_window
-sleep 1
-# hover the 6th token in the token map (strip under the table at y≈395)
-xdotool mousemove 60 400; sleep 0.3; xdotool mousemove 62 398; sleep 1
+sleep 7  # the eight steps animate at 1× first
+# hover the 6th token in the token map (its second row, at y≈431)
+xdotool mousemove 70 428; sleep 0.3; xdotool mousemove 72 431; sleep 1
 grab /tmp/xdo_hover.png
 stop_all
