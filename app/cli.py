@@ -10,6 +10,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from pagesim.app.serving_cli import add_waste_pool_options, cmd_latency, cmd_swe
 from pagesim.core.errors import PagesimError
 from pagesim.core.events import RequestRejected
 from pagesim.core.language_model import BUNDLED_MODEL
-from pagesim.core.scenario import DEFAULT_SCENARIO, load_scenario, shipped_scenarios
+from pagesim.core.scenario import DEFAULT_SCENARIO, examples, load_scenario
 from pagesim.core.studies.waste import CATEGORIES, CATEGORY_LABELS, check_bounded, compare
 from pagesim.core.studies.workload import DISTRIBUTIONS, generate
 from pagesim.core.timeline import Timeline
@@ -380,10 +381,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_scenarios(_: argparse.Namespace) -> int:
-    for name in sorted(shipped_scenarios()):
-        scenario = load_scenario(name)
-        summary = " ".join(scenario.description.split())[:90]
-        print(f"{name:<14} {len(scenario.operations):>4} steps  {scenario.name}: {summary}")
+    """The shipped scenarios in a learner's order (the app's welcome lists them so), one line
+    each as wide as the terminal, read from their headers (no model is loaded to list them)."""
+    listed = examples()
+    width = max(len(e.name) for e in listed)
+    columns = shutil.get_terminal_size((100, 24)).columns
+    for example in listed:
+        line = f"{example.name:<{width}} {example.steps:>4} steps  {example.model:<12}  {example.title}"
+        line += f" — {example.summary(len(example.description))}" if example.description.strip() else ""
+        cut = max(columns, len(line.split(" — ")[0]) + 20)  # never into the title
+        print(line if len(line) <= cut else line[: cut - 1].rstrip() + "…")
     return 0
 
 

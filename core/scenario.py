@@ -426,6 +426,8 @@ class Example:
     name: str  # the shipped name, as load_shipped takes it
     title: str
     description: str
+    steps: int = 0  # its [[steps]] (one operation each)
+    model: str = SYNTHETIC  # the model its header names
 
     def summary(self, max_chars: int = 100) -> str:
         """As :meth:`Scenario.summary` says it."""
@@ -443,7 +445,10 @@ def examples() -> list[Example]:
     out = []
     for name in names:
         doc = tomllib.loads((folder / shipped[name]).read_text(encoding="utf-8"))
-        out.append(Example(name, doc.get("name") or name, doc.get("description", "")))
+        steps = doc.get("steps", [])
+        out.append(
+            Example(name, doc.get("name") or name, doc.get("description", ""), len(steps), doc.get("model", SYNTHETIC))
+        )
     return out
 
 

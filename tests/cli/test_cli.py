@@ -80,6 +80,30 @@ def test_scenarios_and_backends_list(capsys):
     assert "seed_demo" in out and "stress" in out and "cpu   available" in out
 
 
+def test_scenarios_lists_in_the_learners_order_from_headers_within_the_width(capsys, monkeypatch):
+    """Each shipped scenario once, in the welcome's order, with the steps and model a parse
+    gives; no model is loaded to list them (it took seconds), and a line fits the terminal."""
+    from pagesim.core.models import catalog
+    from pagesim.core.scenario import SUGGESTED_ORDER, scenario_model, shipped_scenarios
+
+    parsed = {name: load_shipped(name) for name in shipped_scenarios()}
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded to list the scenarios")
+
+    monkeypatch.setattr(catalog, "load_model", refuse)
+    monkeypatch.setenv("COLUMNS", "90")
+    assert main(["scenarios"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    names = [line.split()[0] for line in lines]
+    assert sorted(names) == sorted(parsed) and names[: len(SUGGESTED_ORDER)] == list(SUGGESTED_ORDER)
+    for line, name in zip(lines, names, strict=True):
+        assert int(line.split()[1]) == len(parsed[name].operations)
+        assert line.split()[3] == (scenario_model(name) or "synthetic")
+        assert len(line) <= 90 or line.index(" — ") + 20 >= len(line) - 1  # cut at the width, not into the title
+        assert parsed[name].name in line
+
+
 def test_bench_quick_writes_its_results(tmp_path, capsys):
     path = tmp_path / "bench.json"
     assert main(["bench", "--quick", "--backend", "cpu", "--json", str(path)]) == 0
