@@ -6,7 +6,7 @@ use only, and the welcome's primer in three pictures."""
 
 import pytest
 from pagesim.app.gui.palette import OKABE_ITO, THEMES, SequenceColours, contrast, readable_on
-from pagesim.core.scenario import parse_scenario
+from pagesim.core.scenario import load_shipped, parse_scenario
 from PySide6.QtCore import QEvent, QPoint, QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QHelpEvent
 from PySide6.QtTest import QTest
@@ -256,6 +256,22 @@ def test_the_legend_explains_the_hatch_once_an_eighth_request_has_a_colour(windo
     assert window.colours.pattern("extra8") is not None
     assert legend.entries()[-1].key == "hatch" and "8th" in legend.labels()[-1]
     assert legend.swatch_rect("hatch") is not None
+
+
+def test_a_v1_pool_shows_its_null_block_and_the_legend_says_what_it_is(make_window, qtbot):
+    """vLLM v1 keeps block 0 as its null block: held from the start, never a request's. It
+    is drawn hatched, its tooltip and the legend say what it is; a v0 pool has none."""
+    window = make_window("prefix_caching_v1")
+    frame = wait_idle(qtbot, window)
+    assert frame.config.scheduler == "v1" and frame.ref_counts[0] > 0 and 0 not in frame.holders
+    pool, legend = window.pool_view, window.pool_legend
+    assert pool.items[0].null and not any(item.null for item in pool.items[1:])
+    assert "null block" in pool.items[0].toolTip() and "never gives it to a request" in pool.items[0].toolTip()
+    assert "null block" in legend.labels() and legend.swatch_rect("null") is not None
+    window.load(load_shipped("seed_demo"))  # a v0 pool
+    frame = wait_idle(qtbot, window)
+    qtbot.waitUntil(lambda: window.frame.scenario_name.startswith("Seed"), timeout=10_000)
+    assert not any(item.null for item in pool.items) and "null block" not in legend.labels()
 
 
 # -- the Check panel folded to a badge ---------------------------------------------------------

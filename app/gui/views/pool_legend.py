@@ -1,5 +1,6 @@
 """A one-line key to the pool's tiles: what free, cached, in use, shared and a copy-on-write
-look like, and (once more than seven requests have had a colour) what the hatch means.
+look like, vLLM v1's null block where the scheduler is v1's, and (once more than seven
+requests have had a colour) what the hatch means.
 Painted in the theme's own colours; it changes only with the theme, the width and the hatch."""
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ ENTRIES = (
         "new private copy",
     ),
 )
+NULL = LegendEntry(
+    "null",
+    "null block",
+    "vLLM v1 takes block 0 when the pool is made and never gives it to a request: its block tables point at "
+    "this null block where they hold no block, so the scheduler has one block fewer to give",
+)
 HATCH = LegendEntry(
     "hatch",
     "hatched: 8th+ request",
@@ -59,6 +66,7 @@ class PoolLegend(QWidget):
         super().__init__(parent)
         self.theme, self.colours = theme, colours
         self.show_hatch = False
+        self.show_null = False  # a v1 scheduler's pool: its block 0
         self.compact = False  # swatches without their words, in a narrow centre
         self._places: list[tuple[LegendEntry, QRectF, QPointF, str]] = []  # entry, swatch, text origin, words
         self._rows = 1
@@ -68,7 +76,7 @@ class PoolLegend(QWidget):
 
     # -- what it shows -----------------------------------------------------------------
     def entries(self) -> tuple[LegendEntry, ...]:
-        return ENTRIES + ((HATCH,) if self.show_hatch else ())
+        return ENTRIES + ((NULL,) if self.show_null else ()) + ((HATCH,) if self.show_hatch else ())
 
     def labels(self) -> list[str]:
         return [entry.label for entry in self.entries()]
@@ -77,9 +85,11 @@ class PoolLegend(QWidget):
         controller.frameChanged.connect(self.show_frame)
 
     def show_frame(self, frame: Frame) -> None:
-        """The hatch entry appears once an owner carries a hatch (a cheap test per frame)."""
-        if self.colours.hatched != self.show_hatch:
-            self.show_hatch = self.colours.hatched
+        """The hatch entry appears once an owner carries a hatch, the null block's with a v1
+        scheduler's pool (cheap tests per frame)."""
+        null = frame.config.scheduler == "v1"
+        if self.colours.hatched != self.show_hatch or null != self.show_null:
+            self.show_hatch, self.show_null = self.colours.hatched, null
             self._place()
             self.update()
 
@@ -218,6 +228,10 @@ class PoolLegend(QWidget):
         painter.setPen(QPen(readable_on(colour, self.theme.window), 1.6))
         painter.setBrush(Qt.BrushStyle.NoBrush)
         painter.drawPath(arrow)
+
+    def _paint_null(self, painter: QPainter, rect: QRectF) -> None:
+        self._tile(painter, rect, QColor(self.theme.free_block), QPen(QColor(self.theme.block_border), 1))
+        painter.fillRect(rect.adjusted(2, 2, -2, -2), QBrush(QColor(self.theme.muted), Qt.BrushStyle.BDiagPattern))
 
     def _paint_hatch(self, painter: QPainter, rect: QRectF) -> None:
         self._owner_tile(painter, rect, [QColor(OKABE_ITO[1]).lighter(130)], PATTERNS[1])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from pagesim.app.gui.palette import SequenceColours, Theme, readable_on
+from pagesim.core.block_manager import NULL_BLOCK
 from pagesim.core.token_text import quoted
 from pagesim.core.view_model import Frame
 from PySide6.QtCore import QPoint, QPointF, QRectF, QSizeF, Qt, Signal
@@ -46,6 +47,7 @@ class BlockItem(QGraphicsItem):
         self.fill = 0
         self.holders: tuple[tuple[str, int], ...] = ()
         self.cached = False
+        self.null = False  # vLLM v1's null block: held from the start, never a request's
         self.selected_seq = False
         self.glow: QColor | None = None  # an animation's highlight; never model state
         self.glow_strength = 0.0
@@ -58,11 +60,13 @@ class BlockItem(QGraphicsItem):
     def boundingRect(self) -> QRectF:
         return QRectF(-2, -2, BLOCK_W + 4, BLOCK_H + 4)
 
-    def set_state(self, ref_count: int, fill: int, holders, selected: bool, cached: bool = False) -> bool:
-        state = (ref_count, fill, holders, selected, cached)
-        if state == (self.ref_count, self.fill, self.holders, self.selected_seq, self.cached):
+    def set_state(
+        self, ref_count: int, fill: int, holders, selected: bool, cached: bool = False, null: bool = False
+    ) -> bool:
+        state = (ref_count, fill, holders, selected, cached, null)
+        if state == (self.ref_count, self.fill, self.holders, self.selected_seq, self.cached, self.null):
             return False
-        self.ref_count, self.fill, self.holders, self.selected_seq, self.cached = state
+        self.ref_count, self.fill, self.holders, self.selected_seq, self.cached, self.null = state
         self.setToolTip(self.describe())
         self.update()
         return True
@@ -76,6 +80,12 @@ class BlockItem(QGraphicsItem):
 
     def describe(self) -> str:
         bs = self.view.block_size
+        if self.null:
+            return (
+                f"Physical block {self.block_id}: the null block\nvLLM v1 takes it when the pool is made and never "
+                "gives it to a request (its block tables point at it where they hold no block), so the scheduler "
+                "has one block fewer to give than the pool has"
+            )
         if self.ref_count == 0 and self.cached:
             return (
                 f"Physical block {self.block_id}\nfree but cached: it still holds {self.fill}/{bs} tokens of a "
@@ -114,7 +124,9 @@ class BlockItem(QGraphicsItem):
             painter.setPen(QPen(QColor(theme.muted), 1.2, Qt.PenStyle.DashLine))
         painter.drawRoundedRect(rect, 4, 4)
         bs = self.view.block_size
-        if detail < SLOTS_DETAIL:  # too small for slots and a header: a fill bar and the id
+        if self.null:
+            self._paint_null(painter, theme, detail, rect)
+        elif detail < SLOTS_DETAIL:  # too small for slots and a header: a fill bar and the id
             if colours and self.fill:
                 top = 2.0 if detail < COMPACT_ID_DETAIL else BLOCK_H * 0.62
                 bar = QRectF(2, top, (BLOCK_W - 4) * self.fill / bs, BLOCK_H - 2 - top)
@@ -140,6 +152,26 @@ class BlockItem(QGraphicsItem):
             if 0 <= self.glow_slot < bs and detail >= 0.35:
                 painter.setPen(QPen(glow, 2.5))
                 painter.drawRect(self.slot_rect(self.glow_slot, bs).adjusted(-1.5, -1.5, 1.5, 1.5))
+
+    def _paint_null(self, painter: QPainter, theme: Theme, detail: float, rect: QRectF) -> None:
+        """Hatched in the muted colour, with "null" where slots would be: no request's, ever."""
+        painter.fillRect(rect.adjusted(2, 2, -2, -2), QBrush(QColor(theme.muted), Qt.BrushStyle.BDiagPattern))
+        compact = detail < SLOTS_DETAIL
+        if compact and detail < COMPACT_ID_DETAIL:
+            return
+        font, metrics = self.view.sized_font(label_pixel_size(detail, compact=compact))
+        painter.setFont(font)
+        painter.setPen(QColor(theme.text))
+        text = "null" if compact else f"#{self.block_id} null"
+        area = QRectF(2, 0, BLOCK_W - 4, BLOCK_H * 0.62) if compact else QRectF(4, 0, BLOCK_W - 8, 15)
+        if metrics.horizontalAdvance(text) <= area.width():
+            painter.fillRect(
+                QRectF(area.x(), area.y() + 1, metrics.horizontalAdvance(text) + 4, area.height() - 2),
+                QColor(theme.free_block),
+            )
+            painter.drawText(
+                area.adjusted(2, 0, 0, 0), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, text
+            )
 
     @staticmethod
     def slot_rect(slot: int, bs: int) -> QRectF:
@@ -336,12 +368,15 @@ class PoolView(QGraphicsView):
         blocks = range(len(self.items)) if full else frame.touched_blocks
         holders, ref_counts, fills = frame.holders, frame.ref_counts, frame.block_fill
         changed = 0
+        null = NULL_BLOCK if frame.config.scheduler == "v1" else None
         for block in blocks:
             owners = holders.get(block, ())
             selected = selected_seq is not None and any(seq == selected_seq for seq, _ in owners)
             cached = block in frame.cached_blocks
             item = self.items[block]
-            changed += item.set_state(int(ref_counts[block]), int(fills[block]), owners, selected, cached)
+            changed += item.set_state(
+                int(ref_counts[block]), int(fills[block]), owners, selected, cached, block == null
+            )
         return changed
 
     def slot_texts(self, block: int) -> tuple[str, ...] | None:
