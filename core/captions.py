@@ -56,13 +56,17 @@ def step_caption(result: StepResult, text_of: Callable[[Sequence[int]], str] | N
         parts.append(e.describe() + (f"; block {e.src} now ref count {left.ref_count}" if left else ""))
     crowded = {kind for kind in (ev.SequenceForked, ev.SequenceFreed) if len(of.get(kind, [])) > MANY}
     parts += [kind.summarize(of[kind]) for kind in (ev.SequenceForked, ev.SequenceFreed) if kind in crowded]
+    freed: set[str] = set()  # a beam search frees a beam and forks its name anew in one step
     for e in in_order:
+        if isinstance(e, ev.SequenceFreed):
+            freed.add(e.seq)
         if type(e) in crowded:
             continue
         text = e.describe()
         if isinstance(e, ev.SequenceForked):
             shared = sum(1 for s in of.get(ev.BlockShared, []) if s.seq == e.child)
             text += f" ({ev.plural(shared, 'block')}, ref counts up)" if shared else ""
+            text = f"a new {text}" if e.child in freed else text
         if isinstance(e, ev.SequenceAdded) and text_of is not None:
             prompt = [w.token_id for w in of.get(ev.TokenWritten, []) if w.seq == e.seq]
             text += f": {quoted(text_of(prompt), 60)}" if prompt else ""

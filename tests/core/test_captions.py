@@ -60,3 +60,19 @@ def test_a_bad_note_is_refused_naming_its_step_and_field(note):
     with pytest.raises(ScenarioError) as info:
         parse_scenario(text, "t.toml")
     assert "step 1" in str(info.value) and "note" in str(info.value)
+
+
+def test_a_beam_freed_and_forked_anew_in_one_step_is_told_as_a_new_one(cpu_backend):
+    """Beam search frees a pruned beam and forks its name again from a survivor in the same
+    step: "b2 was freed; b2 forked from b0" would read as a contradiction."""
+    import re
+
+    timeline = Timeline(load_scenario("beam_search"), cpu_backend)  # SmolLM2's: it reuses the names
+    timeline.run_to_end()
+    reused = 0
+    for caption in timeline.captions():
+        for name in re.findall(r"(\S+) was freed", caption):
+            if f"{name} forked from" in caption:
+                reused += 1
+                assert f"a new {name} forked from" in caption, caption
+    assert reused  # the scenario does it
