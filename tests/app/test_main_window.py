@@ -471,9 +471,11 @@ def test_the_memory_plot_marks_where_a_contiguous_reservation_would_not_fit(wind
     assert panel.blocks_plot.ctrl.logYCheck.isChecked()  # a log axis: both lines readable
     pool = frame.config.num_blocks
     over = [m.step for m in frame.history if m.contiguous_blocks > pool]
-    xs, ys = panel.overflow_curve.getData()
-    marked = [int(x) for x, y in zip(xs, ys, strict=True) if np.isfinite(y)]
-    assert over and marked == over  # exactly the steps where it would not fit
+    xs, ys = panel.overflow_curve.xData, panel.overflow_curve.yData
+    marked = [int(x) for x, y in zip(xs, ys, strict=True) if y > pool]
+    assert over and marked == over  # exactly the steps where it would not fit…
+    crossings = [x for x, y in zip(xs, ys, strict=True) if y == pool]
+    assert crossings and crossings[0] < over[0]  # …from where the line reaches the pool's
     assert "impossible" in panel.summary.text()
 
 

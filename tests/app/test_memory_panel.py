@@ -72,3 +72,17 @@ def test_before_any_frame_the_axes_are_readable_and_no_pool_is_drawn(qtbot):
     peak = max(pool, *(m.contiguous_blocks for m in frame.history))
     assert panel.pool_line.isVisible() and panel.pool_line.value() == pytest.approx(np.log10(pool))
     assert panel.blocks_plot.viewRange()[1][1] == pytest.approx(np.log10(peak * 1.6))
+
+
+def test_one_step_over_the_pool_is_drawn_from_where_the_line_crosses_it():
+    """A contiguous reservation over the pool at one step only (a long prompt's) is still a
+    red segment: from where the line crossed the pool, on the plot's log axis, to the step."""
+    from pagesim.app.gui.views.plots import over_the_line
+
+    xs, ys = over_the_line([1, 2], [60, 110], 64)
+    assert ys[0] != ys[0] and ys[1:] == [64, 110]  # under (NaN), the crossing, the step over
+    assert 1 < xs[1] < 2 and np.log(64 / 60) / np.log(110 / 60) == pytest.approx(xs[1] - 1)
+    xs, ys = over_the_line([1, 2, 3, 4], [50, 100, 120, 40], 64)  # in, then out again
+    assert [y == y for y in ys] == [False, True, True, True, True, False]
+    assert ys[1] == ys[4] == 64 and 1 < xs[1] < 2 and 3 < xs[4] < 4
+    assert over_the_line([1, 2, 3], [10, 20, 30], 64) == ([1, 2, 3], [pytest.approx(float("nan"), nan_ok=True)] * 3)

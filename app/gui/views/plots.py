@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pyqtgraph as pg
 from pagesim.app.gui.controller import LIVE_TIMERS
@@ -411,6 +413,23 @@ def _same_focus(a, b) -> bool:
     )
 
 
+def over_the_line(xs, ys, line: float) -> tuple[list[float], list[float]]:
+    """The parts of a polyline above ``line`` on a log axis: its points there and, where a
+    segment crosses the line, the crossing (NaN elsewhere, for ``connect="finite"``), so a
+    single step over the line still shows from where it crossed."""
+    out_x: list[float] = []
+    out_y: list[float] = []
+    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        x0, y0 = (xs[i - 1], ys[i - 1]) if i else (x, y)
+        if (y0 > line) != (y > line) and min(y0, y) > 0:
+            t = (math.log(line) - math.log(y0)) / (math.log(y) - math.log(y0))
+            out_x.append(x0 + t * (x - x0))
+            out_y.append(line)
+        out_x.append(x)
+        out_y.append(y if y > line else math.nan)
+    return out_x, out_y
+
+
 EMPTY_VIEW = (10, 10)  # (steps, blocks) the memory plots span before any frame
 
 
@@ -531,9 +550,7 @@ class MemoryPanel(QWidget):
         pool = frame.config.num_blocks
         self.used_curve.setData(steps, [m.used_blocks or nan for m in history])  # a log axis has no 0
         self.contiguous_curve.setData(steps, [m.contiguous_blocks or nan for m in history])
-        self.overflow_curve.setData(
-            steps, [m.contiguous_blocks if m.contiguous_blocks > pool else nan for m in history]
-        )
+        self.overflow_curve.setData(*over_the_line(steps, [m.contiguous_blocks for m in history], pool))
         self.pool_line.setValue(np.log10(pool))  # the plot is in log10 units
         self.pool_line.show()
         # Fixed ranges: axes re-layout only when the scenario or the peak changes.
