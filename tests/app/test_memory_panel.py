@@ -86,3 +86,31 @@ def test_one_step_over_the_pool_is_drawn_from_where_the_line_crosses_it():
     assert [y == y for y in ys] == [False, True, True, True, True, False]
     assert ys[1] == ys[4] == 64 and 1 < xs[1] < 2 and 3 < xs[4] < 4
     assert over_the_line([1, 2, 3], [10, 20, 30], 64) == ([1, 2, 3], [pytest.approx(float("nan"), nan_ok=True)] * 3)
+
+
+def test_the_current_step_is_a_dot_on_each_curve_even_before_there_is_a_line(qtbot):
+    """At step 1 a curve is one point, which a line does not draw: the current step's values
+    are dots in their curves' colours (a reservation over the pool in the warning colour)."""
+    from pagesim.app.gui.views.plots import DENSE_COLOUR, KERNEL_COLOUR, UTIL_COLOUR
+
+    theme = next(iter(THEMES.values()))
+    panel = MemoryPanel(theme)
+    qtbot.addWidget(panel)
+    frames = _frames(3)
+    panel.show_frame(frames[1])
+    panel.flush()
+    m = frames[1].history[-1]
+    xs, ys = panel.blocks_now.getData()
+    assert list(xs) == [1, 1] and list(ys) == pytest.approx(np.log10([m.used_blocks, m.contiguous_blocks]))
+    over = m.contiguous_blocks > frames[1].config.num_blocks
+    colours = [brush.color().name().upper() for brush in panel.blocks_now.opts["symbolBrush"]]
+    assert colours == [KERNEL_COLOUR, (theme.bad if over else DENSE_COLOUR).upper()]
+    xs, ys = panel.util_now.getData()
+    assert list(xs) == [1, 1] and ys[0] == pytest.approx(100 * m.utilisation)
+    assert panel.util_now.opts["symbolBrush"][0].color().name().upper() == UTIL_COLOUR
+    panel.show_frame(frames[3])  # the dots follow the current step
+    panel.flush()
+    assert list(panel.blocks_now.getData()[0]) == [3, 3]
+    panel.show_frame(frames[0])  # back to the start: nothing to mark
+    panel.flush()
+    assert panel.blocks_now.getData()[0] is None or len(panel.blocks_now.getData()[0]) == 0

@@ -453,6 +453,10 @@ class MemoryPanel(QWidget):
         self.frag_curve = self.util_plot.plot(name="internal fragmentation (% of slots)", connect="finite")
         # With prefix caching on only (a flat 0 % says nothing): % of the prompt blocks looked up so far.
         self.hit_curve = self.util_plot.plot(name="prefix cache hit rate (% of prompt blocks)", connect="finite")
+        # A dot on each curve at the current step: a lone step (the first, or one between empty
+        # ones) draws no line, and the dots say where "now" is on a replay seen from its end.
+        self.blocks_now = self.blocks_plot.plot(pen=None, symbol="o", symbolSize=7)
+        self.util_now = self.util_plot.plot(pen=None, symbol="o", symbolSize=7)
         self.shows_hits = False
         self._view: tuple[int, int] | None = None
         self.plotted: Frame | None = None  # the frame the curves show (drawn ≤ HISTORY_REDRAW_MS late)
@@ -564,6 +568,28 @@ class MemoryPanel(QWidget):
         # Nothing looked up yet: no rate (a gap).
         hits = [100 * m.prefix_hit_rate if m.prefix_lookup_blocks else nan for m in history] if self.shows_hits else []
         self.hit_curve.setData(steps if self.shows_hits else [], hits)
+        self._mark_now(history[-1] if history else None, pool)
+
+    def _mark_now(self, m, pool: int) -> None:
+        """The current step's values as dots, in their curves' colours (none where a curve has no value)."""
+        blocks, util = [], []
+        if m is not None:
+            if m.used_blocks:
+                blocks.append((m.used_blocks, KERNEL_COLOUR))
+            if m.contiguous_blocks:
+                blocks.append((m.contiguous_blocks, self.theme.bad if m.contiguous_blocks > pool else DENSE_COLOUR))
+            if m.slots_allocated:
+                util.append((100 * m.utilisation, UTIL_COLOUR))
+                util.append((100 * m.internal_fragmentation / m.slots_allocated, FRAG_COLOUR))
+            if self.shows_hits and m.prefix_lookup_blocks:
+                util.append((100 * m.prefix_hit_rate, HIT_COLOUR))
+        for item, points in ((self.blocks_now, blocks), (self.util_now, util)):
+            item.setData(
+                [m.step] * len(points) if m is not None else [],
+                [value for value, _ in points],
+                symbolBrush=[pg.mkBrush(colour) for _, colour in points],
+                symbolPen=[pg.mkPen(colour) for _, colour in points],
+            )
 
     def _set_view(self, steps: int, peak: int) -> None:
         """Fixed ranges: the axes re-layout only when the scenario or the peak changes."""
