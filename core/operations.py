@@ -216,6 +216,19 @@ class Schedule:
 Operation = Add | Grow | Fork | Free | Submit | Schedule
 
 
+def introduced_names(operations) -> tuple[str, ...]:
+    """The sequences and requests the operations bring in, in order (each once)."""
+    names: dict[str, None] = {}
+    for op in operations:
+        if isinstance(op, Add):
+            names.setdefault(op.seq)
+        elif isinstance(op, Fork):
+            names.setdefault(op.new_seq)
+        elif isinstance(op, Submit):
+            names.setdefault(op.request)
+    return tuple(names)
+
+
 def new_sequence_name(taken, prefix: str = "s") -> str:
     """The first free name ``s1``, ``s2``, … for a sequence the user adds or forks."""
     taken = set(taken)

@@ -114,6 +114,17 @@ class SequenceColours:
         self._by_family.clear()
         self._pattern.clear()
 
+    def follow(self, names) -> None:
+        """Colours in the order the timeline brings its requests in (``names``), whatever order
+        the user stepped or seeked in: undoing a branch gives the script's requests their
+        colours back (the branch's own had taken the next ones)."""
+        families = tuple(dict.fromkeys(family_of(name) for name in names))
+        if tuple(self._by_family)[: len(families)] == families:
+            return
+        self.reset()
+        for family in families:
+            self(family)
+
 
 def luminance(colour: QColor) -> float:
     """Relative luminance (WCAG 2)."""

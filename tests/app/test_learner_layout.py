@@ -131,6 +131,23 @@ def test_a_request_its_sequences_and_their_blocks_share_one_colour():
     assert colours("r1") != chip and colours.of_request("r1") == colours("r1/s0")
 
 
+def test_colours_follow_the_timelines_order_so_undoing_a_branch_gives_them_back(window, qtbot):
+    """A branch's own sequence takes the next colour; undone, the script's requests have the
+    colours they had before it, whatever order the user stepped or seeked in."""
+    at_step(window, qtbot, 1)  # A only: B has not appeared yet
+    window.actions.add_action.trigger()  # a branch: the user's s1 arrives at step 2
+    wait_idle(qtbot, window)
+    assert window.colours("s1").name() == QColor(OKABE_ITO[1]).name()  # the next colour after A's
+    window.actions.undo_action.trigger()
+    wait_idle(qtbot, window)
+    at_step(window, qtbot, 7)  # B and the fork A2 again
+    assert [window.colours(s).name() for s in ("A", "B", "A2")] == [QColor(c).name() for c in OKABE_ITO[:3]]
+    window.load(parse_scenario(TOUR))  # seeking straight to the end first gives the same colours
+    wait_idle(qtbot, window)
+    at_step(window, qtbot, 7)
+    assert [window.colours(s).name() for s in ("A2", "B", "A")] == [QColor(c).name() for c in OKABE_ITO[2::-1]]
+
+
 def _pixel(widget, point) -> str:
     return widget.grab().toImage().pixelColor(point).name()
 

@@ -177,3 +177,12 @@ def test_bad_scheduler_settings_are_refused():
         parse_scenario(HEADER + 'preemption = "drop"\n', "bad.toml")
     with pytest.raises(ScenarioError, match="prefix_caching must be true or false"):
         parse_scenario(HEADER + "prefix_caching = 1\n", "bad.toml")
+
+
+def test_the_names_operations_bring_in_are_listed_once_in_order():
+    from pagesim.core.operations import Add, Fork, Free, Grow, Schedule, Submit, introduced_names
+
+    ops = (Add("A", 4), Submit("r1", 3, prompt_len=5), Grow("A", 1), Fork("A", "A2"), Free("A"), Add("A", 2),
+           Schedule(1), Submit("r2", 1, prompt_len=2, n=2))  # fmt: skip
+    assert introduced_names(ops) == ("A", "r1", "A2", "r2")
+    assert introduced_names(()) == ()
