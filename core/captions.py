@@ -37,16 +37,32 @@ def step_caption(result: StepResult, text_of: Callable[[Sequence[int]], str] | N
     # the sequence and request events keep their order.
     of: dict[type, list] = {}
     in_order = []
+    let_go: dict[int, type] = {}  # per block, the step's last release or free of it
     for e in result.op_events:  # the attention's lookups and checks are told elsewhere
         of.setdefault(type(e), []).append(e)
         if isinstance(e, _IN_ORDER):
             in_order.append(e)
+        elif isinstance(e, ev.BlockReleased | ev.BlockFreed):
+            let_go[e.block] = type(e)
+    # A finished request's sequences are freed with it: its finishing says so (and its blocks'
+    # sentence where they went), not a "was freed" per sequence.
+    finished = {e.request for e in of.get(ev.RequestFinished, [])}
+    if finished and ev.SequenceFreed in of:
+
+        def told(e) -> bool:
+            return not isinstance(e, ev.SequenceFreed) or e.seq.split("/", 1)[0] not in finished
+
+        of[ev.SequenceFreed] = [e for e in of[ev.SequenceFreed] if told(e)]
+        in_order = [e for e in in_order if told(e)]
     copies = of.get(ev.BlockCopied, [])
     copied_to, copied_from = {e.dst for e in copies}, {e.src for e in copies}
     # A copy's new block and the shared block it left are told with the copy.
     of[ev.BlockAllocated] = [e for e in of.get(ev.BlockAllocated, []) if e.block not in copied_to]
     released = {e.block: e for e in of.get(ev.BlockReleased, [])}  # (the last release of each block)
-    of[ev.BlockReleased] = [e for e in of.get(ev.BlockReleased, []) if e.block not in copied_from]
+    # A shared block its last holder also let go of later in the step joined the free queue: not "stayed".
+    of[ev.BlockReleased] = [
+        e for e in of.get(ev.BlockReleased, []) if e.block not in copied_from and let_go[e.block] is ev.BlockReleased
+    ]
 
     parts: list[str] = []
     if len(copies) > MANY:

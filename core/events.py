@@ -21,10 +21,10 @@ def plural(n: int, word: str) -> str:
 
 
 def block_list(numbers) -> str:
-    """ "#3, #7, …": the first six block ids, and how many there are when more."""
+    """ "#3, #7, #1": the first six block ids, and how many more there are."""
     numbers = list(numbers)
     shown = ", ".join(f"#{b}" for b in numbers[:6])
-    return shown + (f" … ({len(numbers)} in all)" if len(numbers) > 6 else "")
+    return shown + (f" and {len(numbers) - 6} more" if len(numbers) > 6 else "")
 
 
 class Event:

@@ -76,3 +76,24 @@ def test_a_beam_freed_and_forked_anew_in_one_step_is_told_as_a_new_one(cpu_backe
                 reused += 1
                 assert f"a new {name} forked from" in caption, caption
     assert reused  # the scenario does it
+
+
+def test_requests_finishing_together_are_told_once_and_their_shared_blocks_as_freed(cpu_backend):
+    """Two requests sharing a cached prefix finish in one step: each is told as finished (not
+    also as "was freed"), and blocks the first let go of but the second then freed are told as
+    joining the free queue, not as having "stayed with other holders"."""
+    text = (
+        'name = "together"\nscheduler = "v1"\nprefix_caching = true\nnum_blocks = 24\nblock_size = 4\n'
+        "num_heads = 2\nhead_dim = 8\n"
+        '[[steps]]\nop = "submit"\nrequest = "r1"\ntokens = 13\nshared_prefix = 12\noutput = 3\n'
+        '[[steps]]\nop = "submit"\nrequest = "r2"\ntokens = 13\nshared_prefix = 12\noutput = 3\n'
+        + '[[steps]]\nop = "schedule"\nsteps = 1\n'
+        * 4
+    )
+    timeline = Timeline(parse_scenario(text, "together.toml"), cpu_backend)
+    timeline.run_to_end()
+    last = next(c for c in timeline.captions() if "finished" in c)
+    assert "request r1 finished" in last and "request r2 finished" in last, last
+    assert "was freed" not in last and "stayed with other holders" not in last, last
+    assert "joined the free queue" in last, last
+    assert timeline.sim.pool.num_free == 23  # every block free but the null block
