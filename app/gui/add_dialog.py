@@ -33,7 +33,8 @@ HINTS = {
 
 
 class AddPromptDialog(QDialog):
-    def __init__(self, seq: str, parent=None) -> None:
+    def __init__(self, seq: str, parent=None, as_request: bool = False) -> None:
+        """``as_request``: offer a request first (the scenario runs a scheduler)."""
         super().__init__(parent)
         self.seq = seq
         self.setWindowTitle(f"Add {seq}")
@@ -66,6 +67,7 @@ class AddPromptDialog(QDialog):
         self.kind = QComboBox()
         self.kind.addItem("a sequence you grow", AS_SEQUENCE)
         self.kind.addItem("a request for the scheduler", AS_REQUEST)
+        self.kind.setCurrentIndex(self.kind.findData(AS_REQUEST if as_request else AS_SEQUENCE))
         self.kind.setToolTip(
             "A sequence: Grow writes its tokens when you ask. A request: the scheduler admits it, prefills its "
             "prompt and decodes it step by step (Schedule), as n parallel samples or a beam search"

@@ -41,7 +41,7 @@ from pagesim.app.gui.views.token_map import TokenMap
 from pagesim.app.gui.views.walkthrough import WalkThroughPanel, WalkThroughTab
 from pagesim.app.gui.welcome import WelcomeDialog
 from pagesim.core.errors import PagesimError
-from pagesim.core.operations import Add, Fork, Free, Grow, Schedule, introduced_names, new_sequence_name
+from pagesim.core.operations import Add, Fork, Free, Grow, Schedule, Submit, introduced_names, new_sequence_name
 from pagesim.core.scenario import Scenario, load_shipped, scenario_model
 from pagesim.core.view_model import Frame
 from PySide6.QtCore import QSettings, Qt
@@ -327,7 +327,9 @@ class MainWindow(QMainWindow):
         if self.frame is not None and self.frame.has_text:  # a real model: a prompt typed as text
             if getattr(self, "add_dialog", None) is not None:
                 self.add_dialog.deleteLater()  # the last one's values were read when it closed
-            self.add_dialog = AddPromptDialog(self._new_name(), self)
+            # A scenario whose scheduler runs its requests: a request first.
+            scheduled = any(isinstance(op, Submit | Schedule) for op in self.frame.operations)
+            self.add_dialog = AddPromptDialog(self._new_name(), self, as_request=scheduled)
             self.add_dialog.accepted.connect(self._add_typed)
             self.add_dialog.open()  # window-modal, returns at once
             return

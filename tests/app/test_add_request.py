@@ -2,6 +2,7 @@
 with a typed prompt, and Schedule (S) runs the scheduler one step at a time."""
 
 from pagesim.core.operations import Submit
+from pagesim.core.scenario import load_shipped
 
 from tests.app.conftest import wait_idle
 
@@ -44,6 +45,19 @@ def test_the_dialog_shows_a_requests_fields_and_beams_set_temperature_and_n_asid
     assert dialog.temperature.value() == 0 and not dialog.temperature.isEnabled()
     assert dialog.samples.value() == 1 and not dialog.samples.isEnabled()
     dialog.reject()
+
+
+def test_in_a_scenario_its_scheduler_runs_add_offers_a_request_first(make_window, qtbot):
+    window = make_window("preemption_v1", real=True)  # step 0: its requests not submitted yet
+    window.add_sequence()
+    dialog = window.add_dialog
+    assert dialog.as_request and dialog.samples.isVisibleTo(dialog) and "Schedule (S)" in dialog.hint.text()
+    dialog.reject()
+    window.load(load_shipped("default"))
+    wait_idle(qtbot, window, timeout=60_000)
+    window.add_sequence()  # the tour grows its sequences by hand: a sequence first
+    assert not window.add_dialog.as_request
+    window.add_dialog.reject()
 
 
 def test_a_beam_search_request_is_submitted_and_scheduled_into_two_beams(make_window, qtbot):
