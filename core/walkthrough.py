@@ -74,12 +74,16 @@ def _describe_step(step, kernel: str, split: bool = False) -> str:
         f"token {step.token}: logical block {step.logical_block} → physical block #{step.physical_block}, "
         f"slot {step.slot} · score q·k·scale = {step.score:+.3f}"
     )
+    # A kernel takes the max of the tokens it handles together (a tile, a thread group's
+    # batch) before any of their exps: m can be a later token's score, not this one's.
+    ahead = " (the highest score of the tokens taken with this one, found before their exps)"
     if step.m_before == float("-inf"):
-        text += f" · first token here: m = {step.m_after:+.3f}"
+        text += f" · m starts at {step.m_after:+.3f}" + (ahead if step.m_after > step.score else "")
     elif step.m_after > step.m_before:
         text += (
-            f" · new max {step.m_before:+.3f} → {step.m_after:+.3f}: "
-            f"rescale by exp(m_old − m_new) = ×{step.correction:.3f}"
+            f" · new max {step.m_before:+.3f} → {step.m_after:+.3f}"
+            + (ahead if step.m_after > step.score else "")
+            + f": rescale by exp(m_old − m_new) = ×{step.correction:.3f}"
         )
     text += f" · ℓ = {step.l_after:.3f}"
     if step.lane is None and split:

@@ -131,3 +131,19 @@ def test_a_gqa_walk_names_the_thread_block_its_heads_share():
                      0.125, "v1")  # fmt: skip
     assert "thread block" not in WalkThrough("A", 6, "cuda-v1", 512, mha, mha.output, mha.output, 1e-6, 0.0,
                                              (0,)).stage_text(0)  # fmt: skip
+
+
+def test_a_stage_whose_max_came_from_a_later_token_says_so():
+    """The CPU kernel takes a tile's max before its exps: at a tile's first token m can be a
+    later token's score, and the stage's sentence says where it came from."""
+    from pagesim.core.walkthrough import WalkThrough
+
+    query = np.ones((1, 1, 4), np.float32)
+    keys = np.zeros((2, 4, 1, 4), np.float32)
+    keys[0, 2, 0] = 1.0  # token 2's score is the tile's highest
+    inputs = (query, keys, keys, np.array([[0, 1]], np.int32), np.array([6], np.int32))
+    trace = trace_cpu(*inputs, 0, 0, 0.5)
+    walk = WalkThrough("A", 0, "cpu", 512, trace, trace.output, trace.output, 1e-6, 0.0, (0,))
+    first, peak = walk.stage_text(0), walk.stage_text(2)
+    assert "m starts at +2.000 (the highest score of the tokens taken with this one" in first, first
+    assert "score q·k·scale = +0.000" in first and "highest" not in peak
