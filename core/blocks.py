@@ -177,7 +177,9 @@ class BlockPool:
             raise InvalidPlacementError(f"placement {ids} names a block more than once")
         busy = [b for b in ids if self._ref_counts[b]]
         if busy:
-            raise InvalidPlacementError(f"block(s) {busy} are already in use")
+            raise InvalidPlacementError(
+                f"block {busy[0]} is already in use" if len(busy) == 1 else f"blocks {busy} are already in use"
+            )
         return ids
 
     # -- mutations (the engine validates before calling these) -------------------

@@ -25,7 +25,9 @@ class DuplicateSequenceError(PagesimError):
 
 class PoolExhaustedError(PagesimError):
     def __init__(self, needed: int, free: int, what: str) -> None:
-        super().__init__(f"KV-cache pool exhausted: {what} needs {needed} free block(s), {free} free")
+        super().__init__(
+            f"KV-cache pool exhausted: {what} needs {needed} free block{'' if needed == 1 else 's'}, {free} free"
+        )
         self.needed = needed
         self.free = free
 

@@ -38,7 +38,7 @@ def test_exhaustion_is_refused_whole():
     pool = BlockPool(3)
     pool.allocate(2)
     before = pool.snapshot()
-    with pytest.raises(PoolExhaustedError, match="needs 2 free block"):
+    with pytest.raises(PoolExhaustedError, match="needs 2 free blocks, "):
         pool.allocate(2)
     assert pool.snapshot() == before
 

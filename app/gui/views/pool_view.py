@@ -468,7 +468,7 @@ class PoolView(QGraphicsView):
                 item.update()
         short = needed - free
         self.refusal_banner.setText(
-            f"<b>Refused:</b> needs {needed} free block(s), the free queue has {free} "
+            f"<b>Refused:</b> needs {needed} free block{'' if needed == 1 else 's'}, the free queue has {free} "
             f"(outlined) — {short} short.<br><span style='font-size:small'>{message}</span>"
         )
         self.refusal_banner.setStyleSheet(
