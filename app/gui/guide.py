@@ -80,7 +80,8 @@ replay's output with the kernel's and dense attention's.</p>
 <p><b>Memory</b> (bottom): blocks used per step against what reserving
 <i>max_model_len</i> contiguously for every sequence would hold; <b>utilisation</b> =
 slots holding tokens / slots allocated; <b>internal fragmentation</b> = allocated but
-empty slots at the end of last blocks (under one block per sequence with paging).</p>
+empty slots at the end of last blocks (under one block per sequence with paging). The dots
+mark the current step.</p>
 <h3>Keys</h3>
 <table>
 <tr><td>Space</td><td>play / pause</td></tr>
