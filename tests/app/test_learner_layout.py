@@ -223,6 +223,32 @@ def test_with_twelve_entries_only_the_looked_up_entrys_line_is_drawn(long_and_sh
     assert [lg for lg, _, _ in lines.segments()] == [0, 1, 2]
 
 
+def test_the_lines_stay_over_the_pool_when_a_tabbed_panel_comes_to_the_front(window, qtbot):
+    """Raising a tabbed dock (Latency, Step log…) restacks the window's central widget over
+    its siblings; the lines must stay on top, or the pool hides their ends."""
+    at_step(window, qtbot, 7)
+    lines = window.table_lines
+    assert lines.segments() and lines.isVisible()
+
+    def stacked_above_the_pool() -> bool:
+        siblings = [c for c in window.children() if c.isWidgetType()]
+        return siblings.index(lines) > siblings.index(window.centralWidget())
+
+    assert stacked_above_the_pool()
+    for name in ("latency", "steplog", "whatif", "memory"):
+        window.studies.docks[name].raise_()  # a tab clicked: no resize, so nothing else redraws the lines
+        QApplication.processEvents()
+        assert stacked_above_the_pool(), name
+    # What is seen: a pixel of a line over the pool is the line's, not the pool's.
+    _, _, end = lines.segments()[0]
+    point = end.toPoint() + QPoint(-6, 0)
+    assert window.pool_view.viewport().rect().contains(window.pool_view.viewport().mapFrom(window, point))
+    assert (
+        window.grab().toImage().pixelColor(point).name()
+        != window.pool_view.grab().toImage().pixelColor(window.pool_view.mapFrom(window, point)).name()
+    )
+
+
 @pytest.mark.parametrize("theme", ["light", "dark"])
 def test_line_colours_stand_out_from_the_background_in_either_theme(window, qtbot, theme):
     at_step(window, qtbot, 5)

@@ -10,7 +10,7 @@ from pagesim.app.gui.palette import Theme, readable_on
 from pagesim.app.gui.views.pool_view import PoolView
 from pagesim.app.gui.views.sequence_view import SequenceView
 from pagesim.core.view_model import Frame
-from PySide6.QtCore import QEvent, QObject, QPoint, QPointF, QRect, Qt
+from PySide6.QtCore import QEvent, QObject, QPoint, QPointF, QRect, Qt, QTimer
 from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen, QPixmap
 from PySide6.QtWidgets import QWidget
 
@@ -46,13 +46,37 @@ class TableToPoolLines(QWidget):
         pool_view.transformed.connect(self.refresh)
         sequence_view.lookupChanged.connect(self._on_lookup)
         window.installEventFilter(self)
+        # Raising a tabbed dock (the Latency tab, say) restacks the central widget over its
+        # siblings: the pool then hid the lines' ends. Every sibling's restack is watched.
+        self._siblings: list[QWidget] = []
+        self._raise_due = False
+        for child in window.children():
+            self._watch_sibling(child)
         self.hide()  # shown, over just the lines' bounds, while there are lines
+
+    def _raise_over_siblings(self) -> None:
+        self._raise_due = False
+        self.raise_()  # (its ZOrderChange goes to this widget alone: no loop)
+
+    def _watch_sibling(self, child: QObject) -> None:
+        if child is not self and child.isWidgetType() and child not in self._siblings:
+            self._siblings.append(child)
+            child.installEventFilter(self)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
         kind = event.type()
-        if (watched is self.parentWidget() and kind == QEvent.Type.Resize) or (
-            watched is not self.parentWidget() and kind in (QEvent.Type.Resize, QEvent.Type.Move, QEvent.Type.Show)
-        ):
+        if watched is self.parentWidget():
+            if kind == QEvent.Type.Resize:
+                self.refresh()
+            elif kind == QEvent.Type.ChildPolished:  # (at ChildAdded a child is half-built: not touched then)
+                self._watch_sibling(event.child())
+        elif watched in self._siblings:
+            if kind == QEvent.Type.ZOrderChange and self.isVisible() and not self._raise_due:
+                # After the sibling's own handling: a dock brings its tab to the front only
+                # if it is still the window's topmost child when it sees the event.
+                self._raise_due = True
+                QTimer.singleShot(0, self, self._raise_over_siblings)
+        elif kind in (QEvent.Type.Resize, QEvent.Type.Move, QEvent.Type.Show):
             self.refresh()
         return False
 
