@@ -46,14 +46,14 @@ def step_caption(result: StepResult, text_of: Callable[[Sequence[int]], str] | N
             let_go[e.block] = type(e)
     # A finished request's sequences are freed with it: its finishing says so (and its blocks'
     # sentence where they went), not a "was freed" per sequence.
+    # (A request is its sequences' family, "r1" of "r1/s0", or in v1 a child request "r1/s0" itself.)
     finished = {e.request for e in of.get(ev.RequestFinished, [])}
+
+    def told(e) -> bool:
+        return not isinstance(e, ev.SequenceFreed) or (e.seq not in finished and e.seq.split("/", 1)[0] not in finished)
+
     if finished and ev.SequenceFreed in of:
-
-        def told(e) -> bool:
-            return not isinstance(e, ev.SequenceFreed) or e.seq.split("/", 1)[0] not in finished
-
         of[ev.SequenceFreed] = [e for e in of[ev.SequenceFreed] if told(e)]
-        in_order = [e for e in in_order if told(e)]
     copies = of.get(ev.BlockCopied, [])
     copied_to, copied_from = {e.dst for e in copies}, {e.src for e in copies}
     # A copy's new block and the shared block it left are told with the copy.
@@ -75,8 +75,8 @@ def step_caption(result: StepResult, text_of: Callable[[Sequence[int]], str] | N
     freed: set[str] = set()  # a beam search frees a beam and forks its name anew in one step
     for e in in_order:
         if isinstance(e, ev.SequenceFreed):
-            freed.add(e.seq)
-        if type(e) in crowded:
+            freed.add(e.seq)  # (also a finished request's, untold: its name forked anew is still "a new" one)
+        if type(e) in crowded or not told(e):
             continue
         text = e.describe()
         if isinstance(e, ev.SequenceForked):

@@ -164,9 +164,8 @@ class BlockReleased(Event):
 
     @classmethod
     def summarize(cls, events: Sequence[BlockReleased]) -> str:
-        return (
-            f"{plural(len(events), 'shared block')} stayed with other holders ({block_list(e.block for e in events)})"
-        )
+        blocks = dict.fromkeys(e.block for e in events)  # (a block two holders let go of is one block)
+        return f"{plural(len(blocks), 'shared block')} stayed with other holders ({block_list(blocks)})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +182,8 @@ class BlockFreed(Event):
 
     @classmethod
     def summarize(cls, events: Sequence[BlockFreed]) -> str:
-        return f"{plural(len(events), 'block')} joined the free queue ({block_list(e.block for e in events)})"
+        blocks = dict.fromkeys(e.block for e in events)  # (freed, taken again and freed again: once)
+        return f"{plural(len(blocks), 'block')} joined the free queue ({block_list(blocks)})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,6 +76,32 @@ def test_a_beam_freed_and_forked_anew_in_one_step_is_told_as_a_new_one(cpu_backe
                 reused += 1
                 assert f"a new {name} forked from" in caption, caption
     assert reused  # the scenario does it
+    # Read from the events: every name freed and forked again in one step, the finishing step's
+    # too (whose frees are untold: its request's finishing says them), is told as a new one.
+    from pagesim.core import events as ev
+
+    renamed = 0
+    for step, caption in enumerate(timeline.captions(), start=1):
+        freed = set()
+        for e in timeline.result(step).op_events:
+            if isinstance(e, ev.SequenceFreed):
+                freed.add(e.seq)
+            elif isinstance(e, ev.SequenceForked) and e.child in freed:
+                renamed += 1
+                assert f"a new {e.child} forked from" in caption, caption
+    assert renamed >= reused
+    # A block's count is of blocks, not of events (two beams letting go of one shared block
+    # is one block), and a list names each block once.
+    listed = 0
+    for step, caption in enumerate(timeline.captions(), start=1):
+        events = timeline.result(step).op_events
+        for kind, words in ((ev.BlockReleased, "shared blocks? stayed"), (ev.BlockFreed, "blocks? joined")):
+            for count, ids in re.findall(rf"(\d+) {words} [a-z ]+ \((#[\d#, ]+)", caption):
+                distinct = {e.block for e in events if isinstance(e, kind)}
+                numbers = ids.replace("#", "").split(", ")
+                assert int(count) <= len(distinct) and len(set(numbers)) == len(numbers), caption
+                listed += 1
+    assert listed
 
 
 def test_requests_finishing_together_are_told_once_and_their_shared_blocks_as_freed(cpu_backend):
@@ -97,3 +123,10 @@ def test_requests_finishing_together_are_told_once_and_their_shared_blocks_as_fr
     assert "was freed" not in last and "stayed with other holders" not in last, last
     assert "joined the free queue" in last, last
     assert timeline.sim.pool.num_free == 23  # every block free but the null block
+    # v1 splits n = 2 into child requests r1/s0 and r1/s1: each finishes as itself, no "was freed".
+    text = text.replace("output = 3\n", "output = 3\nn = 2\n", 1)
+    timeline = Timeline(parse_scenario(text, "together.toml"), cpu_backend)
+    timeline.run_to_end()
+    told = " ".join(timeline.captions())
+    assert "request r1/s0 finished" in told and "request r1/s1 finished" in told, told
+    assert "was freed" not in told, told
