@@ -321,7 +321,11 @@ class MainWindow(QMainWindow):
         return self.selected_seq
 
     def _new_name(self) -> str:
-        return new_sequence_name(s.seq_id for s in self.frame.sequences) if self.frame else new_sequence_name(())
+        """A name no live sequence has and no request of the timeline had (a finished or
+        waiting request keeps its name: the scheduler refuses it again)."""
+        if self.frame is None:
+            return new_sequence_name(())
+        return new_sequence_name({*(s.seq_id for s in self.frame.sequences), *introduced_names(self.frame.operations)})
 
     def add_sequence(self) -> None:
         if self.frame is not None and self.frame.has_text:  # a real model: a prompt typed as text

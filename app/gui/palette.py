@@ -71,18 +71,21 @@ def family_of(seq_id: str) -> str:
 
 
 class SequenceColours:
-    """A stable colour per request (sequence family), assigned in order of first appearance:
-    a request's chip, its sequences' rows, its GPU and CPU tiles all take the same one."""
+    """A stable colour per request (sequence family): its place in the order the timeline
+    brings requests in (:meth:`follow`; a request not in it takes the next place), handed
+    out when first asked for. A request's chip, its sequences' rows, its GPU and CPU tiles
+    all take the same one."""
 
     def __init__(self) -> None:
-        self._by_family: dict[str, QColor] = {}
+        self._place: dict[str, int] = {}  # family -> its place in the timeline's order
+        self._by_family: dict[str, QColor] = {}  # the colours handed out so far
         self._pattern: dict[str, Qt.BrushStyle | None] = {}  # set with the colour: paint asks per block
 
     def __call__(self, seq_id: str) -> QColor:
         family = family_of(seq_id)
         colour = self._by_family.get(family)
         if colour is None:
-            index = len(self._by_family)
+            index = self._place.setdefault(family, len(self._place))
             colour = QColor(OKABE_ITO[index % len(OKABE_ITO)])
             # Past seven requests, vary lightness so neighbours still differ (and the pool
             # adds a hatch pattern for them: SequenceColours.pattern).
@@ -107,23 +110,23 @@ class SequenceColours:
 
     @property
     def hatched(self) -> bool:
-        """Whether any colour handed out so far carries a hatch (more than seven requests)."""
-        return len(self._by_family) > len(OKABE_ITO)
+        """Whether any colour handed out so far carries a hatch (an eighth request or later)."""
+        return any(pattern is not None for pattern in self._pattern.values())
 
     def reset(self) -> None:
+        self._place.clear()
         self._by_family.clear()
         self._pattern.clear()
 
     def follow(self, names) -> None:
-        """Colours in the order the timeline brings its requests in (``names``), whatever order
+        """Places in the order the timeline brings its requests in (``names``), whatever order
         the user stepped or seeked in: undoing a branch gives the script's requests their
         colours back (the branch's own had taken the next ones)."""
         families = tuple(dict.fromkeys(family_of(name) for name in names))
-        if tuple(self._by_family)[: len(families)] == families:
+        if tuple(self._place)[: len(families)] == families:
             return
         self.reset()
-        for family in families:
-            self(family)
+        self._place = {family: index for index, family in enumerate(families)}
 
 
 def luminance(colour: QColor) -> float:

@@ -60,6 +60,19 @@ def test_in_a_scenario_its_scheduler_runs_add_offers_a_request_first(make_window
     window.add_dialog.reject()
 
 
+def test_requests_submitted_one_after_another_get_names_of_their_own(make_window, qtbot):
+    """A waiting request has no sequence yet, and a finished one none any more: the next
+    Add must not offer its name (the scheduler would refuse it)."""
+    window = make_window("default", real=True)
+    first = _submit(window, qtbot, "One", output_len=1)[0].seq
+    dialog, frame, _ = _submit(window, qtbot, "Two", output_len=1)  # before any Schedule
+    second = dialog.seq
+    assert first != second and {first, second} <= set(frame.queues["waiting"])
+    _schedule(window, qtbot, 3)  # both finish
+    dialog, frame, op = _submit(window, qtbot, "Three", output_len=1)
+    assert dialog.seq not in (first, second) and op.request == dialog.seq
+
+
 def test_a_beam_search_request_is_submitted_and_scheduled_into_two_beams(make_window, qtbot):
     window = make_window("default", real=True)
     dialog, frame, op = _submit(window, qtbot, "Name a colour:", beam_width=2, output_len=4)

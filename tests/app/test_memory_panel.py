@@ -91,7 +91,8 @@ def test_one_step_over_the_pool_is_drawn_from_where_the_line_crosses_it():
 def test_the_current_step_is_a_dot_on_each_curve_even_before_there_is_a_line(qtbot):
     """At step 1 a curve is one point, which a line does not draw: the current step's values
     are dots in their curves' colours (a reservation over the pool in the warning colour)."""
-    from pagesim.app.gui.views.plots import DENSE_COLOUR, KERNEL_COLOUR, UTIL_COLOUR
+    from pagesim.app.gui.views.plots import DENSE_COLOUR, FRAG_COLOUR, KERNEL_COLOUR, UTIL_COLOUR
+    from PySide6.QtGui import QColor
 
     theme = next(iter(THEMES.values()))
     panel = MemoryPanel(theme)
@@ -110,7 +111,15 @@ def test_the_current_step_is_a_dot_on_each_curve_even_before_there_is_a_line(qtb
     assert panel.util_now.opts["symbolBrush"][0].color().name().upper() == UTIL_COLOUR
     panel.show_frame(frames[3])  # the dots follow the current step
     panel.flush()
-    assert list(panel.blocks_now.getData()[0]) == [3, 3]
+    m = frames[3].history[-1]
+    assert list(panel.blocks_now.getData()[0]) == [3, 3] and m.contiguous_blocks > frames[3].config.num_blocks
+    assert panel.blocks_now.opts["symbolBrush"][1].color().name() == QColor(theme.bad).name()  # over the pool
+    fragmentation = 100 * m.internal_fragmentation / m.slots_allocated
+    assert list(panel.util_now.getData()[1]) == pytest.approx([100 * m.utilisation, fragmentation])
+    assert [b.color().name().upper() for b in panel.util_now.opts["symbolBrush"]] == [UTIL_COLOUR, FRAG_COLOUR]
+    other = next(t for t in THEMES.values() if QColor(t.bad).name() != QColor(theme.bad).name())
+    panel.set_theme(other)  # the over-the-pool dot in the new theme's red at once
+    assert panel.blocks_now.opts["symbolBrush"][1].color().name() == QColor(other.bad).name()
     panel.show_frame(frames[0])  # back to the start: nothing to mark
     panel.flush()
     assert panel.blocks_now.getData()[0] is None or len(panel.blocks_now.getData()[0]) == 0

@@ -506,6 +506,8 @@ class MemoryPanel(QWidget):
         self.util_curve.setPen(pg.mkPen(UTIL_COLOUR, width=2))
         self.frag_curve.setPen(pg.mkPen(FRAG_COLOUR, width=2))
         self.hit_curve.setPen(pg.mkPen(HIT_COLOUR, width=2))
+        if self.plotted is not None:  # the dots in this theme's colours (a warning red differs)
+            self._mark_now(self.plotted.history[-1] if self.plotted.history else None, self.plotted.config.num_blocks)
 
     def _style_util_plot(self) -> None:
         util = _key(UTIL_COLOUR, "─ utilisation")
