@@ -1,7 +1,7 @@
 """One caption for a step: the events' own sentences (``describe()``, ``summarize()``),
-composed most telling first, with what only the step as a whole knows — which copy left a
-block with one holder, which new blocks were copy-on-write copies, whether a written token
-found room in its last block. Written from the step's events while they are whole (an old
+in the order the step did them, with what only the step as a whole knows — the ref count
+each copy left on its source, which new blocks were copy-on-write copies, whether a written
+token found room in its last block. Written from the step's events while they are whole (an old
 step later drops its per-token detail)."""
 
 from __future__ import annotations
@@ -31,19 +31,29 @@ MANY = 2  # more events of a kind than this: one sentence for all of them
 
 
 def step_caption(result: StepResult, text_of: Callable[[Sequence[int]], str] | None = None) -> str:
-    """What ``result``'s step did, most telling first, as one or two short sentences.
+    """What ``result``'s step did, as one or two short sentences: its copies, sequence and
+    request events and writes in the order they happened, the pool's changes after them.
     ``text_of``: a real model's tokenizer (ids to text), to say what was written."""
-    # One pass sorts the events by kind (a decode step over 256 sequences has ~500 of them);
-    # the sequence and request events keep their order.
+    # One pass sorts the events by kind (a decode step over 256 sequences has ~500 of them),
+    # each with its place in the step.
     of: dict[type, list] = {}
-    in_order = []
+    at: dict[type, list[int]] = {}
+    in_order: list[tuple[int, ev.Event]] = []
     let_go: dict[int, type] = {}  # per block, the step's last release or free of it
-    for e in result.op_events:  # the attention's lookups and checks are told elsewhere
-        of.setdefault(type(e), []).append(e)
+    copy_left: dict[int, int] = {}  # a copy's index -> the ref count its own release left on the source
+    copying: dict[int, int] = {}  # a source block -> the index of the copy waiting for its release
+    for i, e in enumerate(result.op_events):  # the attention's lookups and checks are told elsewhere
+        kind = type(e)
+        of.setdefault(kind, []).append(e)
+        at.setdefault(kind, []).append(i)
         if isinstance(e, _IN_ORDER):
-            in_order.append(e)
+            in_order.append((i, e))
         elif isinstance(e, ev.BlockReleased | ev.BlockFreed):
-            let_go[e.block] = type(e)
+            let_go[e.block] = kind
+            if e.block in copying and kind is ev.BlockReleased:
+                copy_left[copying.pop(e.block)] = e.ref_count
+        elif isinstance(e, ev.BlockCopied):
+            copying[e.src] = i
     # A finished request's sequences are freed with it: its finishing says so (and its blocks'
     # sentence where they went), not a "was freed" per sequence.
     # (A request is its sequences' family, "r1" of "r1/s0", or in v1 a child request "r1/s0" itself.)
@@ -52,28 +62,30 @@ def step_caption(result: StepResult, text_of: Callable[[Sequence[int]], str] | N
     def told(e) -> bool:
         return not isinstance(e, ev.SequenceFreed) or (e.seq not in finished and e.seq.split("/", 1)[0] not in finished)
 
-    if finished and ev.SequenceFreed in of:
-        of[ev.SequenceFreed] = [e for e in of[ev.SequenceFreed] if told(e)]
-    copies = of.get(ev.BlockCopied, [])
-    copied_to, copied_from = {e.dst for e in copies}, {e.src for e in copies}
-    # A copy's new block and the shared block it left are told with the copy.
-    of[ev.BlockAllocated] = [e for e in of.get(ev.BlockAllocated, []) if e.block not in copied_to]
-    released = {e.block: e for e in of.get(ev.BlockReleased, [])}  # (the last release of each block)
-    # A shared block its last holder also let go of later in the step joined the free queue: not "stayed".
-    of[ev.BlockReleased] = [
-        e for e in of.get(ev.BlockReleased, []) if e.block not in copied_from and let_go[e.block] is ev.BlockReleased
-    ]
+    def keep(kind: type, wanted) -> None:
+        pairs = [(i, e) for i, e in zip(at.get(kind, ()), of.get(kind, ()), strict=True) if wanted(e)]
+        at[kind], of[kind] = [i for i, _ in pairs], [e for _, e in pairs]
 
-    parts: list[str] = []
+    keep(ev.SequenceFreed, told)
+    copies = list(zip(at.get(ev.BlockCopied, ()), of.get(ev.BlockCopied, ()), strict=True))
+    copied_to, copied_from = {e.dst for _, e in copies}, {e.src for _, e in copies}
+    # A copy's new block and the shared block it left are told with the copy.
+    keep(ev.BlockAllocated, lambda e: e.block not in copied_to)
+    # A shared block its last holder also let go of later in the step joined the free queue: not "stayed".
+    keep(ev.BlockReleased, lambda e: e.block not in copied_from and let_go[e.block] is ev.BlockReleased)
+
+    parts: list[tuple[float, str]] = []  # (where in the step, the sentence)
     if len(copies) > MANY:
-        parts.append(ev.BlockCopied.summarize(copies))
-    for e in copies if len(copies) <= MANY else ():
-        left = released.get(e.src)
-        parts.append(e.describe() + (f"; block {e.src} now ref count {left.ref_count}" if left else ""))
+        parts.append((copies[0][0], ev.BlockCopied.summarize([e for _, e in copies])))
+    for i, e in copies if len(copies) <= MANY else ():
+        left = copy_left.get(i)
+        parts.append((i, e.describe() + (f"; block {e.src} now ref count {left}" if left is not None else "")))
     crowded = {kind for kind in (ev.SequenceForked, ev.SequenceFreed) if len(of.get(kind, [])) > MANY}
-    parts += [kind.summarize(of[kind]) for kind in (ev.SequenceForked, ev.SequenceFreed) if kind in crowded]
+    parts += [
+        (at[kind][0], kind.summarize(of[kind])) for kind in (ev.SequenceForked, ev.SequenceFreed) if kind in crowded
+    ]
     freed: set[str] = set()  # a beam search frees a beam and forks its name anew in one step
-    for e in in_order:
+    for i, e in in_order:
         if isinstance(e, ev.SequenceFreed):
             freed.add(e.seq)  # (also a finished request's, untold: its name forked anew is still "a new" one)
         if type(e) in crowded or not told(e):
@@ -86,12 +98,18 @@ def step_caption(result: StepResult, text_of: Callable[[Sequence[int]], str] | N
         if isinstance(e, ev.SequenceAdded) and text_of is not None:
             prompt = [w.token_id for w in of.get(ev.TokenWritten, []) if w.seq == e.seq]
             text += f": {quoted(text_of(prompt), 60)}" if prompt else ""
-        parts.append(text)
-    parts += [kind.summarize(of[kind]) for kind in _BY_KIND + _SWAPS if of.get(kind)]
+        parts.append((i, text))
+    # The block sentences sum up what the sequence and request events did to the pool: told
+    # after the last of those (a free, then where its blocks went), or first when there are none.
+    blocks_at = in_order[-1][0] + 0.5 if in_order else -1.0
+    parts += [(blocks_at, kind.summarize(of[kind])) for kind in _BY_KIND + _SWAPS if of.get(kind)]
     written = of.get(ev.TokenWritten, [])
     if written and ev.SequenceAdded not in of:  # a prompt's tokens are told by its arrival
         room_unknown = None if copies else {e.seq for e in of[ev.BlockAllocated]}
-        parts.append(ev.TokenWritten.summarize(written, room_unknown, text_of))
+        # Where the writing began, but after the copies that made room for it.
+        where = max(at[ev.TokenWritten][0], copies[-1][0] + 0.5 if copies else 0)
+        parts.append((where, ev.TokenWritten.summarize(written, room_unknown, text_of)))
     if not parts:
-        parts.append(result.op.describe())
-    return "; ".join(parts) + "."
+        return result.op.describe() + "."
+    parts.sort(key=lambda part: part[0])  # (stable: sentences of one place keep their order)
+    return "; ".join(text for _, text in parts) + "."

@@ -130,3 +130,17 @@ def test_requests_finishing_together_are_told_once_and_their_shared_blocks_as_fr
     told = " ".join(timeline.captions())
     assert "request r1/s0 finished" in told and "request r1/s1 finished" in told, told
     assert "was freed" not in told, told
+
+
+def test_a_caption_tells_the_step_in_the_order_it_happened(cpu_backend):
+    """Tokens written before their requests finish are told before the finishing; beams freed
+    and forked before the writes, before them; each copy says the ref count it left."""
+    timeline = Timeline(load_scenario("tests/scenarios/synthetic_preemption_swap.toml"), cpu_backend)
+    timeline.run_to_end()
+    finishing = next(c for c in timeline.captions() if "request r1 finished" in c)
+    assert finishing.index("r1's token") < finishing.index("request r1 finished"), finishing
+    beams = Timeline(load_scenario("beam_search"), cpu_backend)  # SmolLM2's: frees and forks, then copies
+    beams.seek(3)
+    caption = beams.captions()[2]
+    assert caption.index("beam/b1 was freed") < caption.index("a new beam/b1 forked") < caption.index("copy-on-write")
+    assert "block 9 now ref count 2" in caption and "block 9 now ref count 1" in caption, caption
