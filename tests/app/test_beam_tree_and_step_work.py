@@ -158,3 +158,16 @@ def test_a_decode_step_does_not_remeasure_the_rows_unless_a_cell_outgrows_its_co
     assert rows._rows["A"].text(1) == "132  +120 prefill" and 1 in measured
     assert rows.columnWidth(1) >= rows.sizeHintForColumn(1)  # the new text is not cut off
     window.close()
+
+
+def test_a_final_hypothesis_says_what_its_score_divides():
+    """vLLM ranks finished beams by log-probability over the whole length, prompt included:
+    the line says so (a student dividing by the written tokens alone got another number)."""
+    from types import SimpleNamespace
+
+    from pagesim.app.gui.views.beam_tree import _ranking
+
+    tree = SimpleNamespace(prompt_len=38, final_scores=(-12.77 / 52, -0.5))
+    node = SimpleNamespace(depth=14, logprob=-12.77)
+    assert _ranking(tree, 0, node) == "-0.246 = -12.77 ÷ 52 tokens (38 prompt + 14 written)"
+    assert "length^penalty" in _ranking(tree, 1, node)  # a penalty other than 1: not a plain division

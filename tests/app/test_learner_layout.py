@@ -297,6 +297,18 @@ def test_the_legend_explains_the_hatch_once_an_eighth_request_has_a_colour(windo
     assert legend.swatch_rect("hatch") is not None
 
 
+def test_a_shared_blocks_tooltip_says_copy_on_write_only_where_a_write_can_come(window, qtbot):
+    """After the fork, A and A2 share three blocks: the two full ones are never written again
+    (read-only, never copied); the partly filled last one is copied by whichever writes first."""
+    frame = at_step(window, qtbot, 6)
+    table = frame.sequence("A2").block_table
+    items = window.pool_view.items
+    full, last = items[table[0]], items[table[-1]]
+    assert full.ref_count == last.ref_count == 2 and full.fill == 4 and last.fill < 4
+    assert "read-only" in full.toolTip() and "copy-on-write" not in full.toolTip()
+    assert "gets its own copy first (copy-on-write)" in last.toolTip()
+
+
 def test_the_hatch_is_explained_when_an_eighth_request_arrives_not_before(window, qtbot):
     """Colours are placed in the timeline's order from its first frame, but handed out (and the
     hatch explained) only as requests appear."""

@@ -129,10 +129,7 @@ class BeamTreeCanvas(QWidget):
             top += (max(rows.values()) + 1) * ROW_H + 6
             for rank, index in enumerate(tree.finals):
                 node = tree.nodes[index]
-                line = (
-                    f"#{rank + 1}  {tree.final_scores[rank]:.3f} per token ({node.logprob:.2f} in all)  "
-                    f"“{node.continuation}”"
-                )
+                line = f"#{rank + 1}  {_ranking(tree, rank, node)}  “{node.continuation}”"
                 self.finals.append((QRectF(MARGIN, top, metrics.horizontalAdvance(line) + 8, LINE_H), line))
                 top += LINE_H
             width = max(width, x)
@@ -263,3 +260,12 @@ class BeamTreeView(QScrollArea):
 
     def show_frame(self, frame: Frame) -> None:
         self.canvas.show_trees(frame.beam_trees)
+
+
+def _ranking(tree, rank: int, node) -> str:
+    """A final hypothesis's score as vLLM ranks it: its log-probability over its whole length,
+    the prompt's tokens included (length penalty 1: a plain division), said as the sum it is."""
+    score, length = tree.final_scores[rank], tree.prompt_len + node.depth
+    if abs(node.logprob / max(length, 1) - score) <= 1e-9 * max(1.0, abs(score)):
+        return f"{score:.3f} = {node.logprob:.2f} ÷ {length} tokens ({tree.prompt_len} prompt + {node.depth} written)"
+    return f"{score:.3f} (log-probability {node.logprob:.2f} ÷ length^penalty)"

@@ -98,7 +98,13 @@ class BlockItem(QGraphicsItem):
         owners = ", ".join(
             f"{seq} (logical block {index}: tokens {index * bs}–{index * bs + last})" for seq, index in self.holders
         )
-        shared = " — shared, copy-on-write on the next write" if self.ref_count > 1 else ""
+        shared = ""
+        if self.ref_count > 1:  # only a partly filled block is written again: only it is ever copied
+            shared = (
+                " — shared: whichever holder writes into it next gets its own copy first (copy-on-write)"
+                if self.fill < bs
+                else " — shared, read-only: it is full, so nobody writes into it again and it is never copied"
+            )
         if self.cached:
             shared += "\nin the prefix cache (full block, hashed with its prefix)"
         texts = self.view.slot_texts(self.block_id)
