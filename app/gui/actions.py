@@ -306,7 +306,8 @@ class WindowActions:
             )
         )
         view_menu.addSeparator()
-        for dock in (w.sequences_dock, w.kernel_dock, w.memory_dock, w.waste_dock, w.scheduler_dock, w.step_log_dock):
+        docks = (w.sequences_dock, w.kernel_dock, w.memory_dock, w.waste_dock, w.scheduler_dock, w.step_log_dock)
+        for dock in (*docks, w.beam_tree_dock):  # (What-if and Latency: the Studies menu)
             view_menu.addAction(dock.toggleViewAction())
         help_menu = bar.addMenu("&Help")
         self.welcome_action = self._action(

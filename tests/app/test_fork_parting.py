@@ -32,3 +32,13 @@ def test_a_sequence_sharing_nothing_has_no_parting_note(make_window, qtbot):
     window = make_window("default", real=True)
     _, parting = _text_at(window, qtbot, 4, "B")
     assert not parting.isVisible()
+
+
+def test_the_note_goes_with_its_sequence(make_window, qtbot):
+    """Selecting nothing (or opening another scenario, whose start selects nothing) leaves no
+    note about the sequence shown before."""
+    window = make_window("default", real=True)
+    _, parting = _text_at(window, qtbot, 6, "A2")
+    assert parting.isVisible()
+    window.select_sequence(None)
+    assert not parting.isVisibleTo(window.sequence_text)

@@ -423,3 +423,15 @@ def test_the_welcome_opens_with_a_primer_in_three_pictures(window, qtbot):
         # Above the list of examples: the ideas first, then where to see them.
         assert picture.mapTo(dialog, QPoint(0, 0)).y() < dialog.list.mapTo(dialog, QPoint(0, 0)).y()
     dialog.reject()
+
+
+def test_every_closable_panel_can_be_brought_back_from_a_menu(window):
+    """A panel closed with its × must be reachable again: View lists the docks, Studies the
+    study panels (the Beam tree was in neither)."""
+    menus = [a.menu() for a in window.menuBar().actions() if a.menu() is not None]
+    reachable = {a for m in menus for a in m.actions()}
+    studies = window.studies
+    for dock in window.findChildren(type(window.beam_tree_dock)):
+        listed = dock.toggleViewAction() in reachable
+        via_studies = dock in (studies.whatif_dock, studies.latency_dock)
+        assert listed or via_studies, dock.windowTitle()

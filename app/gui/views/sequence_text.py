@@ -104,6 +104,7 @@ class SequenceText(QWidget):
         state = frame.sequence(self._selection.current) if self._selection.current else None
         if state is None or state.pieces is None:
             self._show(("none",), "Text: select a sequence", "")
+            self.parting.setVisible(False)  # (it spoke of the sequence shown before, maybe another scenario's)
             return
         shared = tuple(int(frame.ref_counts[b]) for b in state.block_table)
         owners = tuple(frame.holders.get(b, ((state.seq_id, 0),))[0][0] for b in state.block_table)
