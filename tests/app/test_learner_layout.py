@@ -435,3 +435,23 @@ def test_every_closable_panel_can_be_brought_back_from_a_menu(window):
         listed = dock.toggleViewAction() in reachable
         via_studies = dock in (studies.whatif_dock, studies.latency_dock)
         assert listed or via_studies, dock.windowTitle()
+
+
+def test_the_rows_follow_the_frames_order_however_the_step_was_reached(window, qtbot):
+    """A freed name added again goes to the end; a jump from a step where it was first must not
+    leave its row first (one step, two orders, and a click on the wrong sequence)."""
+    text = 'name = "again"\nnum_blocks = 16\nblock_size = 4\nnum_heads = 1\nhead_dim = 8\n' + "".join(
+        f'[[steps]]\nop = "{op}"\nseq = "{seq}"\n' + ("tokens = 3\n" if op == "add" else "")
+        for op, seq in (("add", "A"), ("add", "B"), ("free", "A"), ("add", "A"))
+    )
+    window.load(parse_scenario(text))
+    wait_idle(qtbot, window)
+    view = window.sequence_view
+
+    def rows() -> list[str]:
+        return [view.topLevelItem(i).text(0) for i in range(view.topLevelItemCount())]
+
+    at_step(window, qtbot, 2)
+    assert rows() == ["A", "B"]
+    frame = at_step(window, qtbot, 4)  # a jump: A is live at both steps
+    assert [s.seq_id for s in frame.sequences] == ["B", "A"] == rows()

@@ -164,10 +164,12 @@ class SequenceView(QTreeWidget):
         self._updating = True
         try:
             live = {s.seq_id for s in frame.sequences}
+            removed = False
             for seq_id in list(self._rows):
                 if seq_id not in live:
                     self.takeTopLevelItem(self.indexOfTopLevelItem(self._rows.pop(seq_id)))
                     self._shown.pop(seq_id, None)
+                    removed = True
             touched = frame.touched_sequences
             added = False
             for order, seq in enumerate(frame.sequences):
@@ -182,12 +184,24 @@ class SequenceView(QTreeWidget):
                 elif touched is not None and seq.seq_id not in touched:
                     continue  # this step left the row as it was
                 self._fill_row(item, seq, frame)
+            if added or removed or touched is None:
+                self._follow_order(frame)
             widened = self._show_phases(frame)
             if added or touched is None or widened:
                 for column in range(3):
                     self.resizeColumnToContents(column)
         finally:
             self._updating = False
+
+    def _follow_order(self, frame: Frame) -> None:
+        """Rows in the frame's order: rows kept from another step (a jump back) stayed where
+        they were, so the same step could list its sequences in another order."""
+        wanted = [s.seq_id for s in frame.sequences]
+        for index, seq_id in enumerate(wanted):
+            item = self._rows[seq_id]
+            at = self.indexOfTopLevelItem(item)
+            if at != index:
+                self.insertTopLevelItem(index, self.takeTopLevelItem(at))
 
     def _fill_row(self, item: QTreeWidgetItem, seq, frame: Frame) -> None:
         """Only what changed: each set is a dataChanged the view answers by asking the
