@@ -19,7 +19,7 @@ from pagesim.core.errors import (
     UnknownSequenceError,
 )
 from pagesim.core.operations import Fork, Operation, Submit
-from pagesim.core.scenario import Scenario
+from pagesim.core.scenario import Scenario, first_sentence
 from pagesim.core.token_text import text_function
 from pagesim.kernels.backend import Backend
 
@@ -274,7 +274,14 @@ class Timeline:
         return log
 
     def _caption_line(self, step: int) -> str:
-        return self._captions.get(step) or f"{self.operations[step - 1].describe()} (not played yet)"
+        """A played step's caption; else its operation and what the scenario's note says of it
+        (so a learner can find "the swap step" before playing to it)."""
+        if caption := self._captions.get(step):
+            return caption
+        note = self.note(step)
+        return f"{self.operations[step - 1].describe()} (not played yet)" + (
+            f": {first_sentence(note, 120)}" if note else ""
+        )
 
     def run_to_end(self) -> list[StepResult]:
         out = []

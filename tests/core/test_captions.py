@@ -3,7 +3,7 @@
 import pytest
 from pagesim.core.errors import ScenarioError
 from pagesim.core.operations import Add
-from pagesim.core.scenario import load_scenario, parse_scenario
+from pagesim.core.scenario import first_sentence, load_scenario, parse_scenario
 from pagesim.core.timeline import Timeline
 
 from tests.scenarios import token_model
@@ -29,10 +29,11 @@ def test_old_steps_keep_their_caption_after_dropping_their_detail(cpu_backend):
     assert "A's token 6 went into block 1, slot 2" in timeline.caption(3)  # …its caption is not
 
 
-def test_steps_not_played_yet_show_their_operation(cpu_backend):
+def test_steps_not_played_yet_show_their_operation_and_the_first_sentence_of_their_note(cpu_backend):
     timeline = Timeline(load_scenario(token_model("default")), cpu_backend)
     timeline.forward()
-    assert timeline.captions()[1] == "add B (9 tok) (not played yet)"
+    note = timeline.scenario.note(1)
+    assert note and timeline.captions()[1] == f"add B (9 tok) (not played yet): {first_sentence(note, 120)}"
 
 
 def test_notes_are_read_kept_with_their_step_and_saved():
