@@ -4,6 +4,7 @@ recent ones kept in the settings; a failure is shown, never raised."""
 
 from __future__ import annotations
 
+import re
 import weakref
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from pagesim.app.gui.settings import MAX_RECENT
 from pagesim.core.errors import PagesimError
 from pagesim.core.scenario import Scenario, load_scenario, scenario_model, shipped_folder
 from pagesim.kernels.atomic_write import atomic_path, atomic_write
+from PySide6.QtCore import QStandardPaths
 from PySide6.QtWidgets import QFileDialog, QMenu
 
 
@@ -86,13 +88,28 @@ class ScenarioFiles:
         if path:
             self.open_scenario(path)
 
-    def _save_to(self, title: str, default: str, kinds: str, then) -> None:
-        path, _ = QFileDialog.getSaveFileName(self.window, title, default, kinds)
+    def _save_to(self, title: str, suffix: str, kinds: str, then) -> None:
+        path, _ = QFileDialog.getSaveFileName(self.window, title, self.default_save_path(suffix), kinds)
         if path:
             then(path)
 
+    def default_save_path(self, suffix: str) -> str:
+        """Where a save dialog starts: the scenario's own name plus ``suffix``, in the folder of
+        the last file opened or saved, else the user's documents; never the folder the app was
+        launched from, nor the shipped examples' (a save there would sit among them)."""
+        frame = self.window.frame
+        name = re.sub(r"[^a-z0-9]+", "-", (frame.scenario_name if frame else "").lower()).strip("-")[:60]
+        shipped = shipped_folder()
+        shipped = shipped.resolve() if shipped is not None else None
+        folders = [Path(p).parent for p in self.recent()]
+        folder = next((f for f in folders if f.is_dir() and f.resolve() != shipped), None)
+        if folder is None:
+            documents = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.DocumentsLocation)
+            folder = Path(documents) if documents and Path(documents).is_dir() else Path.home()
+        return str(folder / f"{name or 'pagesim'}{suffix}")
+
     def save_dialog(self) -> None:
-        self._save_to("Save scenario", "scenario.toml", "Scenarios (*.toml)", self.save_scenario)
+        self._save_to("Save scenario", ".toml", "Scenarios (*.toml)", self.save_scenario)
 
     # -- exports ---------------------------------------------------------------------
     def save_screenshot(self, path: str) -> bool:
@@ -119,10 +136,10 @@ class ScenarioFiles:
         return True
 
     def screenshot_dialog(self) -> None:
-        self._save_to("Export screenshot", "pagesim.png", "PNG (*.png)", self.save_screenshot)
+        self._save_to("Export screenshot", ".png", "PNG (*.png)", self.save_screenshot)
 
     def events_dialog(self) -> None:
-        self._save_to("Export event log", "events.jsonl", "JSON lines (*.jsonl)", self.window.controller.export_events)
+        self._save_to("Export event log", "-events.jsonl", "JSON lines (*.jsonl)", self.window.controller.export_events)
 
     # -- recent files ----------------------------------------------------------------
     def attach_recent_menu(self, menu: QMenu) -> None:

@@ -297,6 +297,26 @@ def test_save_and_open_keep_the_users_own_actions(window, qtbot, tmp_path):
     assert frame.length == 4 and frame.operations[-1].describe() == "add s1 (5 tok)"
 
 
+def test_a_save_dialog_starts_on_the_scenarios_name_where_the_users_files_are(window, qtbot, tmp_path, monkeypatch):
+    """Not "scenario.toml" wherever the app was launched (a repository, say), nor among the
+    shipped examples: the scenario's own name, in the folder of the last file saved or opened."""
+    from pagesim.core.scenario import shipped_folder
+
+    monkeypatch.chdir(tmp_path)
+    name = window.files.default_save_path(".toml")
+    slug = window.frame.scenario_name.lower().split()[0]
+    assert Path(name).name.startswith(slug) and Path(name).suffix == ".toml"
+    assert Path(name).parent != Path.cwd() and Path(name).parent.is_dir()
+    window.files.open_scenario(str(shipped_folder() / "seed_demo.toml"))  # an example: not a place to save
+    wait_idle(qtbot, window)
+    assert Path(window.files.default_save_path(".toml")).parent.resolve() != shipped_folder().resolve()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    window.files.save_scenario(str(mine / "saved.toml"))
+    assert Path(window.files.default_save_path(".png")).parent == mine.resolve()
+    assert window.files.default_save_path(".png").endswith(".png")
+
+
 def test_opening_a_malformed_scenario_reports_it(window, tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("num_blocks = 4\n")
