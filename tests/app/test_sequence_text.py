@@ -85,3 +85,24 @@ def test_add_with_a_typed_prompt_adds_a_sequence_whose_tokens_decode_to_it(make_
     assert tokenizer.decode(added.prompt, skip_special=True) == "Paged memory is like a library"
     assert "".join(frame.sequence(dialog.seq).pieces) == "Paged memory is like a library"
     assert window.selected_seq == dialog.seq
+
+
+def test_the_text_view_follows_the_writing_unless_the_reader_scrolled_up(make_window, qtbot):
+    """A chat template's prompt fills the view: the continuation, below it, is what a step
+    changes, so the view shows the end; a reader who scrolled up in the same text stays."""
+    window = make_window("parallel_sampling", real=True)
+    window.resize(1024, 700)
+    window.actions.scrubber.setValue(8)
+    wait_idle(qtbot, window, timeout=60_000)
+    window.tokens_and_text.setCurrentWidget(window.sequence_text)
+    window.select_sequence("chat/s1")
+    bar = window.sequence_text.browser.verticalScrollBar()
+    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum(), timeout=5000)
+    bar.setValue(0)  # the reader goes up to the prompt
+    window.controller.forward()
+    wait_idle(qtbot, window, timeout=60_000)
+    assert bar.value() == 0
+    bar.setValue(bar.maximum())  # back at the end: the next step's words come into view
+    window.controller.forward()
+    wait_idle(qtbot, window, timeout=60_000)
+    qtbot.waitUntil(lambda: bar.value() == bar.maximum(), timeout=5000)

@@ -154,9 +154,17 @@ class SequenceText(QWidget):
     def _show(self, key: tuple, caption: str, html: str) -> None:
         if key == self._shown:
             return
+        # Follow the writing (a chat template's prompt fills the view: the continuation was
+        # below it), unless the reader scrolled up in this same sequence's text.
+        bar = self.browser.verticalScrollBar()
+        same = self._shown is not None and key[:1] != ("none",) and self._shown[:1] != ("none",)
+        same = same and key[0].seq_id == self._shown[0].seq_id
+        follow = not same or bar.value() >= bar.maximum() - 4
         self._shown = key
         self.caption.setText(caption)
         self.browser.setHtml(html)
+        if follow:
+            bar.setValue(bar.maximum())
 
     def _html(self, state: SequenceState, block_size: int, ref_counts, owners) -> str:
         background = QColor(self.theme.window)
