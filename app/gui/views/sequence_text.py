@@ -157,9 +157,8 @@ class SequenceText(QWidget):
         # Follow the writing (a chat template's prompt fills the view: the continuation was
         # below it), unless the reader scrolled up in this same sequence's text.
         bar = self.browser.verticalScrollBar()
-        same = self._shown is not None and key[:1] != ("none",) and self._shown[:1] != ("none",)
-        same = same and key[0].seq_id == self._shown[0].seq_id
-        follow = not same or bar.value() >= bar.maximum() - 4
+        shown_seq = _seq_of(self._shown)
+        follow = shown_seq is None or shown_seq != _seq_of(key) or bar.value() >= bar.maximum() - 4
         self._shown = key
         self.caption.setText(caption)
         self.browser.setHtml(html)
@@ -189,6 +188,13 @@ class SequenceText(QWidget):
 
     def plain_text(self) -> str:
         return self.browser.toPlainText()
+
+
+def _seq_of(key: tuple | None) -> str | None:
+    """The sequence a shown key is of: (state, …), ("streaming", seq, count), ("none",) or None."""
+    if not key or key[0] == "none":
+        return None
+    return key[1] if key[0] == "streaming" else key[0].seq_id
 
 
 class TokensAndText(QTabWidget):
