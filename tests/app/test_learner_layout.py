@@ -455,3 +455,22 @@ def test_the_rows_follow_the_frames_order_however_the_step_was_reached(window, q
     assert rows() == ["A", "B"]
     frame = at_step(window, qtbot, 4)  # a jump: A is live at both steps
     assert [s.seq_id for s in frame.sequences] == ["B", "A"] == rows()
+
+
+def test_a_right_click_on_a_row_below_an_unfolded_one_opens_that_rows_menu(long_and_short, qtbot):
+    """The press selects "short", "long" folds and "short" moves up from under the pointer:
+    the menu must still be short's (it opened for nothing, or for another row)."""
+    window = long_and_short
+    view = window.sequence_view
+    asked = []
+    view.contextMenuRequested.disconnect(window._sequence_menu)  # (the menu itself: not this test's)
+    view.contextMenuRequested.connect(lambda seq, _: asked.append(seq))
+    row = view.visualItemRect(view._rows["short"])
+    pos = QPoint(20, row.bottom() - 2)  # the bottom of short's row, under the unfolded long one
+    QTest.mousePress(view.viewport(), Qt.MouseButton.RightButton, Qt.KeyboardModifier.NoModifier, pos)
+    QApplication.processEvents()
+    view.executeDelayedItemsLayout()  # long folds: short's row moves up
+    assert view.itemAt(pos) is not view._rows["short"]
+    view.customContextMenuRequested.emit(pos)  # what Qt sends next, at the same place
+    QTest.mouseRelease(view.viewport(), Qt.MouseButton.RightButton, Qt.KeyboardModifier.NoModifier, pos)
+    assert asked == ["short"]

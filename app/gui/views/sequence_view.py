@@ -122,6 +122,7 @@ class SequenceView(QTreeWidget):
         self.customContextMenuRequested.connect(self._context_menu)
         self.itemSelectionChanged.connect(self._selection_changed)
         self._rows: dict[str, QTreeWidgetItem] = {}
+        self._right_pressed: QTreeWidgetItem | None = None  # the row a right-press was on
         self._phased: set[str] = set()  # rows whose Tokens cell says what the step computed
         self._tokens_margin: int | None = None
         self.headerItem().setToolTip(
@@ -325,6 +326,13 @@ class SequenceView(QTreeWidget):
         seq_id = item.data(0, Qt.ItemDataRole.UserRole)
         return next(((seq_id, logical) for logical, box in self.entry_rects(seq_id) if box.contains(pos)), None)
 
+    def mousePressEvent(self, event) -> None:
+        # A right-press selects its row, and the rows re-layout (the old selection's table
+        # folds): the menu that follows is for the row pressed, wherever it has moved to.
+        if event.button() == Qt.MouseButton.RightButton:
+            self._right_pressed = self.itemAt(event.position().toPoint())
+        super().mousePressEvent(event)
+
     def mouseMoveEvent(self, event) -> None:
         super().mouseMoveEvent(event)
         self._hover_entry(self.entry_at(event.position().toPoint()))
@@ -355,7 +363,8 @@ class SequenceView(QTreeWidget):
             self.sequenceSelected.emit(self.selected or "")
 
     def _context_menu(self, pos) -> None:
-        item = self.itemAt(pos)
+        pressed, self._right_pressed = self._right_pressed, None
+        item = pressed if pressed is not None and self.indexOfTopLevelItem(pressed) >= 0 else self.itemAt(pos)
         if item is not None:
             self.setCurrentItem(item)
             self.contextMenuRequested.emit(item.data(0, Qt.ItemDataRole.UserRole), self.viewport().mapToGlobal(pos))
