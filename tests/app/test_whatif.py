@@ -47,6 +47,10 @@ def test_whatif_shows_block_size_variants_beside_the_original(toy, qtbot):
     assert [panel.cell(r, "pool") for r in range(3)] == ["24 × 4", "48 × 2", "12 × 8"]
     original, small, large = (int(panel.cell(r, "peak blocks")) for r in range(3))
     assert small > original > large
+    # Memory is compared in token slots: blocks × tokens per block, in the column and the curves.
+    slots = [int(panel.cell(r, "peak slots").replace(",", "")) for r in range(3)]
+    assert slots == [original * 4, small * 2, large * 8]
+    assert [max(curve.getData()[1]) for curve in panel.curves] == slots
     assert panel.progress.value() == panel.progress.maximum() == 3
     assert panel.run_button.isEnabled() and not panel.cancel_button.isEnabled()
     assert panel.cell(0, "TTFT ms") == "—"  # sequences by hand: no request to time

@@ -51,6 +51,8 @@ COLUMNS = (
     ("pool", "Blocks × tokens per block the variant ran with"),
     ("steps", "Scheduler iterations (and your own operations) until every request was done"),
     ("peak blocks", "The most blocks in use after any step"),
+    ("peak slots", "The most token slots in use after any step (blocks × tokens per block): the KV memory, "
+     "comparable across block sizes"),
     ("preemptions", "Requests preempted (recomputed or swapped out) over the run"),
     ("prefix hit", "Share of full prompt blocks the prefix cache supplied"),
     ("finished", "Requests that finished"),
@@ -134,8 +136,8 @@ class WhatIfPanel(QWidget):
         self.plots = pg.GraphicsLayoutWidget()
         self.plot = add_plot(self.plots, 0, 0)
         self.plot.getAxis("left").setToolTip(
-            "Blocks in use after each step. Blocks of another size hold another number of tokens: compare "
-            "block-size variants by their token slots (pool column) too"
+            "Token slots in use after each step: blocks in use × tokens per block, the KV memory a variant holds "
+            "(a block count alone would make a variant of larger blocks look smaller)"
         )
         self.plots.setMinimumHeight(90)
         self.table = result_table(COLUMNS, "One row per variant, the original first")
@@ -181,7 +183,7 @@ class WhatIfPanel(QWidget):
     def set_theme(self, theme: Theme) -> None:
         self.theme = theme
         self.plots.setBackground(theme.plot_background)
-        _style_plot(self.plot, theme, "Blocks in use: one curve per variant (colours as in the table)", "blocks",
+        _style_plot(self.plot, theme, "Token slots in use (blocks × block size), a curve per variant", "slots",
                     "step")  # fmt: skip
         for index, curve in enumerate(self.curves):
             curve.setPen(self._pen(index))
@@ -293,8 +295,11 @@ class WhatIfPanel(QWidget):
         self._add_row(len(self.variants) - 1, variant)
         if variant.ran and variant.used_blocks:
             row = len(self.variants) - 1
+            size = variant.config.block_size
             curve = self.plot.plot(
-                list(range(1, len(variant.used_blocks) + 1)), variant.used_blocks, pen=self._pen(row)
+                list(range(1, len(variant.used_blocks) + 1)),
+                [n * size for n in variant.used_blocks],
+                pen=self._pen(row),
             )
             curve.setZValue(10 if row == 0 else 5)
             self.curves.append(curve)
@@ -356,6 +361,7 @@ class WhatIfPanel(QWidget):
             f"{v.config.num_blocks} × {v.config.block_size}",
             str(v.steps),
             str(v.peak_blocks),
+            f"{v.peak_blocks * v.config.block_size:,}",
             str(v.preemptions),
             f"{v.prefix_hit_rate:.0%}",
             str(v.finished),
