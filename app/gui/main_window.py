@@ -134,6 +134,7 @@ class MainWindow(QMainWindow):
         self.token_budget.bind(c)
         self.step_work_bar.bind(c)
         self.beam_tree.bind(c)
+        self.beam_tree.canvas.beamClicked.connect(self.select_sequence)
         self.files.bind(c)
         c.frameChanged.connect(self._on_frame)
         c.poolRefused.connect(lambda needed, free: self.pool_view.show_refusal(needed, free, self.last_error or ""))

@@ -8,7 +8,8 @@ from pagesim.core import events as ev
 from pagesim.core.beam_tree import LIVE, PRUNED
 from pagesim.core.scenario import load_shipped, parse_scenario
 from pagesim.core.step_work import DECODE, PREFILL
-from PySide6.QtCore import QPointF
+from PySide6.QtCore import QPointF, Qt
+from PySide6.QtTest import QTest
 
 from tests.app.conftest import wait_idle
 
@@ -123,6 +124,10 @@ def test_the_beam_tree_follows_the_real_search_and_survives_a_step_back(qtbot, s
     assert window.beam_tree_dock.isVisible() and len(canvas.boxes) == len(tree.nodes)
     rect, _, node = next(b for b in canvas.boxes if b[2].state == PRUNED)
     assert "pruned" in canvas.tooltip_at(rect.center()) and node.text.strip() in canvas.tooltip_at(rect.center())
+    # A live beam's box selects its sequence (a pruned one's does nothing).
+    rect, _, node = next(b for b in canvas.boxes if b[2].state == LIVE and b[2].beam != window.selected_seq)
+    QTest.mouseClick(canvas, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, rect.center().toPoint())
+    assert window.selected_seq == node.beam and "click to select" in canvas.tooltip_at(rect.center())
     seek(qtbot, window, 4, timeout=600_000)
     assert len(window.frame.beam_trees[0].nodes) == 1 + 2 * len(chosen[0].beams)
     again = seek(qtbot, window, 5, timeout=600_000)

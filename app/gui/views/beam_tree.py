@@ -9,7 +9,7 @@ from pagesim.app.gui.palette import SequenceColours, Theme, readable_on
 from pagesim.app.gui.views.tooltips import answer_tooltip
 from pagesim.core.beam_tree import FINAL, LIVE, PRUNED, BeamNode, BeamTree
 from pagesim.core.view_model import Frame
-from PySide6.QtCore import QPointF, QRectF, QSize, Qt
+from PySide6.QtCore import QPointF, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import QScrollArea, QSizePolicy, QWidget
 
@@ -35,7 +35,7 @@ def node_tip(tree: BeamTree, node: BeamNode) -> str:
     if node.parent is None:
         return f"{tree.request}'s prompt ({tree.prompt_len} tokens): every beam starts from it and shares its blocks"
     state = {
-        LIVE: f"live: {node.beam} carries it; its blocks are in the pool",
+        LIVE: f"live: {node.beam} carries it; its blocks are in the pool (click to select it)",
         FINAL: f"final hypothesis #{(node.rank or 0) + 1} of {len(tree.finals)}",
         PRUNED: f"pruned at step {node.pruned_at}: no longer among the best {tree.width}; the blocks only this "
         "branch held went back to the free queue"
@@ -75,6 +75,8 @@ def layout_tree(tree: BeamTree) -> dict[int, int]:
 
 
 class BeamTreeCanvas(QWidget):
+    beamClicked = Signal(str)  # a live beam's box clicked: its sequence, to select
+
     def __init__(self, colours: SequenceColours, theme: Theme, parent=None) -> None:
         super().__init__(parent)
         self.colours, self.theme = colours, theme
@@ -148,13 +150,23 @@ class BeamTreeCanvas(QWidget):
         for rect, line in self.finals:
             if rect.contains(pos):
                 return (
-                    f"{line}\nThe search is over: its hypotheses ranked by log-probability per token (vLLM's "
-                    "length penalty 1), best first; these are the request's outputs, and every beam's blocks are free."
+                    f"{line}\nThe search is over: its hypotheses ranked by log-probability over their whole length, "
+                    "prompt included (vLLM's length penalty 1), best first; these are the request's outputs, and "
+                    "every beam's blocks are free."
                 )
         return DEFAULT_TIP if self.trees else EMPTY_TEXT
 
     def event(self, event) -> bool:
         return answer_tooltip(self, event) or super().event(event)
+
+    def mousePressEvent(self, event) -> None:
+        """A live beam's box selects its sequence: its table row, its blocks in the pool."""
+        pos = event.position()
+        beam = next((n.beam for rect, _, n in self.boxes if n.state == LIVE and rect.contains(pos)), None)
+        if beam is not None and event.button() == Qt.MouseButton.LeftButton:
+            self.beamClicked.emit(beam)
+            return
+        super().mousePressEvent(event)
 
     def paintEvent(self, event) -> None:
         painter = QPainter(self)
