@@ -474,3 +474,22 @@ def test_a_right_click_on_a_row_below_an_unfolded_one_opens_that_rows_menu(long_
     view.customContextMenuRequested.emit(pos)  # what Qt sends next, at the same place
     QTest.mouseRelease(view.viewport(), Qt.MouseButton.RightButton, Qt.KeyboardModifier.NoModifier, pos)
     assert asked == ["short"]
+
+
+def test_the_more_box_of_a_long_table_says_what_it_holds(long_and_short, qtbot):
+    window = long_and_short
+    view = window.sequence_view
+    grid = view._entry_grid("long")
+    shown, length = grid[3], grid[4]
+    if shown >= length:  # the panel is wide enough for every entry: make it narrow
+        window.resizeDocks([window.sequences_dock], [220], Qt.Orientation.Horizontal)
+        QApplication.processEvents()
+        view.executeDelayedItemsLayout()
+        grid = view._entry_grid("long")
+        shown, length = grid[3], grid[4]
+    assert shown < length
+    box = view._grid_box(grid, shown)
+    table = window.frame.sequence("long").block_table
+    tip = view.more_tooltip(box.center())
+    assert tip.startswith(f"long's table has {length - shown} more entries") and f"L{shown}→#{table[shown]}" in tip
+    assert view.more_tooltip(view._grid_box(grid, 0).center()) is None  # an entry of its own: its usual tip

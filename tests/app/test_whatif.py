@@ -51,6 +51,8 @@ def test_whatif_shows_block_size_variants_beside_the_original(toy, qtbot):
     slots = [int(panel.cell(r, "peak slots").replace(",", "")) for r in range(3)]
     assert slots == [original * 4, small * 2, large * 8]
     assert [max(curve.getData()[1]) for curve in panel.curves] == slots
+    axis = panel.plot.getAxis("bottom")
+    assert all(float(value).is_integer() for _, values in axis.tickValues(0, 5, 400) for value in values)
     assert panel.progress.value() == panel.progress.maximum() == 3
     assert panel.run_button.isEnabled() and not panel.cancel_button.isEnabled()
     assert panel.cell(0, "TTFT ms") == "—"  # sequences by hand: no request to time

@@ -6,9 +6,9 @@ import math
 
 from pagesim.app.gui.palette import SequenceColours, Theme
 from pagesim.core.view_model import Frame
-from PySide6.QtCore import QPoint, QRect, QRectF, QSignalBlocker, QSize, Qt, Signal
+from PySide6.QtCore import QEvent, QPoint, QRect, QRectF, QSignalBlocker, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFontMetricsF, QIcon, QPainter, QPixmap
-from PySide6.QtWidgets import QAbstractItemView, QStyle, QStyledItemDelegate, QTreeWidget, QTreeWidgetItem
+from PySide6.QtWidgets import QAbstractItemView, QStyle, QStyledItemDelegate, QToolTip, QTreeWidget, QTreeWidgetItem
 
 TABLE_COLUMN = 3
 MAX_LINES = 4  # the selected row's table wraps onto at most this many lines; the rest is counted
@@ -278,6 +278,34 @@ class SequenceView(QTreeWidget):
         the delegate paints them."""
         grid = self._entry_grid(seq_id)
         return [] if grid is None else [(i, self._grid_box(grid, i)) for i in range(grid[3])]
+
+    def more_tooltip(self, pos: QPoint) -> str | None:
+        """What a "+N more" box under ``pos`` (viewport coordinates) stands for; None elsewhere."""
+        item = self.itemAt(pos)
+        if item is None:
+            return None
+        seq_id = item.data(0, Qt.ItemDataRole.UserRole)
+        grid = self._entry_grid(seq_id)
+        if grid is None or grid[3] >= grid[4] or not self._grid_box(grid, grid[3]).contains(pos):
+            return None
+        table = item.data(TABLE_COLUMN, Qt.ItemDataRole.UserRole) or ()
+        hidden = [f"L{logical}→#{table[logical]}" for logical in range(grid[3], len(table))]
+        listed = ", ".join(hidden[:16]) + (f", … ({len(hidden)} in all)" if len(hidden) > 16 else "")
+        return (
+            f"{seq_id}'s table has {len(hidden)} more entries than fit here: {listed}. Widen this panel to see "
+            "more, or hover a token of the token map to light its entry"
+        )
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if self.selected is not None:  # its table wraps to the width: the row's height follows
+            self.scheduleDelayedItemsLayout()
+
+    def viewportEvent(self, event) -> bool:
+        if event.type() == QEvent.Type.ToolTip and (tip := self.more_tooltip(event.pos())) is not None:
+            QToolTip.showText(event.globalPos(), tip, self.viewport())
+            return True
+        return super().viewportEvent(event)
 
     def entry_box(self, seq_id: str, logical: int) -> QRect | None:
         """The box that shows ``logical``: its own, or the "+N more" box that counts it."""

@@ -303,6 +303,9 @@ class WhatIfPanel(QWidget):
             )
             curve.setZValue(10 if row == 0 else 5)
             self.curves.append(curve)
+            steps = max(len(v.used_blocks) for v in self.variants if v.ran)
+            spacing = max(1, round(steps / 8))  # whole steps only (a 4-step run had ticks at 1.5, 2.5)
+            self.plot.getAxis("bottom").setTickSpacing(spacing, spacing)
             self.plots.setVisible(True)
 
     def show_result(self, result: SweepResult, note: str = "") -> None:
