@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 from pagesim.core import events as ev
 from pagesim.core.engine import StepResult
+from pagesim.core.sequence import family_of
 from pagesim.core.token_text import quoted
 
 # Sequence and request events, told one by one in the order they happened.
@@ -60,7 +61,7 @@ def step_caption(result: StepResult, text_of: Callable[[Sequence[int]], str] | N
     finished = {e.request for e in of.get(ev.RequestFinished, [])}
 
     def told(e) -> bool:
-        return not isinstance(e, ev.SequenceFreed) or (e.seq not in finished and e.seq.split("/", 1)[0] not in finished)
+        return not isinstance(e, ev.SequenceFreed) or (e.seq not in finished and family_of(e.seq) not in finished)
 
     def keep(kind: type, wanted) -> None:
         pairs = [(i, e) for i, e in zip(at.get(kind, ()), of.get(kind, ()), strict=True) if wanted(e)]

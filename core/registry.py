@@ -102,7 +102,7 @@ class SequenceRegistry:
             if len(placement) != needed:
                 raise InvalidPlacementError(
                     f"{len(token_ids)} tokens at block size {c.block_size} need exactly "
-                    f"{needed} block{'' if needed == 1 else 's'}; placement names {len(placement)}"
+                    f"{ev.plural(needed, 'block')}; placement names {len(placement)}"
                 )
         elif not blocks.can_allocate(len(token_ids), hits):
             taken = blocks.allocation_need(len(token_ids), hits)

@@ -16,6 +16,12 @@ from pagesim.core.sampling import SamplingParams
 TOKEN_CODE = "Q"
 
 
+def family_of(seq_id: str) -> str:
+    """The request a sequence belongs to: its samples and beams are ``request/s0``,
+    ``request/b1`` … (vLLM's sequence group)."""
+    return seq_id.split("/", 1)[0]
+
+
 @dataclass(slots=True)
 class Sequence:
     seq_id: str

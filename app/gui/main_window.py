@@ -76,7 +76,6 @@ class MainWindow(QMainWindow):
         self.settings = settings or QSettings("pagesim", "pagesim")
         self.settings_notes: list[str] = []  # saved settings that could not be used, and why
         self.colours = SequenceColours()
-        self._coloured_operations: tuple = ()
         self.theme = THEMES[self.setting("theme")]
         self.frame: Frame | None = None
         self.selection = Selection()
@@ -113,7 +112,7 @@ class MainWindow(QMainWindow):
 
         # Frames in: the selection first (every view reads it), then the views, each on its own.
         c.loaded.connect(self._on_loaded)
-        c.frameChanged.connect(self._follow_colours)
+        c.frameChanged.connect(lambda frame: self.colours.follow(frame.operations))  # before the views draw
         self.selection.bind(c)
         self.status.bind(c)
         self.sequence_view.bind(c, self.selection)
@@ -282,17 +281,10 @@ class MainWindow(QMainWindow):
     def _on_loaded(self, scenario: Scenario) -> None:
         """The worker built ``scenario``'s timeline; its first frame comes next."""
         self.colours.reset()
-        self._coloured_operations = ()
         self.selection.reset()
         self._scheduler_raised = self._beam_tree_raised = False
         self.waste_panel.clear()  # a study of the last scenario's pool says nothing of this one
         self.frame = None
-
-    def _follow_colours(self, frame: Frame) -> None:
-        """Before the views draw: request colours in the timeline's order (see SequenceColours.follow)."""
-        if frame.operations != self._coloured_operations:
-            self._coloured_operations = frame.operations
-            self.colours.follow(introduced_names(frame.operations))
 
     def show_welcome(self) -> WelcomeDialog:
         """Help → Welcome: what pagesim shows and the examples in a learner's order."""

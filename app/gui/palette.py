@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pagesim.core.operations import introduced_names
+from pagesim.core.sequence import family_of
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QPalette
 
@@ -64,12 +66,6 @@ THEMES = {
 PATTERNS = (None, Qt.BrushStyle.BDiagPattern, Qt.BrushStyle.FDiagPattern, Qt.BrushStyle.DiagCrossPattern)
 
 
-def family_of(seq_id: str) -> str:
-    """The request a sequence belongs to: its samples and beams are ``request/s0``,
-    ``request/b1`` …, and all of them share the request's colour (vLLM's sequence group)."""
-    return seq_id.split("/", 1)[0]
-
-
 class SequenceColours:
     """A stable colour per request (sequence family): its place in the order the timeline
     brings requests in (:meth:`follow`; a request not in it takes the next place), handed
@@ -77,6 +73,7 @@ class SequenceColours:
     all take the same one."""
 
     def __init__(self) -> None:
+        self._operations: tuple = ()  # the timeline's operations the places were read from
         self._place: dict[str, int] = {}  # family -> its place in the timeline's order
         self._by_family: dict[str, QColor] = {}  # the colours handed out so far
         self._pattern: dict[str, Qt.BrushStyle | None] = {}  # set with the colour: paint asks per block
@@ -114,18 +111,24 @@ class SequenceColours:
         return any(pattern is not None for pattern in self._pattern.values())
 
     def reset(self) -> None:
+        self._operations = ()
         self._place.clear()
         self._by_family.clear()
         self._pattern.clear()
 
-    def follow(self, names) -> None:
-        """Places in the order the timeline brings its requests in (``names``), whatever order
+    def follow(self, operations: tuple) -> None:
+        """Places in the order the timeline's ``operations`` bring requests in, whatever order
         the user stepped or seeked in: undoing a branch gives the script's requests their
-        colours back (the branch's own had taken the next ones)."""
-        families = tuple(dict.fromkeys(family_of(name) for name in names))
+        colours back (the branch's own had taken the next ones). Every frame asks; the
+        operations change only with an action, an undo or a redo."""
+        if operations == self._operations:
+            return
+        self._operations = operations
+        families = tuple(dict.fromkeys(family_of(name) for name in introduced_names(operations)))
         if tuple(self._place)[: len(families)] == families:
             return
         self.reset()
+        self._operations = operations
         self._place = {family: index for index, family in enumerate(families)}
 
 

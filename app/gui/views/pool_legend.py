@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pagesim.app.gui.palette import OKABE_ITO, PATTERNS, SequenceColours, Theme, readable_on
+from pagesim.app.gui.views.pool_view import NULL_BLOCK_ROLE
 from pagesim.core.view_model import Frame
 from PySide6.QtCore import QEvent, QPointF, QRectF, QSize, Qt
 from PySide6.QtGui import QBrush, QColor, QPainter, QPainterPath, QPen
@@ -47,12 +48,7 @@ ENTRIES = (
         "new private copy",
     ),
 )
-NULL = LegendEntry(
-    "null",
-    "null block",
-    "vLLM v1 takes block 0 when the pool is made and never gives it to a request: its block tables point at "
-    "this null block where they hold no block, so the scheduler has one block fewer to give",
-)
+NULL = LegendEntry("null", "null block", f"Block 0, the null block: {NULL_BLOCK_ROLE}")
 HATCH = LegendEntry(
     "hatch",
     "hatched: 8th+ request",

@@ -6,6 +6,7 @@ import math
 
 from pagesim.app.gui.palette import SequenceColours, Theme, readable_on
 from pagesim.core.block_manager import NULL_BLOCK
+from pagesim.core.events import plural
 from pagesim.core.token_text import quoted
 from pagesim.core.view_model import Frame
 from PySide6.QtCore import QPoint, QPointF, QRectF, QSizeF, Qt, Signal
@@ -22,6 +23,12 @@ from PySide6.QtWidgets import (
     QStyleOptionGraphicsItem,
     QWidget,
 )
+
+NULL_BLOCK_ROLE = (
+    "vLLM v1 takes it when the pool is made and never gives it to a request (its block tables point at it "
+    "where they hold no block), so the scheduler has one block fewer to give than the pool has"
+)
+
 
 BLOCK_W, BLOCK_H, GAP = 60.0, 38.0, 8.0
 SLOTS_PER_ROW = 16
@@ -81,11 +88,7 @@ class BlockItem(QGraphicsItem):
     def describe(self) -> str:
         bs = self.view.block_size
         if self.null:
-            return (
-                f"Physical block {self.block_id}: the null block\nvLLM v1 takes it when the pool is made and never "
-                "gives it to a request (its block tables point at it where they hold no block), so the scheduler "
-                "has one block fewer to give than the pool has"
-            )
+            return f"Physical block {self.block_id}: the null block\n{NULL_BLOCK_ROLE}"
         if self.ref_count == 0 and self.cached:
             return (
                 f"Physical block {self.block_id}\nfree but cached: it still holds {self.fill}/{bs} tokens of a "
@@ -474,7 +477,7 @@ class PoolView(QGraphicsView):
                 item.update()
         short = needed - free
         self.refusal_banner.setText(
-            f"<b>Refused:</b> needs {needed} free block{'' if needed == 1 else 's'}, the free queue has {free} "
+            f"<b>Refused:</b> needs {plural(needed, 'free block')}, the free queue has {free} "
             f"(outlined) — {short} short.<br><span style='font-size:small'>{message}</span>"
         )
         self.refusal_banner.setStyleSheet(

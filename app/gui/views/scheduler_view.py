@@ -29,11 +29,6 @@ PHASE_TIPS = {
 }
 
 
-def request_of(seq_id: str) -> str:
-    """The request a scheduler sequence belongs to (``r3/s1`` → ``r3``)."""
-    return seq_id.split("/")[0]
-
-
 class SchedulerView(QWidget):
     def __init__(self, colours: SequenceColours, theme: Theme, parent=None) -> None:
         super().__init__(parent)
@@ -133,7 +128,7 @@ class SchedulerView(QWidget):
         for block in range(frame.num_cpu_blocks):
             tile = self.cpu_tile_rect(block)
             seqs = holders.get(block, ())
-            fill = self.colours.of_request(request_of(seqs[0])) if seqs else QColor(theme.free_block)
+            fill = self.colours(seqs[0]) if seqs else QColor(theme.free_block)
             lit = block in self.moved_cpu
             painter.setPen(QPen(QColor(theme.highlight if lit else theme.block_border), 2.5 if lit else 1))
             painter.setBrush(fill)
