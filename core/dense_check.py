@@ -84,7 +84,7 @@ def error_bounds(
 class DenseCheckSnapshot:
     reference: ChunkedKVReference | None  # None: rebuilt from the tokens on restore
     live: tuple[str, ...]  # every sequence with a row (live or swapped)
-    magnitudes: tuple = ()  # (seq, max ‖k‖ per KV head, max |v| per KV head)
+    magnitudes: tuple = ()  # (seq, max ‖k‖ per KV head, max |v| per KV head, tokens they cover)
 
     def without_data(self) -> DenseCheckSnapshot:
         return DenseCheckSnapshot(None, self.live, self.magnitudes)
@@ -103,26 +103,37 @@ class DenseCheck:
         self._writes: dict[str, int] = {}
         self._outputs: dict[str, tuple[int, np.ndarray]] = {}
         self._bounds: dict[str, tuple[int, np.ndarray]] = {}  # the same, for the error bounds
-        # Per sequence and KV head: the largest ‖k‖ and |v| so far, for the error bound.
+        # Per sequence and KV head: the largest ‖k‖ and |v| of its first ``_folded`` tokens,
+        # for the error bound. Brought up to date only when a bound is asked for: a run
+        # without attention (the engine's, a scheduler's) never pays for them.
         self._k_norm: dict[str, np.ndarray] = {}
         self._v_abs: dict[str, np.ndarray] = {}
+        self._folded: dict[str, int] = {}
         self._stacks = {"bounds": RowStack(), "outputs": RowStack()}
 
     def add(self, seq_id: str) -> None:
         self.reference.add(seq_id)
         self._k_norm[seq_id] = np.zeros(self.num_kv_heads)
         self._v_abs[seq_id] = np.zeros(self.num_kv_heads)
+        self._folded[seq_id] = 0
 
     def append(self, seq_id: str, keys: np.ndarray, values: np.ndarray) -> None:
         self.reference.append(seq_id, keys, values)
         self.touch(seq_id)
-        if len(keys):
+
+    def _fold(self, seq_id: str) -> None:
+        """Bring ``seq_id``'s largest ‖k‖ and |v| up to its last token (a maximum is exact:
+        folded a chunk at a time or a write at a time, the bits are the same)."""
+        start = self._folded[seq_id]
+        if start == self.reference.length(seq_id):
+            return
+        k_norm, v_abs = self._k_norm[seq_id], self._v_abs[seq_id]
+        for keys, values in self.reference.pieces(seq_id, start):
             k32, v32 = keys.astype(np.float32, copy=False), values.astype(np.float32, copy=False)
             # ‖k‖ as np.linalg.norm computes it (the same bits), without its dispatch
-            norms = np.sqrt(np.add.reduce(k32 * k32, axis=2))
-            most = norms[0] if len(norms) == 1 else norms.max(axis=0)  # (one token, a grow's: no reduction)
-            np.maximum(self._k_norm[seq_id], most, out=self._k_norm[seq_id])
-            np.maximum(self._v_abs[seq_id], np.maximum.reduce(np.abs(v32), axis=(0, 2)), out=self._v_abs[seq_id])
+            np.maximum(k_norm, np.sqrt(np.add.reduce(k32 * k32, axis=2)).max(axis=0), out=k_norm)
+            np.maximum(v_abs, np.maximum.reduce(np.abs(v32), axis=(0, 2)), out=v_abs)
+        self._folded[seq_id] = self.reference.length(seq_id)
 
     def bounds(self, ids: tuple[str, ...], query: np.ndarray, scale: float, context_lens: np.ndarray) -> np.ndarray:
         """:func:`error_bounds` for these sequences, from the magnitudes seen so far. A row
@@ -134,6 +145,8 @@ class DenseCheck:
         cached, writes = self._bounds, self._writes
         stale = self._stale(ids, cached)
         if stale:
+            for i in stale:
+                self._fold(ids[i])
             k_norm = stack_rows([self._k_norm[ids[i]] for i in stale])
             v_abs = stack_rows([self._v_abs[ids[i]] for i in stale])
             rows = error_bounds(query[stale].astype(np.float32), scale, context_lens[stale], k_norm, v_abs)
@@ -155,6 +168,7 @@ class DenseCheck:
         self._writes[child] = 0
         self._k_norm[child] = self._k_norm[parent].copy()
         self._v_abs[child] = self._v_abs[parent].copy()
+        self._folded[child] = self._folded[parent]  # (the rows past it are the parent's too)
 
     def free(self, seq_id: str) -> None:
         self.reference.free(seq_id)
@@ -163,6 +177,7 @@ class DenseCheck:
         self._bounds.pop(seq_id, None)
         self._k_norm.pop(seq_id, None)
         self._v_abs.pop(seq_id, None)
+        self._folded.pop(seq_id, None)
 
     def rebuild_row(self, seq_id: str, keys: np.ndarray | None, values: np.ndarray | None) -> None:
         """Refill ``seq_id``'s row (after a restore without data) with its tokens' K/V."""
@@ -206,7 +221,7 @@ class DenseCheck:
         return DenseCheckSnapshot(
             self.reference.snapshot() if with_data else None,
             tuple(self._writes),
-            tuple((i, self._k_norm[i].copy(), self._v_abs[i].copy()) for i in self._k_norm),
+            tuple((i, self._k_norm[i].copy(), self._v_abs[i].copy(), self._folded[i]) for i in self._k_norm),
         )
 
     def restore(self, snap: DenseCheckSnapshot) -> None:
@@ -219,5 +234,6 @@ class DenseCheck:
         self._writes = {seq_id: 0 for seq_id in snap.live}
         self._outputs = {}
         self._bounds = {}
-        self._k_norm = {i: k.copy() for i, k, _ in snap.magnitudes}
-        self._v_abs = {i: v.copy() for i, _, v in snap.magnitudes}
+        self._k_norm = {i: k.copy() for i, k, _, _ in snap.magnitudes}
+        self._v_abs = {i: v.copy() for i, _, v, _ in snap.magnitudes}
+        self._folded = {i: folded for i, _, _, folded in snap.magnitudes}

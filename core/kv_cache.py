@@ -9,6 +9,7 @@ kernel-vs-dense check catches any paging bug.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -218,6 +219,14 @@ class ChunkedKVReference:
             empty = np.empty((0, self.num_kv_heads, self.head_dim), self.dtype)
             return empty, empty.copy()
         return np.concatenate(row.keys)[: row.length], np.concatenate(row.values)[: row.length]
+
+    def pieces(self, seq_id: str, start: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Views of one sequence's K/V from token ``start`` to its end, a chunk at a time."""
+        row, size = self.rows[seq_id], self.CHUNK_TOKENS
+        for index in range(start // size, -(-row.length // size)):
+            first = max(start - index * size, 0)
+            last = min(size, row.length - index * size)
+            yield row.keys[index][first:last], row.values[index][first:last]
 
     def fill(self, seq_id: str, keys: np.ndarray, values: np.ndarray) -> None:
         """Write one sequence's K/V, widened to float32, into ``keys``/``values`` of shape
