@@ -386,6 +386,20 @@ def test_the_narration_grows_to_its_text_with_the_scenarios_note_first(window, q
     assert narration.height() >= narration.lines * narration.fontMetrics().lineSpacing()
 
 
+def test_a_long_narration_on_a_small_screen_is_cut_and_does_not_grow_the_window(window, qtbot):
+    long_note = " ".join(["A's 6 prompt tokens need only two blocks, taken from the free queue."] * 8)  # 575 chars
+    window.load(parse_scenario(TOUR.replace("taken from the free queue.", long_note[:-1], 1)))
+    wait_idle(qtbot, window)
+    window.resize(1024, 700)
+    qtbot.wait(20)
+    at_step(window, qtbot, 1)
+    qtbot.wait(20)
+    narration = window.header.step_caption
+    assert narration.lines > 2  # it grew as far as the room left by the rest of the centre
+    assert window.height() == 700 and window.minimumSizeHint().height() <= 700
+    assert narration.is_cut and long_note[:200] in narration.toolTip()  # the whole note on hover
+
+
 # -- controls that apply to the kernel in use -----------------------------------------------------
 def test_the_walkthrough_hides_what_does_not_apply_to_its_kernel(window, qtbot):
     at_step(window, qtbot, 5)

@@ -33,10 +33,17 @@ class Narration(LiveText):
         return super().event(event)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        if watched is self._watched and event.type() == QEvent.Type.Resize:
+        # (a layout request too: the rows above and below may change height between resizes)
+        if watched is self._watched and event.type() in (QEvent.Type.Resize, QEvent.Type.LayoutRequest):
             line = self.fontMetrics().lineSpacing()
-            share = int(event.size().height() * NARRATION_SHARE // line)
-            lines = max(self.min_lines, min(NARRATION_MAX_LINES, share))
+            height = watched.height()
+            share = int(height * NARRATION_SHARE // line)
+            # Nor more than the room the rest of the centre leaves (its title, bars, legend and
+            # the pool's least height): a taller narration would make the window taller than
+            # the screen it was sized to (a 700-px window came out 713 px).
+            others = watched.minimumSizeHint().height() - self.height()
+            room = (height - others - 2) // line
+            lines = max(self.min_lines, min(NARRATION_MAX_LINES, share, room))
             if lines != self.max_lines:
                 self.max_lines = lines
                 self.fit_to_text()
