@@ -149,10 +149,12 @@ class BlockManager:
         self.config = config
         self.events = events
         self.pool = BlockPool(config.num_blocks)
+        self.reserved_blocks = 0  # held from the start, by no sequence
         if config.scheduler == "v1":
             # vLLM v1: block 0 is the null block, never handed out; freed unhashed blocks are reused first.
             self.pool.uncached_first = True
             self.pool.allocate_specific([NULL_BLOCK])
+            self.reserved_blocks = 1
         self.cpu = CpuBlocks(config.num_cpu_blocks)
         self.usage = Usage()
         self._fill = [0] * config.num_blocks  # tokens held by each physical block

@@ -174,7 +174,7 @@ class Simulator:
             free_blocks=pool.num_free,
             shared_blocks=u.shared_blocks,
             logical_tokens=u.logical_tokens,
-            slots_allocated=used * c.block_size,
+            slots_allocated=(used - self.blocks.reserved_blocks) * c.block_size,
             slots_filled=u.slots_filled,
             contiguous_blocks=u.contiguous_blocks,
             prefix_lookup_blocks=self.blocks.prefix.lookups,

@@ -66,13 +66,26 @@ class Event:
 
 @dataclass(frozen=True, slots=True)
 class SequenceAdded(Event):
+    """``num_tokens`` came with the sequence; ``prompt_len``, when it differs, is its whole
+    prompt: more (a chunked prefill's first chunk) or fewer (a preempted sequence computed
+    again with what it had written)."""
+
     seq: str
     num_tokens: int
+    prompt_len: int | None = None
 
     changes_pool = True
 
     def describe(self) -> str:
-        return f"{self.seq} arrived with {plural(self.num_tokens, 'prompt token')}"
+        prompt = self.prompt_len
+        if prompt is None:
+            return f"{self.seq} arrived with {plural(self.num_tokens, 'prompt token')}"
+        if self.num_tokens <= prompt:
+            return f"{self.seq} arrived with the first {self.num_tokens} of its {plural(prompt, 'prompt token')}"
+        return (
+            f"{self.seq} came back with {plural(self.num_tokens, 'token')} ({prompt} prompt + "
+            f"{self.num_tokens - prompt} it had written), computed again"
+        )
 
 
 @dataclass(frozen=True, slots=True)

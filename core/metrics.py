@@ -15,7 +15,7 @@ class Metrics(NamedTuple):
     free_blocks: int
     shared_blocks: int  # blocks held by more than one block table
     logical_tokens: int  # sum of sequence lengths (shared prefixes counted per sequence)
-    slots_allocated: int  # used_blocks * block_size
+    slots_allocated: int  # the sequences' blocks × block_size (not the v1 engine's null block, used by none)
     slots_filled: int  # physical slots holding a token
     contiguous_blocks: int  # what per-sequence max-length reservations would hold
     prefix_lookup_blocks: int = 0  # full prompt blocks looked up in the prefix cache, so far

@@ -80,13 +80,16 @@ class SequenceRegistry:
         prompt_len: int | None = None,
         hits: list[tuple[int, int]] | None = None,
         known_hashes: list[int] | None = None,
+        looked_up: int | None = None,
     ) -> None:
         """A new sequence with ``token_ids`` as its prompt: prefix-cache hits, then fresh
         blocks (``placement``: exactly these), then the tokens' K/V. ``sampling``: how a
         real model picks its next tokens; ``prompt_len``: how many of ``token_ids`` are the
         prompt (a preempted sequence comes back with what it had generated; default all);
         ``hits``: its prefix-cache hits, when the caller has just looked them up;
-        ``known_hashes``: the hashes of its tokens' blocks found before (extended here)."""
+        ``known_hashes``: the hashes of its tokens' blocks found before (extended here);
+        ``looked_up``: how many tokens the hits were looked up for, when more than
+        ``token_ids`` (a chunked prefill's first chunk), for the prefix cache's hit rate."""
         self.check_new_id(seq_id)
         if not vocab_checked:
             self.runner.model.check_vocab(token_ids, "prompt")
@@ -112,10 +115,10 @@ class SequenceRegistry:
         seq = Sequence(seq_id, owner=owner, sampling=sampling, prompt_len=prompt_len, known_hashes=known_hashes)
         self.sequences[seq_id] = seq
         self.runner.add_sequence(seq_id)
-        self.events.add(ev.SequenceAdded, seq_id, len(token_ids))
+        self.events.add(ev.SequenceAdded, seq_id, len(token_ids), None if prompt_len == len(token_ids) else prompt_len)
         blocks.allocate(seq, len(token_ids), hits, placement)
         if caching:
-            blocks.prefix.note_lookup(len(token_ids), len(hits))
+            blocks.prefix.note_lookup(len(token_ids) if looked_up is None else looked_up, len(hits))
         self.append([seq], [token_ids], skip=len(hits) * c.block_size)
 
     def fork(self, parent_id: str, child_id: str, owner: str | None = None, index: int | None = None) -> None:

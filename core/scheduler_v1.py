@@ -306,6 +306,8 @@ class SchedulerV1:
                 vocab_checked=True,
                 hits=hits,
                 known_hashes=state.block_hashes,
+                prompt_len=state.prompt_len,
+                looked_up=len(state.tokens),
             )
             state.computed, state.status = held, RUNNING
             if state.to_compute > 1:

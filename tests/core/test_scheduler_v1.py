@@ -208,3 +208,56 @@ def test_a_model_that_gives_too_few_tokens_is_an_error_not_a_short_step():
     model.next_token_ids = lambda ids, positions, *rest: real(ids, positions)[:-1]
     with pytest.raises(ValueError, match="1 tokens for 2 requests"):
         sim.apply(Schedule(1), attend=False)
+
+
+def test_a_chunked_prompt_arrives_as_its_first_chunk_of_the_whole_prompt():
+    sim = v1(max_num_batched_tokens=8)
+    sim.apply(Submit("a", 3, prompt=tuple(range(1, 11))), attend=False)  # 10 prompt tokens
+    result = sim.apply(Schedule(1), attend=False)
+    (added,) = [e for e in result.events if type(e).__name__ == "SequenceAdded"]
+    assert (added.num_tokens, added.prompt_len) == (8, 10)
+    assert added.describe() == "a arrived with the first 8 of its 10 prompt tokens"
+    assert sim.sequence("a").prompt_len == 10  # the Text tab: 8 of 10 prompt tokens so far, none written
+    sim.apply(Schedule(2), attend=False)
+    assert sim.sequence("a").generated == 1  # its first sampled token is computed in the third step
+
+
+def test_a_preempted_request_comes_back_with_what_it_had_written_told_apart_from_its_prompt():
+    sim = v1(num_blocks=5, max_num_batched_tokens=64)
+    sim.apply(Submit("a", 6, prompt=tuple(range(1, 8))), attend=False)
+    sim.apply(Submit("b", 6, prompt=tuple(range(10, 17))), attend=False)
+    while not sim.scheduler.requests["b"].preemptions:
+        sim.apply(Schedule(1), attend=False)
+    while "b" not in sim.sequences:
+        result = sim.apply(Schedule(1), attend=False)
+    (added,) = [e for e in result.events if type(e).__name__ == "SequenceAdded"]
+    assert added.prompt_len == 7 and added.num_tokens > 7
+    assert added.describe() == (
+        f"b came back with {added.num_tokens} tokens (7 prompt + {added.num_tokens - 7} it had written), computed again"
+    )
+    assert sim.sequence("b").prompt_len == 7
+
+
+def test_the_prefix_hit_rate_counts_a_chunked_prompts_whole_lookup():
+    """A prompt's full blocks are all looked up at admission, whatever its first chunk."""
+    rates = {}
+    for budget in (4, 1000):
+        sim = v1(prefix_caching=True, max_num_batched_tokens=budget)
+        sim.apply(Submit("a", 1, prompt=tuple(range(1, 18))), attend=False)  # 17 tokens: 4 full blocks
+        sim.apply(Schedule(10), attend=False)
+        sim.apply(Submit("b", 1, prompt=tuple(range(1, 9)) + tuple(range(50, 59))), attend=False)  # 2 shared
+        sim.apply(Schedule(10), attend=False)
+        m = sim.metrics()
+        rates[budget] = (m.prefix_lookup_blocks, m.prefix_hit_blocks)
+    assert rates[4] == rates[1000] == (8, 2)
+
+
+def test_the_null_block_is_no_sequences_slots():
+    sim = v1(num_blocks=8)
+    empty = sim.metrics()
+    assert empty.used_blocks == 1 and empty.slots_allocated == 0 and empty.internal_fragmentation == 0
+    sim.apply(Submit("a", 2, prompt=tuple(range(1, 7))), attend=False)  # 6 tokens: 2 blocks of 4
+    sim.apply(Schedule(1), attend=False)
+    m = sim.metrics()
+    assert (m.used_blocks, m.slots_allocated, m.slots_filled, m.internal_fragmentation) == (3, 8, 6, 2)
+    assert m.utilisation == 0.75

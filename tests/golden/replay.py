@@ -36,7 +36,7 @@ def clean(record: dict, exact: bool) -> dict:
     drop = TIMING | (set() if exact else ERRORS)
     out = {}
     for key, value in record.items():
-        if key in drop:
+        if key in drop or value is None:  # (an optional field left unset: as if it were not there)
             continue
         if isinstance(value, dict):
             value = clean(value, exact)

@@ -636,11 +636,14 @@ class MemoryPanel(QWidget):
                 f" · swapped {_names(q['swapped'])} · {c['preemptions']} preemptions · "
                 f"{c['finished']} finished · {c['rejected']} rejected"
             )
+        null = " (one the null block)" if frame.config.scheduler == "v1" else ""
         if not m.slots_allocated:
-            self.summary.setText(f"<b>0</b>/{m.total_blocks} blocks used · nothing allocated{prefix}")
+            self.summary.setText(
+                f"<b>{m.used_blocks}</b>/{m.total_blocks} blocks used{null} · nothing allocated to a sequence{prefix}"
+            )
             return
         self.summary.setText(
-            f"<b>{m.used_blocks}</b>/{m.total_blocks} blocks used · {m.free_blocks} free · "
+            f"<b>{m.used_blocks}</b>/{m.total_blocks} blocks used{null} · {m.free_blocks} free · "
             f"{m.shared_blocks} shared · utilisation {m.utilisation:.1%} · "
             f"internal fragmentation {m.internal_fragmentation} slots · contiguous would hold "
             f"{m.contiguous_blocks} blocks{saving}{prefix}"

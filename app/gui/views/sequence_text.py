@@ -109,8 +109,11 @@ class SequenceText(QWidget):
         shared = tuple(int(frame.ref_counts[b]) for b in state.block_table)
         owners = tuple(frame.holders.get(b, ((state.seq_id, 0),))[0][0] for b in state.block_table)
         key = (state, shared, owners, frame.config.block_size, self.theme.name)
-        written = state.num_tokens - state.prompt_len
-        caption = f"Text of {state.seq_id}: {state.prompt_len}-token prompt + <b>{written} written</b>"
+        if state.num_tokens < state.prompt_len:  # a chunked prefill under way
+            caption = f"Text of {state.seq_id}: {state.num_tokens} of its {state.prompt_len} prompt tokens so far"
+        else:
+            written = state.num_tokens - state.prompt_len
+            caption = f"Text of {state.seq_id}: {state.prompt_len}-token prompt + <b>{written} written</b>"
         self._show(key, caption, self._html(state, frame.config.block_size, shared, owners))
         self._show_parting(frame, state)
 
