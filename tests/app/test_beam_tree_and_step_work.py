@@ -133,6 +133,14 @@ def test_the_beam_tree_follows_the_real_search_and_survives_a_step_back(qtbot, s
     again = seek(qtbot, window, 5, timeout=600_000)
     assert again.beam_trees == (tree,)
     assert canvas.tooltip_at(QPointF(-5, -5)).startswith("Beam search as a tree")
+    # At 1024 × 700 the tree outgrows its panel: it follows the newest column, then the ranking.
+    view = window.beam_tree
+    across, down = view.horizontalScrollBar(), view.verticalScrollBar()
+    seek(qtbot, window, 13, timeout=600_000)
+    qtbot.waitUntil(lambda: across.maximum() > 0 and across.value() == across.maximum())
+    last = seek(qtbot, window, frame.length, timeout=600_000)
+    assert last.beam_trees[0].finals
+    qtbot.waitUntil(lambda: across.value() == 0 and down.maximum() > 0 and down.value() == down.maximum())
     window.close()
 
 

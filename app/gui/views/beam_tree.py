@@ -254,6 +254,9 @@ class BeamTreeCanvas(QWidget):
         painter.setFont(QFont(self.font()))
 
 
+FOLLOW_SLACK = 24  # px from the right edge that still counts as following the newest column
+
+
 class BeamTreeView(QScrollArea):
     """The canvas in a scroll area (a long search is wide), bound to the frames."""
 
@@ -263,6 +266,12 @@ class BeamTreeView(QScrollArea):
         self.setWidget(self.canvas)
         self.setWidgetResizable(True)
         self.setToolTip(DEFAULT_TIP)
+        # It follows the search as the Text tab follows the writing: the newest column in view
+        # while the user has not scrolled away from it, the ranking once the search finishes.
+        self._reveal: str | None = None  # "newest" or "ranking", applied as the canvas grows
+        self._finished = False
+        self.horizontalScrollBar().rangeChanged.connect(self._apply_reveal)
+        self.verticalScrollBar().rangeChanged.connect(self._apply_reveal)
 
     def set_theme(self, theme: Theme) -> None:
         self.canvas.set_theme(theme)
@@ -271,7 +280,24 @@ class BeamTreeView(QScrollArea):
         controller.frameChanged.connect(self.show_frame)
 
     def show_frame(self, frame: Frame) -> None:
+        across = self.horizontalScrollBar()
+        following = across.value() >= across.maximum() - FOLLOW_SLACK
         self.canvas.show_trees(frame.beam_trees)
+        finished = any(tree.finals for tree in frame.beam_trees)
+        if finished and not self._finished:
+            self._reveal = "ranking"
+        elif not finished:
+            self._reveal = "newest" if following else None
+        self._finished = finished
+        self._apply_reveal()
+
+    def _apply_reveal(self) -> None:
+        across, down = self.horizontalScrollBar(), self.verticalScrollBar()
+        if self._reveal == "newest":
+            across.setValue(across.maximum())
+        elif self._reveal == "ranking":  # the hypotheses ranked, under the tree, from its left edge
+            across.setValue(0)
+            down.setValue(down.maximum())
 
 
 def _ranking(tree, rank: int, node) -> str:
