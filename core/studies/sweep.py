@@ -226,7 +226,12 @@ def variant_config(source: Source, changes: dict[str, object], hardware: Hardwar
         if source.pool_from_hardware and hardware is not None:
             fields["num_blocks"] = pool_blocks(hardware.shape, hardware.gpu, block_size)
         else:  # the same memory in blocks of another size
-            fields["num_blocks"] = max(1, base.num_slots // block_size)
+            if block_size > base.num_slots:  # (one such block would hold more than the whole pool)
+                raise ValueError(
+                    f"blocks of {block_size} tokens are larger than the whole pool ({base.num_slots} token slots); "
+                    f"give num_blocks too to change the pool"
+                )
+            fields["num_blocks"] = base.num_slots // block_size
     if fields.get("preemption", base.preemption) == "swap" and not fields.get("num_cpu_blocks", base.num_cpu_blocks):
         fields["num_cpu_blocks"] = fields.get("num_blocks", base.num_blocks)
     if base.max_model_len == min(2048, base.num_slots):  # the default: follow the new pool

@@ -98,6 +98,12 @@ def test_variants_that_cannot_run_are_reported_and_the_rest_still_run():
     small = placed.variants[1]
     assert small.status == "cannot run" and "step 1" in small.reason and "out of range" in small.reason
     assert placed.variants[2].status == "ok"
+    # A block larger than the whole pool cannot keep the pool's memory: refused, not one huge block.
+    pool = _source("preemption_recompute").config.num_slots
+    huge = sweep(_source("preemption_recompute"), [parse_setting(f"block_size={pool},{pool + 1}")])
+    fits, too_big = huge.variants[1:]
+    assert fits.status == "ok" and fits.config.num_blocks == 1
+    assert too_big.status == "cannot run" and f"larger than the whole pool ({pool} token slots)" in too_big.reason
 
 
 def test_with_a_model_shape_and_a_gpu_each_variant_has_its_latency():
