@@ -49,7 +49,8 @@ COLUMNS = (
      "curve's colour"),
     ("status", "ok, stalled (the scheduler could never finish: hover for why), unfinished, or cannot run"),
     ("pool", "Blocks × tokens per block the variant ran with"),
-    ("steps", "Scheduler iterations (and your own operations) until every request was done"),
+    ("iterations", "Scheduler iterations (and your own operations) until every request was done; a submit is "
+     "no iteration, so this counts fewer than the timeline's steps"),
     ("peak blocks", "The most blocks in use after any step"),
     ("peak slots", "The most token slots in use after any step (blocks × tokens per block): the KV memory, "
      "comparable across block sizes"),
@@ -184,7 +185,7 @@ class WhatIfPanel(QWidget):
         self.theme = theme
         self.plots.setBackground(theme.plot_background)
         _style_plot(self.plot, theme, "Token slots in use (blocks × block size), a curve per variant", "slots",
-                    "step")  # fmt: skip
+                    "scheduler iteration (submits are not iterations)")  # fmt: skip
         for index, curve in enumerate(self.curves):
             curve.setPen(self._pen(index))
 
