@@ -37,7 +37,7 @@ class SequenceWork:
 @dataclass(frozen=True)
 class StepWork:
     sequences: tuple[SequenceWork, ...]  # prefills first, then decodes
-    longest: int = 0  # the longest sequence after the step: the scale a decode's one token is drawn against
+    longest: int = 0  # the longest context the step wrote into or left: the scale a decode's one token is drawn against
     # A real model's forward time this step, prefill and decode (None: the synthetic model,
     # which computes no forward pass).
     prefill_seconds: float | None = None
@@ -111,6 +111,8 @@ def step_work(events, block_size: int, longest: int = 0, forwards=None) -> StepW
         kind = type(event)
         if kind is token_written:
             written[event.seq] = written.get(event.seq, 0) + 1
+            # (a sequence the step finished and freed still read its context)
+            longest = max(longest, event.position + 1)
         elif kind is added:
             arrived.add(event.seq)
         elif kind is reused:  # a cached block is full: block_size prompt tokens skipped

@@ -107,3 +107,11 @@ def test_a_real_models_grow_by_several_tokens_is_decode_one_forward_each():
     assert "one forward each" in real.summary()
     synthetic = step_work(wrote, 4)  # the token model writes a grow's tokens in one pass
     assert [(w.kind, w.tokens) for w in synthetic.sequences] == [(PREFILL, 2)]
+
+
+def test_a_decode_that_finishes_every_sequence_keeps_its_contexts_scale():
+    """The bar's width is the longest context: a last step that frees its sequences still
+    read theirs (it was drawn against its own 3 tokens, filling the bar)."""
+    wrote = [ev.TokenWritten(seq, 51, 7, 1, 3) for seq in ("b0", "b1", "b2")]
+    assert step_work(wrote, 4, longest=0).longest == 52  # every sequence freed after the step
+    assert step_work(wrote, 4, longest=60).longest == 60
