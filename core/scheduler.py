@@ -366,6 +366,10 @@ class Scheduler:
         else:
             raise InvalidOperationError(f"not a scheduler operation: {op!r}")
 
+    def refusal(self, op: Submit) -> str | None:
+        """Why ``op`` would be rejected as soon as it is submitted, or None."""
+        return refusal_at_submit(op, self.config)
+
     def submit(self, op: Submit) -> None:
         if op.request in self.requests:
             raise DuplicateSequenceError(op.request, "a request of that name was submitted already")

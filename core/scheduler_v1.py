@@ -226,6 +226,10 @@ class SchedulerV1:
         else:
             raise InvalidOperationError(f"not a scheduler operation: {op!r}")
 
+    def refusal(self, op: Submit) -> str | None:
+        """Why ``op`` would be rejected as soon as it is submitted, or None."""
+        return refusal_at_submit_v1(op, self.config, op.length)
+
     def submit(self, op: Submit) -> None:
         """Queue ``op`` (its n samples as n requests)."""
         names = [op.request] if op.n == 1 else [f"{op.request}{CHILD_SEPARATOR}s{i}" for i in range(op.n)]

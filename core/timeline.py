@@ -11,6 +11,7 @@ from pagesim.core.engine import Simulator, StepResult, without_data
 from pagesim.core.errors import (
     DuplicateSequenceError,
     Interrupted,
+    InvalidOperationError,
     InvalidPlacementError,
     PagesimError,
     PoolExhaustedError,
@@ -186,6 +187,9 @@ class Timeline:
         (:meth:`undo` brings them back). A refused operation raises and leaves the timeline
         as it was."""
         at = self.position
+        if isinstance(op, Submit) and (reason := self.sim.scheduler.refusal(op)) is not None:
+            # (a scenario may script a rejection; a user's own request is refused before it branches)
+            raise InvalidOperationError(f"request {op.request} would be rejected at once: {reason}")
         result = self.sim.apply(op)  # atomic: raises before any change
         self._undo.append(Edit(at, tuple(self.operations[at:]), (op,)))
         self._redo.clear()

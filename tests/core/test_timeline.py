@@ -1,6 +1,6 @@
 import pytest
-from pagesim.core.errors import PoolExhaustedError, ScenarioError
-from pagesim.core.operations import Add, Grow
+from pagesim.core.errors import InvalidOperationError, PoolExhaustedError, ScenarioError
+from pagesim.core.operations import Add, Grow, Submit
 from pagesim.core.scenario import load_scenario, parse_scenario
 from pagesim.core.timeline import Timeline
 
@@ -51,6 +51,30 @@ def test_a_refused_user_operation_changes_nothing(cpu_backend):
     with pytest.raises(PoolExhaustedError):
         timeline.push(Grow("A", 1000))
     assert (state_fingerprint(timeline.sim), list(timeline.operations)) == before
+
+
+@pytest.mark.parametrize(
+    "scheduler, op, why",
+    [
+        ("v1", Submit("big", 999, prompt_len=5), "need"),
+        ("v1", Submit("beams", 4, prompt_len=5, beam_width=2), "no beam search"),
+        ("v0", Submit("long", 4, prompt_len=100), "needs"),
+    ],
+)
+def test_a_users_request_the_scheduler_would_reject_at_once_is_refused_before_it_branches(scheduler, op, why):
+    scenario = parse_scenario(
+        f'num_blocks = 8\nblock_size = 4\nnum_heads = 1\nhead_dim = 8\nscheduler = "{scheduler}"\n'
+        '[[steps]]\nop = "submit"\nrequest = "r"\ntokens = 6\noutput = 3\n'
+        '[[steps]]\nop = "submit"\nrequest = "x"\ntokens = 100\noutput = 3\n'
+    )
+    timeline = Timeline(scenario)
+    timeline.seek(1)
+    before = (state_fingerprint(timeline.sim), list(timeline.operations), timeline.branch_step)
+    with pytest.raises(InvalidOperationError, match=f"request {op.request} would be rejected at once: .*{why}"):
+        timeline.push(op)
+    assert (state_fingerprint(timeline.sim), list(timeline.operations), timeline.branch_step) == before
+    rejected = timeline.forward()  # a scenario's own rejection still runs as a step
+    assert any(type(e).__name__ == "RequestRejected" for e in rejected.events)
 
 
 def test_a_failing_scenario_step_names_its_step_and_field(cpu_backend):
