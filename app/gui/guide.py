@@ -28,15 +28,31 @@ run, as vLLM's: an ordinary hash can be made to collide on purpose, and a crafte
 would then be served another user's cached prefix (CVE-2025-25183); a hit compares the
 tokens too. Two blocks holding the same prefix both stay cached, so evicting one leaves
 the prefix reachable through the other.</p>
-<p><b>Scheduler</b> (scenarios with <code>submit</code> and <code>schedule</code> steps):
-requests wait in a first-come-first-served queue and are admitted while the free blocks,
-less a small <i>watermark</i>, cover their prompt; each schedule step decodes one token for
-every running sequence. When a step cannot get a block the newest request is
-<b>preempted</b> — by <i>recompute</i> (its blocks are freed and it returns to the front of
-the queue, to be prefilled again) or by <i>swap</i> (its blocks go to a CPU pool, red, and
-come back bit for bit, green). Parallel samples and beams are forks, preempted together.
-The memory panel lists the queues. <b>Waste vs contiguous</b> replays a workload on this
-pool through paging and through Orca-style contiguous reservations.</p>
+<p><b>Scheduler</b> (scenarios with <code>submit</code> and <code>schedule</code> steps; the
+<b>Scheduler</b> tab shows its queues as lanes of chips, and the memory panel's summary
+names them). The scenario's header says which engine: <code>scheduler = "v0"</code>
+(vLLM's former engine, the default) or <code>"v1"</code> (its current one).
+<i>v0</i>: requests wait in a first-come-first-served queue and are admitted while the free
+blocks, less a small <i>watermark</i>, cover their prompt, which is prefilled whole; each
+schedule step decodes one token for every running sequence. When a step cannot get a block
+the newest request is <b>preempted</b> — by <i>recompute</i> (its blocks are freed and it
+returns to the front of the queue, to be prefilled again) or by <i>swap</i> (its blocks go
+to a CPU pool, red, and come back bit for bit, green). Parallel samples and beams are
+forks, preempted together.</p>
+<p><i>v1</i>: each step has one <b>token budget</b> (<code>max_num_batched_tokens</code>,
+the bar under the narration), spent on the running requests first, then on waiting ones.
+A prompt longer than what is left is <b>chunked</b>: prefilled a piece per step
+(“prefilling 35/37” on its chip), and the step that completes it samples the first token.
+Admission credits prefix-cache hits, even on blocks sitting in the free queue. Preemption
+is by recompute only, frees the newest running request (maybe the one asking) and admits
+nobody that step. n samples are child requests (r/s0, r/s1 …); beam search is not in the
+engine. Block 0 is the <b>null block</b>, a placeholder vLLM never hands out: it counts as
+used but holds no sequence's slots.</p>
+<p><b>Waste vs contiguous</b> replays a workload on this pool through paging and through
+Orca-style contiguous reservations. <b>What-if</b> replays the scenario with one setting
+changed (block size, pool, token budget, engine …), memory only, a curve per variant over
+the scheduler's iterations (a submit is not one), and <b>Latency</b> times it on a model
+shape and a GPU (roofline estimates).</p>
 <p><b>Prefill and decode</b> (the bar under the narration): a <i>prefill</i> computes a whole
 prompt (or several tokens) in one pass, solid; a <i>decode</i> computes one new token per
 running sequence, hatched, reading every earlier token's K/V from its blocks; prompt tokens

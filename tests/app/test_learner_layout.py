@@ -507,3 +507,12 @@ def test_the_more_box_of_a_long_table_says_what_it_holds(long_and_short, qtbot):
     tip = view.more_tooltip(box.center())
     assert tip.startswith(f"long's table has {length - shown} more entries") and f"L{shown}→#{table[shown]}" in tip
     assert view.more_tooltip(view._grid_box(grid, 0).center()) is None  # an entry of its own: its usual tip
+
+
+# -- the guide -----------------------------------------------------------------------------------
+def test_the_guide_explains_the_v1_engine_and_where_the_queues_are(window, qtbot):
+    window.show_guide()
+    text = window.guide.toPlainText()
+    for term in ("token budget", "max_num_batched_tokens", "chunked", "null block", "What-if", "Scheduler tab"):
+        assert term in text, term
+    assert "memory panel lists the queues" not in text  # they are drawn in the Scheduler tab
