@@ -20,6 +20,7 @@ from pagesim.core.errors import InvalidStudyError
 from pagesim.core.scenario import load_scenario
 from pagesim.core.studies.replay import replay_scenario, replay_workload
 from pagesim.core.studies.serving_time import GIB, GPUS, MODEL_SHAPES, gpu, latency, model_shape, pool_blocks
+from pagesim.core.studies.stand_in import memory_only
 from pagesim.core.studies.sweep import KNOBS, Hardware, Source, SweepResult, parse_setting, sweep
 from pagesim.core.studies.waste import WastePool, pool_from_preset, pool_of_blocks
 from pagesim.core.studies.workload import DISTRIBUTIONS, generate
@@ -91,7 +92,10 @@ def _source(args, hardware: Hardware | None) -> Source:
     if args.blocks is not None and args.blocks < 1:
         raise InvalidStudyError(f"--blocks must be a positive integer; got {args.blocks}")
     if args.workload is None:
-        scenario = load_scenario(args.scenario or "default")
+        # Memory only (no K/V): a real model's scenario runs on the synthetic model, as in the app.
+        scenario, note = memory_only(load_scenario(args.scenario or "default"))
+        if note:
+            print(f"note: {note}", file=sys.stderr)
         config = scenario.config
         if args.blocks is not None:
             config = CacheConfig(**{**config.__dict__, "num_blocks": args.blocks, "max_model_len": None})

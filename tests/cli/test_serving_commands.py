@@ -134,3 +134,13 @@ def test_waste_sizes_its_pool_from_a_preset_or_blocks_and_says_which(tmp_path, c
     assert "not both" in _one_line_error(capsys.readouterr().err)
     assert main(["waste", "--gpu", "a100-80gb", "--model-shape", "llama-3-70b"]) == 2
     assert "do not fit" in _one_line_error(capsys.readouterr().err)
+
+
+def test_latency_and_sweep_run_a_real_models_scenario_on_the_synthetic_model_and_say_so(capsys):
+    """As the README shows them: a shipped scenario on SmolLM2, replayed memory only."""
+    assert main(["latency", "preemption_recompute", "--model-shape", "llama-3-8b", "--gpu", "h200"]) == 0
+    out, err = capsys.readouterr()
+    assert "smollm2-135m stood in for by the synthetic model" in err and "r1 " in out
+    assert main(["sweep", "preemption_recompute", "--set", "block_size=4,8"]) == 0
+    out, err = capsys.readouterr()
+    assert "cannot run" not in out and "stood in for" in err
