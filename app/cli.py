@@ -521,6 +521,26 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout = real_stdout
 
 
+# The options that name a file a command writes.
+OUTPUT_OPTIONS = (("json", "--json"), ("csv", "--csv"), ("plot", "--plot"), ("output", "--output"),
+                  ("screenshot", "--screenshot"))  # fmt: skip
+
+
+def overwrites_input(args: argparse.Namespace) -> str | None:
+    """Why an output would replace the scenario or workload file being read, or None (the
+    report would be written over the file it came from, and the user's file would be gone)."""
+    inputs = [getattr(args, name, None) for name in ("scenario", "workload")]
+    inputs = [Path(p) for p in inputs if isinstance(p, str | Path) and Path(p).is_file()]
+    for attr, option in OUTPUT_OPTIONS:
+        out = getattr(args, attr, None)
+        if out is None or str(out) == "-" or not Path(out).exists():
+            continue
+        for source in inputs:
+            if os.path.samefile(out, source):
+                return f"{option} {out} is the file being read: it would be overwritten; give another path"
+    return None
+
+
 def _main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -529,6 +549,9 @@ def _main(argv: list[str] | None = None) -> int:
         # The app when it can be shown; otherwise the same default scenario, headless.
         command = "run" if _qt_missing() else "gui"
         args = parser.parse_args([command])
+    if reason := overwrites_input(args):
+        print(f"error: {reason}", file=sys.stderr)
+        return 2
     handlers = {
         "run": cmd_run,
         "bench": cmd_bench,

@@ -240,3 +240,35 @@ def test_a_first_start_reports_its_paint_its_first_frame_and_the_stall_between()
     launch = launch_seconds(timeout_s=240)
     assert 0 < launch["window_s"] < launch["tour_frame_s"]
     assert 0 < launch["load_stall_ms"] < 1e3 * (launch["tour_frame_s"] - launch["window_s"]) + 50
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run", "{src}", "--json", "{out}"],
+        ["sweep", "{src}", "--set", "block_size=4", "--csv", "{out}"],
+        ["latency", "{src}", "--model-shape", "llama-3-8b", "--gpu", "h200", "--json", "{out}"],
+    ],
+)
+def test_an_output_naming_the_scenario_being_read_is_refused_and_the_file_kept(tmp_path, capsys, command):
+    src = tmp_path / "mine.toml"
+    src.write_text(
+        'name = "mine"\nnum_blocks = 8\nblock_size = 4\nnum_heads = 1\nhead_dim = 8\n'
+        '[[steps]]\nop = "submit"\nrequest = "r"\ntokens = 6\noutput = 3\n'
+        '[[steps]]\nop = "schedule"\nsteps = 4\n'
+    )
+    before = src.read_bytes()
+    other_name = tmp_path / "sub" / ".." / "mine.toml"  # the same file by another path
+    (tmp_path / "sub").mkdir()
+    for out in (src, other_name):
+        argv = [a.format(src=src, out=out) for a in command]
+        assert main(argv) == 2
+        assert "is the file being read: it would be overwritten" in capsys.readouterr().err
+        assert src.read_bytes() == before
+
+
+def test_a_trace_written_over_its_workload_is_refused(tmp_path, capsys):
+    workload = tmp_path / "w.json"
+    workload.write_text('{"config": {}, "requests": []}')
+    assert main(["trace", str(workload), "-o", str(workload)]) == 2
+    assert "is the file being read" in capsys.readouterr().err and workload.read_text().startswith('{"config"')
