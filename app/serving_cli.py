@@ -118,6 +118,18 @@ def _source(args, hardware: Hardware | None) -> Source:
     return Source(name, config, workload=specs, pool_from_hardware=from_hardware)
 
 
+def finite(value):
+    """``value`` with each NaN or infinity as None: JSON has no NaN, and a strict reader
+    rejects the whole file (a mean over no finished request is NaN; the JSON says null)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(item) for item in value]
+    return value
+
+
 def _check_outputs(*pairs) -> str | None:
     for path, option in pairs:
         if path is not None and (reason := writable_problem(path, option)):
@@ -190,7 +202,7 @@ def cmd_latency(args: argparse.Namespace, write_output: Writer) -> int:
             "summary": summary.as_dict(),
             "requests": [r.__dict__ for r in records],
         }
-        write_output(args.json, json.dumps(doc, indent=2, default=str) + "\n", "--json")
+        write_output(args.json, json.dumps(finite(doc), indent=2, default=str) + "\n", "--json")
     return 0
 
 
@@ -239,7 +251,7 @@ def to_json(result: SweepResult) -> str:
         "gpu": None if hardware is None else hardware.gpu.name,
         "variants": [v.as_dict() for v in result.variants],
     }
-    return json.dumps(doc, indent=1, default=str) + "\n"
+    return json.dumps(finite(doc), indent=1, default=str) + "\n"
 
 
 def cmd_sweep(args: argparse.Namespace, write_output: Writer) -> int:

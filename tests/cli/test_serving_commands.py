@@ -5,6 +5,7 @@ import csv
 import json
 import time
 
+import pytest
 from pagesim.app.cli import main
 
 from tests.scenarios import token_model
@@ -144,3 +145,16 @@ def test_latency_and_sweep_run_a_real_models_scenario_on_the_synthetic_model_and
     assert main(["sweep", "preemption_recompute", "--set", "block_size=4,8"]) == 0
     out, err = capsys.readouterr()
     assert "cannot run" not in out and "stood in for" in err
+
+
+def test_json_with_no_finished_request_is_strict_json(tmp_path, capsys):
+    """A mean over no finished request is NaN, which JSON has not: the files say null."""
+    latency_json, sweep_json = tmp_path / "latency.json", tmp_path / "sweep.json"
+    common = ["--workload", "sharegpt", "--requests", "5", "--blocks", "1", "--model-shape", "llama-3-8b"]
+    assert main(["latency", *common, "--gpu", "h200", "--json", str(latency_json)]) == 0
+    assert main(["sweep", *common, "--gpu", "h200", "--set", "num_blocks=1,2", "--json", str(sweep_json)]) == 0
+    for path in (latency_json, sweep_json):
+        text = path.read_text()
+        assert "NaN" not in text and "Infinity" not in text
+        json.loads(text, parse_constant=lambda name, path=path: pytest.fail(f"{path.name} holds {name}"))
+    assert json.loads(latency_json.read_text())["summary"]["ttft_s"]["mean"] is None
