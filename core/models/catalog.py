@@ -35,6 +35,10 @@ def model_path(name: str) -> Path:
         return bundled_model_path()
     if name.lower().endswith(".gguf"):
         return Path(name).expanduser()
+    if name == "synthetic":  # (a scenario's model may be it; a model file to load may not)
+        raise ModelFileError(
+            f'the synthetic token model has no weights or tokenizer to load: give "{BUNDLED_NAME}" or a .gguf file'
+        )
     raise ModelFileError(f'model must be "synthetic", "{BUNDLED_NAME}" or a path to a .gguf file; got {name!r}')
 
 

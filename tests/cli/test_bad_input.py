@@ -151,3 +151,12 @@ def test_gui_steps_past_the_end_of_an_emptied_scenario_still_exit(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert Path(shot).stat().st_size > 0 and "at step 2" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "argv", [["generate", "hi", "--model", "synthetic"], ["attach", "tcp://127.0.0.1:1", "--tokenizer", "synthetic"]]
+)
+def test_the_synthetic_model_as_a_model_file_is_refused_without_contradicting_itself(capsys, argv):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "synthetic token model has no weights or tokenizer" in err and "got 'synthetic'" not in err
