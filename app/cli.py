@@ -510,6 +510,9 @@ def main(argv: list[str] | None = None) -> int:
         code = _main(argv)
         sys.stdout.flush()  # a full stdout (> /dev/full) fails here, not at exit
         return code
+    except KeyboardInterrupt:  # Ctrl-C: a line, not a traceback (every output is written atomically)
+        print("\ninterrupted: nothing more was written", file=sys.stderr)
+        return INTERRUPTED_EXIT
     except StdoutError as exc:
         # Whatever was not written is dropped: the interpreter's final flush must not fail again.
         _quiet_stdout()
@@ -520,6 +523,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sys.stdout = real_stdout
 
+
+INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
 
 # The options that name a file a command writes.
 OUTPUT_OPTIONS = (("json", "--json"), ("csv", "--csv"), ("plot", "--plot"), ("output", "--output"),

@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -160,3 +161,17 @@ def test_the_synthetic_model_as_a_model_file_is_refused_without_contradicting_it
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "synthetic token model has no weights or tokenizer" in err and "got 'synthetic'" not in err
+
+
+def test_ctrl_c_ends_a_run_with_a_line_not_a_traceback():
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pagesim.app.cli", "run", "stress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    process.stdout.readline()  # it has started its steps
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err and "interrupted" in err
