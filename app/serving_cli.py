@@ -261,6 +261,9 @@ def cmd_sweep(args: argparse.Namespace, write_output: Writer) -> int:
     if str(args.plot) == "-":
         print("error: --plot writes a PNG file, not standard output", file=sys.stderr)
         return 2
+    if args.plot is not None and args.plot.suffix.lower() != ".png":  # (a .pdf name on PNG bytes misleads)
+        print(f"error: --plot {args.plot}: the plot is a PNG image; name it ….png", file=sys.stderr)
+        return 2
     if sum(str(p) == "-" for p in (args.json, args.csv) if p is not None) > 1:
         print("error: only one of --json and --csv can go to standard output", file=sys.stderr)
         return 2

@@ -158,3 +158,8 @@ def test_json_with_no_finished_request_is_strict_json(tmp_path, capsys):
         assert "NaN" not in text and "Infinity" not in text
         json.loads(text, parse_constant=lambda name, path=path: pytest.fail(f"{path.name} holds {name}"))
     assert json.loads(latency_json.read_text())["summary"]["ttft_s"]["mean"] is None
+
+
+def test_a_plot_named_other_than_png_is_refused_before_running(tmp_path, capsys):
+    assert main(["sweep", token_model("seed_demo"), "--set", "block_size=4", "--plot", str(tmp_path / "x.pdf")]) == 2
+    assert "the plot is a PNG image" in capsys.readouterr().err and not (tmp_path / "x.pdf").exists()
