@@ -185,6 +185,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         if path is not None and (reason := writable_problem(path, what, folder)):
             print(f"error: {reason}", file=sys.stderr)
             return 2
+    if args.dump is not None and args.dump.is_dir() and (old := sorted(args.dump.glob("step_*.npz"))):
+        # (a second run's files beside the first's would read as one run; none of them is replaced)
+        print(
+            f"error: --dump {args.dump} already holds {len(old)} step file(s) of an earlier run ({old[0].name} …): "
+            "give an empty or new folder",
+            file=sys.stderr,
+        )
+        return 2
     if args.json is not None and args.dump is not None and _same_path(args.json, args.dump):
         print(
             f"error: --json {args.json} and --dump {args.dump} name the same path: the report is a file, the "

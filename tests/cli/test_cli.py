@@ -50,6 +50,10 @@ def test_dump_holds_exactly_the_kernels_inputs_and_outputs(tmp_path, cpu_backend
     )
     np.testing.assert_array_equal(again, data["output"])
     np.testing.assert_allclose(data["output"], data["dense"], atol=1e-5)
+    # A second run into the same folder would mix its files with the first's: refused, none replaced.
+    before = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("step_*.npz")}
+    assert main(["run", "seed_demo", "--dump", str(tmp_path), "--quiet"]) == 2
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("step_*.npz")} == before
 
 
 def test_malformed_scenario_exits_non_zero_naming_the_fault(tmp_path, capsys):
