@@ -59,6 +59,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompt = tok.encode_chat(messages) if args.chat else tok.encode(args.prompt)
     if not prompt:
         raise InvalidOperationError("the prompt is empty")
+    window = model.config.context_length
+    if len(prompt) + args.max_tokens > window:  # (positions past it were never trained: the text degrades)
+        raise InvalidOperationError(
+            f"{len(prompt)} prompt tokens + --max-tokens {args.max_tokens} pass the model's context window of "
+            f"{window} tokens: at most --max-tokens {max(window - len(prompt), 0)}"
+        )
     blocks = -(-(len(prompt) + args.max_tokens) // args.block_size)
     config = config_for_model(args.model, num_blocks=blocks, block_size=args.block_size)
     sim = Simulator(config, select_backend(args.backend, args.cuda_kernel))

@@ -53,6 +53,12 @@ def test_generate_refuses_a_bad_model_in_one_line(tmp_path, capsys, monkeypatch,
     assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
 
 
+def test_generate_refuses_more_tokens_than_the_models_context_window(capsys, smollm):
+    assert main(["generate", "hi", "--max-tokens", "100000"]) == 2
+    err = capsys.readouterr().err
+    assert "pass the model's context window of 8192 tokens" in err and err.count("\n") == 1
+
+
 SCENARIO = """
 name = "A real model"
 model = "smollm2-135m"
