@@ -360,10 +360,14 @@ def cmd_waste(args: argparse.Namespace) -> int:
     print(header, file=out)
     for r in reports:
         shares = r.shares
+        # No step with a request waiting: the pool was never the limit, and there is no average to show.
+        cells = [f"{shares[c]:>15.1%}" if r.loaded_steps else f"{'—':>15}" for c in CATEGORIES]
+        print(f"{r.allocator:<12}" + "".join(cells) + f"{r.steps:>8}{r.peak_batch:>7}", file=out)
+    idle = [r.allocator for r in reports if not r.loaded_steps]
+    if idle:
         print(
-            f"{r.allocator:<12}"
-            + "".join(f"{shares[c]:>15.1%}" for c in CATEGORIES)
-            + f"{r.steps:>8}{r.peak_batch:>7}",
+            f"—: no request ever waited for memory under {', '.join(idle)}: the pool was never full; "
+            "try more --requests or fewer --slots",
             file=out,
         )
     if args.json:

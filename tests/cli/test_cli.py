@@ -253,3 +253,11 @@ def test_bench_repeats_must_be_a_small_whole_number(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--repeats", "0"])
     assert "from 1 to 50" in capsys.readouterr().err
+
+
+def test_waste_on_a_pool_never_full_says_so_instead_of_zero_shares(capsys):
+    assert main(["waste", "--requests", "5", "--slots", "65536"]) == 0
+    out = capsys.readouterr().out
+    paged = next(line for line in out.splitlines() if line.startswith("paged"))
+    assert "0.0%" not in paged and "—" in paged
+    assert "no request ever waited for memory under paged" in out
