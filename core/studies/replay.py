@@ -93,7 +93,8 @@ class RequestRecord:
     admitted: float | None = None  # the start of the iteration that first admitted it
     first_token: float | None = None  # the end of the iteration that produced its first output token
     finished: float | None = None  # the end of the iteration that produced its last one
-    output_tokens: int = 0
+    output_tokens: int = 0  # each of its sequences' (the per-token latencies divide by these)
+    samples: int = 1  # sequences writing them side by side: v0's parallel samples (n)
     preemptions: int = 0
     rejected: bool = False
 
@@ -270,6 +271,8 @@ class Replay:
             record.rejected = st.status == "rejected"
             record.preemptions = st.preemptions
             record.output_tokens = st.num_outputs if self.v1 else st.generated
+            if not self.v1 and not st.beam_width:  # (v1 runs the samples as child requests; beams return one text)
+                record.samples = st.n
         result.unfinished = sum(1 for r in result.requests.values() if r.finished is None and not r.rejected)
         return result
 

@@ -283,13 +283,14 @@ def _stats(values: list[float]) -> dict[str, float]:
 def latency(result: ReplayResult) -> LatencySummary:
     """Queue time (arrival to first admission), TTFT (arrival to the end of the iteration that
     produced the first output token), TPOT ((finish − first token) / (outputs − 1)) over the
-    finished requests; throughput = every output token produced / the run's seconds."""
+    finished requests; throughput = every output token produced (each parallel sample's) / the
+    run's seconds."""
     done = [r for r in result.requests.values() if r.finished is not None and r.first_token is not None]
     queue = [r.admitted - r.arrival for r in done if r.admitted is not None]
     ttft = [r.first_token - r.arrival for r in done]
     tpot = [(r.finished - r.first_token) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
     normalized = [(r.finished - r.arrival) / r.output_tokens for r in done if r.output_tokens]
-    outputs = sum(r.output_tokens for r in result.requests.values())
+    outputs = sum(r.output_tokens * r.samples for r in result.requests.values())
     seconds = result.clock
     return LatencySummary(
         len(done),

@@ -85,6 +85,19 @@ def test_ttft_tpot_and_queue_time_in_v0_by_hand():
     assert summary.normalized["mean"] == pytest.approx((4 / 3 + 7 / 2) / 2)
 
 
+def test_v0s_parallel_samples_each_count_in_the_throughput_as_v1s_child_requests_do():
+    """n = 2 writes two tokens a step: v0 runs them as one group, v1 as two child requests."""
+    tokens = {}
+    for scheduler in ("v0", "v1"):
+        config = CacheConfig(num_blocks=32, block_size=4, num_heads=1, head_dim=8, scheduler=scheduler)
+        scenario = _scenario(config, Submit("a", 3, 4), Submit("b", 5, 4, n=2), Schedule(40))
+        summary = latency(replay_scenario(scenario, seconds=one_second_a_step))
+        tokens[scheduler] = summary.output_tokens
+        if scheduler == "v0":
+            assert summary.tpot["mean"] == 1.0  # each sample's own pace: one token a step
+    assert tokens == {"v0": 3 + 2 * 5, "v1": 3 + 2 * 5}
+
+
 def test_ttft_and_tpot_in_v1_by_hand():
     # v1: the step that completes a prompt samples the first token. 1 both prompts, first
     # tokens · 2 both decode, b done (2 tokens) · 3 a done (3 tokens).
