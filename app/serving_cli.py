@@ -40,13 +40,25 @@ def _add_hardware(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", metavar="GPU", help=f"a GPU preset ({', '.join(GPUS)})")
 
 
+WORKLOAD_DEFAULTS = {"requests": 200, "rate": 4.0, "seed": 0, "block_size": 16}
+
+
 def _add_source(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", nargs="?", help="a .toml file or a shipped name (or --workload)")
     parser.add_argument("--workload", choices=DISTRIBUTIONS, help="a seeded workload instead of a scenario")
-    parser.add_argument("--requests", type=int, default=200, help="with --workload: how many requests")
-    parser.add_argument("--rate", type=float, default=4.0, help="with --workload: Poisson arrivals per second")
-    parser.add_argument("--seed", type=int, default=0, help="with --workload: the seed")
-    parser.add_argument("--block-size", type=int, default=16, help="with --workload: tokens per block")
+    # (no default here: given with a scenario, they would be ignored, so that is refused; see _source)
+    parser.add_argument(
+        "--requests", type=int, help=f"with --workload: how many requests (default {WORKLOAD_DEFAULTS['requests']})"
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        help=f"with --workload: Poisson arrivals per second (default {WORKLOAD_DEFAULTS['rate']:g})",
+    )
+    parser.add_argument("--seed", type=int, help=f"with --workload: the seed (default {WORKLOAD_DEFAULTS['seed']})")
+    parser.add_argument(
+        "--block-size", type=int, help=f"with --workload: tokens per block (default {WORKLOAD_DEFAULTS['block_size']})"
+    )
     parser.add_argument(
         "--blocks",
         type=int,
@@ -91,6 +103,13 @@ def _hardware(args) -> Hardware | None:
 def _source(args, hardware: Hardware | None) -> Source:
     if args.blocks is not None and args.blocks < 1:
         raise InvalidStudyError(f"--blocks must be a positive integer; got {args.blocks}")
+    given = [name for name in WORKLOAD_DEFAULTS if getattr(args, name) is not None]
+    if args.workload is None and given:  # (the scenario says these itself)
+        flags = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise InvalidStudyError(f"{flags} shape a --workload; a scenario has its own (edit it, or use --set)")
+    for name, default in WORKLOAD_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     if args.workload is None:
         # Memory only (no K/V): a real model's scenario runs on the synthetic model, as in the app.
         scenario, note = memory_only(load_scenario(args.scenario or "default"))

@@ -163,3 +163,11 @@ def test_json_with_no_finished_request_is_strict_json(tmp_path, capsys):
 def test_a_plot_named_other_than_png_is_refused_before_running(tmp_path, capsys):
     assert main(["sweep", token_model("seed_demo"), "--set", "block_size=4", "--plot", str(tmp_path / "x.pdf")]) == 2
     assert "the plot is a PNG image" in capsys.readouterr().err and not (tmp_path / "x.pdf").exists()
+
+
+def test_a_workload_flag_given_with_a_scenario_is_refused_not_ignored(capsys):
+    argv = ["latency", token_model("seed_demo"), "--block-size", "8", "--model-shape", "llama-3-8b", "--gpu", "h200"]
+    assert main(argv) == 2
+    assert "--block-size shape a --workload; a scenario has its own" in capsys.readouterr().err
+    assert main(["sweep", token_model("seed_demo"), "--requests", "5", "--set", "block_size=8"]) == 2
+    assert "--requests shape a --workload" in capsys.readouterr().err
