@@ -200,13 +200,19 @@ def cmd_latency(args: argparse.Namespace, write_output: Writer) -> int:
             if r.finished is not None and r.first_token is not None and r.output_tokens > 1
             else math.nan
         )
-        print(f"{r.request:<14}{_ms(queue):>10}{_ms(ttft):>10}{_ms(tpot):>10}{r.output_tokens:>9}", file=out)
+        state = "  rejected" if r.rejected else ""
+        print(f"{r.request:<14}{_ms(queue):>10}{_ms(ttft):>10}{_ms(tpot):>10}{r.output_tokens:>9}{state}", file=out)
     if len(records) > 40:
         print(f"… and {len(records) - 40} more requests", file=out)
+    rejected = sum(r.rejected for r in records)
+    unfinished = f" · {rejected} rejected (never fit the pool or max_model_len)" if rejected else ""
+    if result.unfinished:
+        unfinished += f" · {result.unfinished} unfinished"
     print(
-        f"{summary.requests} finished in {result.iterations} steps, {summary.seconds:.3f} s · mean queue "
+        f"{summary.requests} finished{unfinished} in {result.iterations} steps, {summary.seconds:.3f} s · mean queue "
         f"{_ms(summary.queue['mean'])} ms · TTFT {_ms(summary.ttft['mean'])} ms (p99 {_ms(summary.ttft['p99'])}) · "
-        f"TPOT {_ms(summary.tpot['mean'])} ms (p99 {_ms(summary.tpot['p99'])}) · {summary.throughput:.0f} tokens/s",
+        f"TPOT {_ms(summary.tpot['mean'])} ms (p99 {_ms(summary.tpot['p99'])}) · "
+        f"{'—' if math.isnan(summary.throughput) else f'{summary.throughput:.0f}'} tokens/s",
         file=out,
     )
     if result.stalled:

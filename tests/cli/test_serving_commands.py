@@ -171,3 +171,10 @@ def test_a_workload_flag_given_with_a_scenario_is_refused_not_ignored(capsys):
     assert "--block-size shape a --workload; a scenario has its own" in capsys.readouterr().err
     assert main(["sweep", token_model("seed_demo"), "--requests", "5", "--set", "block_size=8"]) == 2
     assert "--requests shape a --workload" in capsys.readouterr().err
+
+
+def test_latency_says_which_requests_were_rejected(capsys):
+    argv = ["latency", "--workload", "sharegpt", "--requests", "5", "--blocks", "1", "--model-shape", "llama-3-8b"]
+    assert main([*argv, "--gpu", "h200"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("  rejected") == 5 and "0 finished · 5 rejected" in out and "nan" not in out
