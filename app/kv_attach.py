@@ -184,8 +184,15 @@ class PrefixCacheView:
         return (
             f"{self.batches} batches, {self.events} events · stored {self.stored}, removed {self.removed}"
             + (f", cleared {self.cleared}×" if self.cleared else "")
-            + f" · cached {self.cached_blocks} blocks ({len(self.nodes)} prefixes) · implied hit rate {rate}"
+            + f" · cached {self.cached_blocks} blocks ({self.leaves} longest prefix{'' if self.leaves == 1 else 'es'})"
+            + f" · implied hit rate {rate}"
         )
+
+    @property
+    def leaves(self) -> int:
+        """Cached prefixes no longer one extends: the tree's ends (every block names the prefix
+        up to it, so a count of those would be the block count again)."""
+        return sum(1 for node in self.nodes.values() if not node.children)
 
     def runs(self) -> Iterator[PrefixRun]:
         """The cached prefixes depth first, each run of single-child blocks as one."""
@@ -210,7 +217,7 @@ class PrefixCacheView:
         runs = list(itertools.islice(self.runs(), max_lines + 1))
         lines = [run.line(decode, width) for run in runs[:max_lines]]
         if len(runs) > max_lines:
-            lines.append(f"… ({len(self.nodes)} prefixes in all)")
+            lines.append(f"… ({sum(1 for _ in self.runs())} lines in all)")
         return lines
 
 

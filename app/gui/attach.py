@@ -259,7 +259,8 @@ class AttachWindow(QWidget):
                 self.tree.addTopLevelItem(item)
             parents.append(item)
         if len(runs) > MAX_TREE_ITEMS:
-            self.tree.addTopLevelItem(QTreeWidgetItem([f"… {len(self.view.nodes)} prefixes in all", "", ""]))
+            more = f"… {len(self.view.nodes)} cached blocks in all"
+            self.tree.addTopLevelItem(QTreeWidgetItem([more, "", ""]))
         roots = sum(run.depth == 0 for run in runs)
         self.tree_caption.setText(
             f"Cached prefixes: {self.view.cached_blocks} blocks in {len(runs)} line{'s' * (len(runs) != 1)} "

@@ -175,7 +175,7 @@ def test_attach_follows_a_subprocess_publisher(tmp_path):
     finally:
         publisher.wait(timeout=30)
     assert out.returncode == 0, out.stderr
-    assert "3 batches, 4 events · stored 4, removed 1 · cached 3 blocks (3 prefixes)" in out.stdout
+    assert "3 batches, 4 events · stored 4, removed 1 · cached 3 blocks (1 longest prefix)" in out.stdout
     tree = out.stdout.split("prefix tree (cached blocks under their parents):\n")[1]
     assert tree.startswith("└ 00000065…00000130 [3 blocks] 1 2 3 4 9 9 9 9 4 4 4 4\n")
 
