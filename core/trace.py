@@ -79,7 +79,13 @@ def parse_workload(doc, source: str = "<memory>") -> Workload:
     ):
         raise WorkloadError(source, "a workload is an object with a config object and a requests list")
     config = doc["config"]
+    if unknown := sorted(set(config) - set(CONFIG_KEYS)):  # (a misspelt key would otherwise read "missing")
+        raise WorkloadError(
+            source, f"config.{unknown[0]} is not a field of the format (its fields: {', '.join(CONFIG_KEYS)})"
+        )
     for key in CONFIG_KEYS:
+        if key not in config:
+            raise WorkloadError(source, f"config.{key} is missing")
         value = config.get(key)
         valid = isinstance(value, bool) if key == "enable_prefix_caching" else is_count(value)
         if not valid:

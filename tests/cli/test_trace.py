@@ -31,7 +31,17 @@ def test_trace_to_stdout(capsys):
     [
         (None, "cannot read"),
         ("{not json", "not valid JSON"),
-        ('{"config": {}, "requests": []}', "config.num_gpu_blocks must be a positive integer"),
+        ('{"config": {}, "requests": []}', "config.num_gpu_blocks is missing"),
+        (
+            '{"config": {"num_gpu_blocks": 8, "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 64, '
+            '"enable_prefix_cache": true}, "requests": []}',
+            "config.enable_prefix_cache is not a field of the format",
+        ),
+        (
+            '{"config": {"num_gpu_blocks": 0, "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 64, '
+            '"enable_prefix_caching": true}, "requests": []}',
+            "config.num_gpu_blocks must be a positive integer",
+        ),
         ("[1, 2]", "a workload is an object"),
     ],
 )
