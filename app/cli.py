@@ -381,7 +381,16 @@ def cmd_trace(args: argparse.Namespace) -> int:
     if reason := writable_problem(args.output, "--output"):
         print(f"error: {reason}", file=sys.stderr)
         return 2
-    write_output(args.output, dumps_trace(run_workload(load_workload(args.workload))), "--output")
+    workload = load_workload(args.workload)
+    records = run_workload(workload)
+    write_output(args.output, dumps_trace(records), "--output")
+    if unfinished := records[-1]["unfinished"]:  # (the trace says so too, in its summary record)
+        names = ", ".join(unfinished[:5]) + (f" … (+{len(unfinished) - 5})" if len(unfinished) > 5 else "")
+        print(
+            f"note: {len(unfinished)} of {len(workload.requests)} requests did not finish within "
+            f"{records[-1]['steps']} steps (max_steps {workload.max_steps}): {names}",
+            file=sys.stderr,
+        )
     return 0
 
 

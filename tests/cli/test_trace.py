@@ -62,3 +62,14 @@ def test_a_request_without_enough_output_tokens_is_refused(tmp_path, capsys):
     path.write_text(json.dumps(doc))
     assert main(["trace", str(path), "-o", str(tmp_path / "out.jsonl")]) == 2
     assert "requests[0].output holds 1 tokens" in capsys.readouterr().err
+
+
+def test_a_run_that_leaves_requests_unfinished_says_so(tmp_path, capsys):
+    workload = tmp_path / "w.json"
+    workload.write_text(
+        '{"config": {"num_gpu_blocks": 8, "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 64, '
+        '"enable_prefix_caching": false}, "max_steps": 2, '
+        '"requests": [{"id": "a", "prompt": [1, 2, 3], "max_new_tokens": 5, "output": [4, 5, 6, 7, 8]}]}'
+    )
+    assert main(["trace", str(workload), "-o", str(tmp_path / "out.jsonl")]) == 0
+    assert "note: 1 of 1 requests did not finish within 2 steps (max_steps 2): a" in capsys.readouterr().err
