@@ -313,23 +313,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_waste(args: argparse.Namespace) -> int:
     pool = waste_pool(args)
     args.slots = pool.slots
+    given = f"{pool.slots} slots from {pool.source}"  # (what the user typed: --slots, --blocks or a preset)
+    if args.per_step and args.json is None:
+        print("error: --per-step adds every step's split to the --json file: give --json too", file=sys.stderr)
+        return 2
     if args.slots < args.max_len:
         print(
-            f"error: --slots {args.slots} is smaller than --max-len {args.max_len}: a contiguous allocator that "
+            f"error: the pool ({given}) is smaller than --max-len {args.max_len}: a contiguous allocator that "
             "reserves the max length could never place a request",
             file=sys.stderr,
         )
         return 2
     if args.block_size > args.slots:
         print(
-            f"error: --block-size {args.block_size} is larger than the pool (--slots {args.slots}): not one block fits",
+            f"error: --block-size {args.block_size} is larger than the pool ({given}): not one block fits",
             file=sys.stderr,
         )
         return 2
     if -(-args.max_len // args.block_size) > args.slots // args.block_size:
         print(
             f"error: --max-len {args.max_len} needs {-(-args.max_len // args.block_size)} blocks of "
-            f"{args.block_size} slots; the pool (--slots {args.slots}) has {args.slots // args.block_size}: a "
+            f"{args.block_size} slots; the pool ({given}) has {args.slots // args.block_size}: a "
             "long request could never be placed",
             file=sys.stderr,
         )

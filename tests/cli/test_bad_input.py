@@ -169,9 +169,22 @@ def test_ctrl_c_ends_a_run_with_a_line_not_a_traceback():
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},  # its first line as soon as it is printed
     )
     process.stdout.readline()  # it has started its steps
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=60)
     assert process.returncode == 130, err
     assert "Traceback" not in err and "interrupted" in err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--per-step"], "--per-step adds every step's split to the --json file: give --json too"),
+        (["--blocks", "5", "--slots", "100"], "the pool (80 slots from --blocks 5) is smaller than --max-len 2048"),
+    ],
+)
+def test_waste_says_what_was_given(capsys, argv, message):
+    assert main(["waste", "--requests", "5", *argv]) == 2
+    assert message in capsys.readouterr().err
