@@ -100,6 +100,19 @@ def _hardware(args) -> Hardware | None:
     return Hardware(model_shape(args.model_shape), gpu(args.gpu))
 
 
+def _check_fits(blocks: int, block_size: int, hardware: Hardware | None) -> None:
+    """A pool of ``blocks`` must fit the GPU's memory after the model's weights."""
+    if hardware is None:
+        return
+    most = pool_blocks(hardware.shape, hardware.gpu, block_size)
+    if blocks > most:
+        block = hardware.roofline(block_size).block_bytes()
+        raise InvalidStudyError(
+            f"--blocks {blocks} of {block / 1024:g} KiB is {blocks * block / GIB:.1f} GiB; {hardware.gpu.name} holds "
+            f"{most} such blocks ({most * block / GIB:.1f} GiB) after {hardware.shape.name}'s weights"
+        )
+
+
 def _source(args, hardware: Hardware | None) -> Source:
     if args.blocks is not None and args.blocks < 1:
         raise InvalidStudyError(f"--blocks must be a positive integer; got {args.blocks}")
@@ -117,6 +130,7 @@ def _source(args, hardware: Hardware | None) -> Source:
             print(f"note: {note}", file=sys.stderr)
         config = scenario.config
         if args.blocks is not None:
+            _check_fits(args.blocks, config.block_size, hardware)
             config = CacheConfig(**{**config.__dict__, "num_blocks": args.blocks, "max_model_len": None})
         return Source(scenario.name, config, scenario)
     if args.scenario is not None:
@@ -129,6 +143,7 @@ def _source(args, hardware: Hardware | None) -> Source:
         blocks = pool_blocks(hardware.shape, hardware.gpu, args.block_size)
     else:
         blocks = args.blocks or DEFAULT_WORKLOAD_BLOCKS
+        _check_fits(blocks, args.block_size, hardware)
     try:
         config = CacheConfig(num_blocks=blocks, block_size=args.block_size, num_heads=1, head_dim=8)
     except ValueError as exc:

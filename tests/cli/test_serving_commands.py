@@ -178,3 +178,10 @@ def test_latency_says_which_requests_were_rejected(capsys):
     assert main([*argv, "--gpu", "h200"]) == 0
     out = capsys.readouterr().out
     assert out.count("  rejected") == 5 and "0 finished · 5 rejected" in out and "nan" not in out
+
+
+def test_a_pool_larger_than_the_gpu_after_the_weights_is_refused(capsys):
+    argv = ["latency", "--workload", "uniform", "--blocks", "100000000", "--model-shape", "llama-3-8b", "--gpu", "h200"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--blocks 100000000 of 2048 KiB is 195312.5 GiB; H200 holds" in err and "after Llama-3-8B's weights" in err
