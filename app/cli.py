@@ -563,11 +563,8 @@ def overwrites_input(args: argparse.Namespace) -> str | None:
     inputs = [Path(p) for p in inputs if isinstance(p, str | Path) and Path(p).is_file()]
     for attr, option in OUTPUT_OPTIONS:
         out = getattr(args, attr, None)
-        if out is None or str(out) == "-" or not Path(out).exists():
-            continue
-        for source in inputs:
-            if os.path.samefile(out, source):
-                return f"{option} {out} is the file being read: it would be overwritten; give another path"
+        if out is not None and str(out) != "-" and any(_same_path(Path(out), source) for source in inputs):
+            return f"{option} {out} is the file being read: it would be overwritten; give another path"
     return None
 
 

@@ -220,11 +220,11 @@ def cmd_latency(args: argparse.Namespace, write_output: Writer) -> int:
     if len(records) > 40:
         print(f"… and {len(records) - 40} more requests", file=out)
     rejected = sum(r.rejected for r in records)
-    unfinished = f" · {rejected} rejected (never fit the pool or max_model_len)" if rejected else ""
+    not_done = f" · {rejected} rejected (never fit the pool or max_model_len)" if rejected else ""
     if result.unfinished:
-        unfinished += f" · {result.unfinished} unfinished"
+        not_done += f" · {result.unfinished} unfinished"
     print(
-        f"{summary.requests} finished{unfinished} in {result.iterations} steps, {summary.seconds:.3f} s · mean queue "
+        f"{summary.requests} finished{not_done} in {result.iterations} steps, {summary.seconds:.3f} s · mean queue "
         f"{_ms(summary.queue['mean'])} ms · TTFT {_ms(summary.ttft['mean'])} ms (p99 {_ms(summary.ttft['p99'])}) · "
         f"TPOT {_ms(summary.tpot['mean'])} ms (p99 {_ms(summary.tpot['p99'])}) · "
         f"{'—' if math.isnan(summary.throughput) else f'{summary.throughput:.0f}'} tokens/s",

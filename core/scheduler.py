@@ -373,7 +373,7 @@ class Scheduler:
     def submit(self, op: Submit) -> None:
         if op.request in self.requests:
             raise DuplicateSequenceError(op.request, "a request of that name was submitted already")
-        refusal = refusal_at_submit(op, self.config)
+        refusal = self.refusal(op)
         prompt = () if refusal else self.prompts.prompt_of(op)  # (checked before any state changes)
         state = RequestState(op.request, len(self.requests), prompt, op.output_len, op.n, op.beam_width)
         state.sampling = op.sampling

@@ -235,7 +235,7 @@ class SchedulerV1:
         names = [op.request] if op.n == 1 else [f"{op.request}{CHILD_SEPARATOR}s{i}" for i in range(op.n)]
         if op.request in self.requests or any(name in self.requests for name in names):
             raise DuplicateSequenceError(op.request, "a request of that name was submitted already")
-        refusal = refusal_at_submit_v1(op, self.config, op.length)
+        refusal = self.refusal(op)
         prompt = () if refusal else self.prompts.prompt_of(op)
         self.events.add(ev.RequestSubmitted, op.request, len(prompt) or op.length, op.output_len, op.n)
         for index, name in enumerate(names):

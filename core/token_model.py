@@ -239,7 +239,7 @@ class TokenModel:
 
     def token_ids(self, seq_id: str, start: int, count: int) -> list[int]:
         # The (seed, name) rounds once: only the position's round runs per token.
-        stream = _mix(self.config.seed, zlib.crc32(seq_id.encode()))
+        stream = self._stream_of[seq_id] & _MASK64
         if count <= 8:
             return [_mix_from(stream, p) % VOCAB_SIZE for p in range(start, start + count)]
         states = np.full(count, stream, dtype=np.uint64)
