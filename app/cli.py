@@ -36,7 +36,7 @@ from pagesim.app.serving_cli import add_waste_pool_options, cmd_latency, cmd_swe
 from pagesim.core.errors import PagesimError
 from pagesim.core.events import RequestRejected
 from pagesim.core.language_model import BUNDLED_MODEL
-from pagesim.core.scenario import DEFAULT_SCENARIO, examples, load_scenario
+from pagesim.core.scenario import DEFAULT_SCENARIO, examples, load_scenario, scenario_file, scenario_model
 from pagesim.core.studies.waste import CATEGORIES, CATEGORY_LABELS, check_bounded, compare
 from pagesim.core.studies.workload import DISTRIBUTIONS, generate
 from pagesim.core.timeline import Timeline
@@ -402,7 +402,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # Lazy on purpose: generating loads torch and the model, which no other headless command needs.
     from pagesim.app.generate import cmd_generate as run_generate
 
-    return run_generate(args)
+    return run_generate(args, write_output)
 
 
 def cmd_scenarios(_: argparse.Namespace) -> int:
@@ -556,15 +556,36 @@ OUTPUT_OPTIONS = (("json", "--json"), ("csv", "--csv"), ("plot", "--plot"), ("ou
                   ("screenshot", "--screenshot"))  # fmt: skip
 
 
+def files_read(args: argparse.Namespace) -> list[tuple[Path, str]]:
+    """The files a command reads, each with what it is: its scenario (a shipped one's own
+    file), workload, and model files (``--model``, ``--model-shape``, a scenario's header)."""
+    found: list[tuple[Path, str]] = []
+    scenario = getattr(args, "scenario", None)
+    if isinstance(scenario, str | Path):
+        found.append((scenario_file(scenario), "the scenario being read"))
+        if (model := scenario_model(scenario)) is not None:
+            found.append((Path(model), "the model file the scenario loads"))
+    workload = getattr(args, "workload", None)
+    if isinstance(workload, str | Path):
+        found.append((Path(workload), "the workload being read"))
+    for attr, option in (("model", "--model"), ("model_shape", "--model-shape")):
+        value = getattr(args, attr, None)
+        if isinstance(value, str | Path):
+            found.append((Path(value), f"the {option} file being read"))
+    return [(path, what) for path, what in found if path.is_file()]
+
+
 def overwrites_input(args: argparse.Namespace) -> str | None:
-    """Why an output would replace the scenario or workload file being read, or None (the
-    report would be written over the file it came from, and the user's file would be gone)."""
-    inputs = [getattr(args, name, None) for name in ("scenario", "workload")]
-    inputs = [Path(p) for p in inputs if isinstance(p, str | Path) and Path(p).is_file()]
+    """Why an output would replace a file the command reads, or None (the report would be
+    written over its own scenario, workload or model, and the user's file would be gone)."""
+    inputs = files_read(args)
     for attr, option in OUTPUT_OPTIONS:
         out = getattr(args, attr, None)
-        if out is not None and str(out) != "-" and any(_same_path(Path(out), source) for source in inputs):
-            return f"{option} {out} is the file being read: it would be overwritten; give another path"
+        if out is None or str(out) == "-":
+            continue
+        for source, what in inputs:
+            if _same_path(Path(out), source):
+                return f"{option} {out} is {what}: it would be overwritten; give another path"
     return None
 
 

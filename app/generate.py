@@ -21,7 +21,6 @@ from pagesim.core.models.precision import DTYPE_ENV, describe_dtype, resolve_dty
 from pagesim.core.models.threads import apply_chosen_threads
 from pagesim.core.operations import Add, Grow
 from pagesim.core.sampling import SamplingParams
-from pagesim.kernels.atomic_write import atomic_write
 from pagesim.kernels.selection import select_backend
 
 SEQ = "0"
@@ -41,7 +40,8 @@ def _verdict(step: int, token: int, check, attention) -> dict:
     }
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
+def cmd_generate(args: argparse.Namespace, write_output) -> int:
+    """``write_output(path, text, option)``: how the report is written (a failure, one line)."""
     if args.max_tokens < 1 or args.block_size < 1:
         raise InvalidOperationError("--max-tokens and --block-size must be positive integers")
     if args.json is not None and (reason := writable_problem(args.json, "--json")):
@@ -123,10 +123,5 @@ def cmd_generate(args: argparse.Namespace) -> int:
             "decode_ms": {"paged": paged_ms, "dense": dense_ms},
             "steps": steps,
         }
-        body = json.dumps(report, indent=2) + "\n"
-        if str(args.json) == "-":
-            sys.stdout.write(body)
-        else:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(args.json, body)
+        write_output(args.json, json.dumps(report, indent=2) + "\n", "--json")
     return 0 if passed else 1

@@ -389,18 +389,28 @@ def load_scenario(path: str | Path) -> Scenario:
     A shipped name wins over a local path of that name that is not a regular file (a
     folder called ``default`` in the current directory)."""
     path = Path(path)
-    if path.suffix == "" and str(path) in shipped_scenarios() and not path.is_file():
+    if _is_shipped_name(path):
         return load_shipped(str(path))
     return parse_scenario(read_scenario_text(path), str(path))
+
+
+def _is_shipped_name(path: Path) -> bool:
+    return path.suffix == "" and str(path) in shipped_scenarios() and not path.is_file()
+
+
+def scenario_file(path: str | Path) -> Path:
+    """The file :func:`load_scenario` reads for ``path``: a shipped name's own file, else ``path``."""
+    path = Path(path)
+    if _is_shipped_name(path):
+        return Path(str(resources.files("pagesim.assets") / "scenarios" / f"{path}.toml"))
+    return path
 
 
 def scenario_model(path: str | Path) -> str | None:
     """The real model a scenario file (or a shipped one, by name) runs, as ``load_model``
     takes it, read from its header alone (None: the synthetic model, or a file that does
     not say: parsing it tells why). Cheap: the app loads the model before parsing."""
-    path = Path(path)
-    if path.suffix == "" and str(path) in shipped_scenarios() and not path.is_file():
-        path = Path(str(resources.files("pagesim.assets") / "scenarios" / f"{path}.toml"))
+    path = scenario_file(path)
     try:
         name = tomllib.loads(read_scenario_text(path)).get("model", SYNTHETIC)
     except (PagesimError, tomllib.TOMLDecodeError, RecursionError, OSError):

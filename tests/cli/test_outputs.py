@@ -263,7 +263,7 @@ def test_an_output_naming_the_scenario_being_read_is_refused_and_the_file_kept(t
     for out in (src, other_name):
         argv = [a.format(src=src, out=out) for a in command]
         assert main(argv) == 2
-        assert "is the file being read: it would be overwritten" in capsys.readouterr().err
+        assert "is the scenario being read: it would be overwritten" in capsys.readouterr().err
         assert src.read_bytes() == before
 
 
@@ -271,4 +271,37 @@ def test_a_trace_written_over_its_workload_is_refused(tmp_path, capsys):
     workload = tmp_path / "w.json"
     workload.write_text('{"config": {}, "requests": []}')
     assert main(["trace", str(workload), "-o", str(workload)]) == 2
-    assert "is the file being read" in capsys.readouterr().err and workload.read_text().startswith('{"config"')
+    assert "is the workload being read" in capsys.readouterr().err and workload.read_text().startswith('{"config"')
+
+
+@pytest.mark.parametrize(
+    ("command", "what"),
+    [
+        (["generate", "Hi", "--max-tokens", "1", "--model", "{model}", "--json", "{model}"], "the --model file being read"),
+        (
+            ["latency", "--workload", "sharegpt", "--requests", "3", "--model-shape", "{model}", "--gpu", "h200",
+             "--json", "{model}"],
+            "the --model-shape file being read",
+        ),
+        (["run", "{scenario}", "--json", "{model}"], "the model file the scenario loads"),
+    ],
+)  # fmt: skip
+def test_an_output_naming_a_model_file_being_read_is_refused_and_the_model_kept(tmp_path, capsys, command, what):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(64))  # (refused before anything reads it)
+    scenario = tmp_path / "s.toml"
+    scenario.write_text('name = "s"\nmodel = "m.gguf"\nnum_blocks = 8\nblock_size = 4\n[[steps]]\nop = "add"\n')
+    argv = [a.format(model=model, scenario=scenario) for a in command]
+    assert main(argv) == 2
+    assert f"is {what}: it would be overwritten" in capsys.readouterr().err
+    assert model.read_bytes() == b"GGUF" + bytes(64)
+
+
+def test_an_output_naming_a_shipped_scenario_by_its_file_is_refused(capsys):
+    from pagesim.core.scenario import scenario_file
+
+    shipped = scenario_file("seed_demo")
+    before = shipped.read_bytes()
+    assert main(["run", "seed_demo", "--quiet", "--json", str(shipped)]) == 2
+    assert "is the scenario being read" in capsys.readouterr().err
+    assert shipped.read_bytes() == before
