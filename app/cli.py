@@ -576,9 +576,11 @@ def files_read(args: argparse.Namespace) -> list[tuple[Path, str]]:
 
 
 def overwrites_input(args: argparse.Namespace) -> str | None:
-    """Why an output would replace a file the command reads, or None (the report would be
-    written over its own scenario, workload or model, and the user's file would be gone)."""
+    """Why an output would replace a file the command reads, or another output of the same
+    run, or None (the report would be written over its own scenario, workload or model, and
+    the user's file would be gone; or one output over the other)."""
     inputs = files_read(args)
+    outputs: list[tuple[Path, str]] = []
     for attr, option in OUTPUT_OPTIONS:
         out = getattr(args, attr, None)
         if out is None or str(out) == "-":
@@ -586,6 +588,10 @@ def overwrites_input(args: argparse.Namespace) -> str | None:
         for source, what in inputs:
             if _same_path(Path(out), source):
                 return f"{option} {out} is {what}: it would be overwritten; give another path"
+        for other, other_option in outputs:  # (the second write would replace the first)
+            if _same_path(Path(out), other):
+                return f"{other_option} {other} and {option} {out} name the same file: give each its own path"
+        outputs.append((Path(out), option))
     return None
 
 

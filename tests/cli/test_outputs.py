@@ -277,7 +277,10 @@ def test_a_trace_written_over_its_workload_is_refused(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("command", "what"),
     [
-        (["generate", "Hi", "--max-tokens", "1", "--model", "{model}", "--json", "{model}"], "the --model file being read"),
+        (
+            ["generate", "Hi", "--max-tokens", "1", "--model", "{model}", "--json", "{model}"],
+            "the --model file being read",
+        ),
         (
             ["latency", "--workload", "sharegpt", "--requests", "3", "--model-shape", "{model}", "--gpu", "h200",
              "--json", "{model}"],
@@ -305,3 +308,19 @@ def test_an_output_naming_a_shipped_scenario_by_its_file_is_refused(capsys):
     assert main(["run", "seed_demo", "--quiet", "--json", str(shipped)]) == 2
     assert "is the scenario being read" in capsys.readouterr().err
     assert shipped.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["sweep", "seed_demo", "--set", "block_size=4,8", "--json", "{out}", "--csv", "{out}"],
+        ["sweep", "seed_demo", "--set", "block_size=4,8", "--plot", "{png}", "--json", "{png}"],
+    ],
+)
+def test_two_outputs_naming_one_file_are_refused_before_anything_runs(tmp_path, capsys, command):
+    out, png = tmp_path / "same.out", tmp_path / "same.png"
+    argv = [a.format(out=out, png=png) for a in command]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "name the same file" in err and err.count("\n") == 1, err
+    assert not out.exists() and not png.exists()

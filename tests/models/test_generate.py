@@ -1,6 +1,7 @@
 """``pagesim generate`` and scenarios that name a real model."""
 
 import json
+import os
 
 import pytest
 from pagesim.app.cli import main
@@ -37,7 +38,7 @@ def test_generate_answers_the_question_and_reports_every_step(tmp_path, capsys, 
     assert len(report["block_table"]) == -(-(len(report["prompt_token_ids"]) + len(steps)) // 16)
 
 
-@pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full (a device that is always full)")
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a device always full)")
 def test_a_report_that_cannot_be_written_is_one_line_and_exit_1(capsys):
     assert main(["generate", "hi", "--max-tokens", "1", "--backend", "cpu", "--json", "/dev/full"]) == 1
     err = capsys.readouterr().err
