@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyqtgraph as pg
 import pytest
 from pagesim.app.gui.animation import beats_for
 from pagesim.core import events as ev
@@ -813,3 +814,20 @@ def test_the_attention_plots_block_ids_are_inside_the_plot(make_window, qtbot, s
     for label in shown:
         box = label.sceneBoundingRect()
         assert area.top() - 0.5 <= box.top() and box.bottom() <= area.bottom() + 0.5, label.toPlainText()
+
+
+def test_plot_axes_show_their_values_unscaled_after_a_theme_change(window, qtbot):
+    """A weight of 0.03 reads 0.03 on its axis, not 30 with an "(x0.001)" the label lost."""
+    from pagesim.app.gui.views.plots import Plot
+
+    window.actions.scrubber.setValue(3)
+    wait_idle(qtbot, window)
+    for theme in ("light", "dark"):
+        window.apply_theme(theme)
+        views = window.findChildren(pg.GraphicsView)
+        plots = [item for view in views for item in view.items() if isinstance(item, Plot)]
+        assert plots
+        for plot in plots:
+            for side in ("left", "bottom"):
+                axis = plot.getAxis(side)
+                assert axis.autoSIPrefixScale == 1.0 and axis.labelUnitPrefix == "", (plot.titleLabel, side)

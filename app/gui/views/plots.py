@@ -90,6 +90,12 @@ class Plot(pg.PlotItem):
         grid.addItem(self.title_item, 0, 1)
         self.setTitle(None)
         self.getViewBox().sigResized.connect(self.fit_side_labels)
+        for side in ("left", "bottom", "right", "top"):
+            # Ticks show the values themselves: pyqtgraph scales an axis spanning (0, 1) by
+            # 1000 and writes "(x0.001)" unless no range allows a prefix (disabling the
+            # prefix alone rescales once more, on the next label or theme change).
+            self.getAxis(side).setSIPrefixEnableRanges(())
+            self.getAxis(side).enableAutoSIPrefix(False)
 
     def setTitle(self, title: str | None = None, **args) -> None:
         if self.title_item is None:
@@ -156,7 +162,6 @@ def _style_plot(plot: Plot, theme: Theme, title: str, left: str, bottom: str, gr
     for axis in ("left", "bottom"):
         plot.getAxis(axis).setTextPen(theme.muted)
         plot.getAxis(axis).setPen(theme.muted)
-        plot.getAxis(axis).enableAutoSIPrefix(False)
 
 
 class KernelPanel(QWidget):
