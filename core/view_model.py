@@ -15,6 +15,7 @@ from pagesim.core.config import CacheConfig
 from pagesim.core.engine import Simulator, StepResult
 from pagesim.core.metrics import Metrics
 from pagesim.core.model_runner import AttentionReport
+from pagesim.core.operations import Schedule, Submit
 from pagesim.core.step_work import StepWork, step_work
 from pagesim.core.timeline import Timeline
 from pagesim.core.token_budget import TokenBudget, prefill_progress, step_budget
@@ -256,6 +257,12 @@ def touched_by(result: StepResult, sim: Simulator) -> tuple[frozenset, frozenset
     return frozenset(blocks), frozenset(seqs)
 
 
+def _uses_scheduler(timeline: Timeline) -> bool:
+    """The scheduler has run, or a step of the timeline will submit to it (its lanes show,
+    empty, before the first request arrives)."""
+    return timeline.sim.scheduler.used or any(isinstance(op, Submit | Schedule) for op in timeline.operations)
+
+
 def build_frame(
     timeline: Timeline,
     focus_seq: str | None,
@@ -327,14 +334,14 @@ def build_frame(
         touched_sequences=touched_sequences,
         cached_blocks=frozenset(sim.pool.cached_blocks()),
         queues=None
-        if not sim.scheduler.used
+        if not _uses_scheduler(timeline)
         else {
             "waiting": tuple(sim.scheduler.waiting),
             "running": tuple(sim.scheduler.running),
             "swapped": tuple(sim.scheduler.swapped),
             "finished": tuple(r for r, state in sim.scheduler.requests.items() if state.status == "finished"),
         },
-        scheduler_counts=None if not sim.scheduler.used else sim.scheduler.counts(),
+        scheduler_counts=None if not _uses_scheduler(timeline) else sim.scheduler.counts(),
         branch_step=timeline.branch_step,
         can_undo=timeline.can_undo,
         can_redo=timeline.can_redo,

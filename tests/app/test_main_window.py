@@ -831,3 +831,11 @@ def test_plot_axes_show_their_values_unscaled_after_a_theme_change(window, qtbot
             for side in ("left", "bottom"):
                 axis = plot.getAxis(side)
                 assert axis.autoSIPrefixScale == 1.0 and axis.labelUnitPrefix == "", (plot.titleLabel, side)
+
+
+def test_a_v1_scenario_at_step_0_shows_its_empty_lanes_and_its_null_block(make_window):
+    window = make_window("prefix_caching_v1")
+    assert window.frame.position == 0 and window.frame.metrics is None
+    assert window.frame.queues == {"waiting": (), "running": (), "swapped": (), "finished": ()}
+    free = window.frame.config.num_blocks - 1
+    assert window.memory_panel.summary.text().startswith(f"{free} blocks free (block 0 is the null block)")
