@@ -352,7 +352,10 @@ class RequestPreempted(Event):
         if self.mode == "swap":
             cost = f"{self.blocks} blocks moved to the CPU pool ({transfer_time(self.swap_seconds)})"
         else:
-            cost = f"{self.blocks} blocks freed, {self.tokens} tokens to compute again"
+            # (released, not freed: a block another sequence shares stays in use)
+            held = plural(self.blocks, "block")
+            dropped = plural(self.tokens, "computed token")
+            cost = f"{held} released, the K/V of its {dropped} dropped (computed again on its return)"
         return f"{self.request} preempted by {self.mode}: {cost}"
 
 

@@ -40,7 +40,7 @@ returns to the front of the queue, to be prefilled again) or by <i>swap</i> (its
 to a CPU pool, red, and come back bit for bit, green). Parallel samples and beams are
 forks, preempted together.</p>
 <p><i>v1</i>: each step has one <b>token budget</b> (<code>max_num_batched_tokens</code>,
-the bar under the narration), spent on the running requests first, then on waiting ones.
+the bar in the Scheduler tab), spent on the running requests first, then on waiting ones.
 A prompt longer than what is left is <b>chunked</b>: prefilled a piece per step
 (“prefilling 35/37” on its chip), and the step that completes it samples the first token.
 Admission credits prefix-cache hits, even on blocks sitting in the free queue. Preemption

@@ -388,7 +388,7 @@ def test_a_preemption_says_what_it_cost(make_window, qtbot):
         frame = wait_idle(qtbot, window)
         assert frame.position < frame.length, "the scenario should preempt"
     message = window.statusBar().currentMessage()
-    assert "preempted by recompute" in message and "tokens to compute again" in message
+    assert "preempted by recompute" in message and "computed tokens dropped (computed again on its return)" in message
 
 
 def test_bad_files_and_unwritable_paths_are_shown_not_raised(window, qtbot, tmp_path):
