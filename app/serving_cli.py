@@ -266,7 +266,7 @@ def format_table(result: SweepResult) -> list[str]:
             line += f"{lat.normalized['mean']:>9.4f}{lat.throughput:>8.0f}"
         if v is not base and base.ran and base.steps:
             line += f"  steps {v.steps / base.steps - 1:+.0%}"
-        if v.status in ("stalled", "unfinished"):
+        if v.status in ("stalled", "unfinished", "rejected"):
             line += f"  ({v.reason})"
         lines.append(line)
     return lines
@@ -327,6 +327,9 @@ def cmd_sweep(args: argparse.Namespace, write_output: Writer) -> int:
         write_output(args.json, to_json(result), "--json")
     if args.csv is not None:
         write_output(args.csv, to_csv(result), "--csv")
+    if not any(v.ran for v in result.variants):  # (the table and the files say why; a plot would be empty)
+        print("error: no variant could run, the original included: see the reasons above", file=sys.stderr)
+        return 2
     if args.plot is not None:
         write_output(args.plot, render_png(result), "--plot")
         print(f"plot: {args.plot}", file=out)

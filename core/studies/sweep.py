@@ -152,7 +152,7 @@ class Source:
 class VariantResult:
     label: str
     changes: dict[str, object]
-    status: str  # "ok", "stalled", "unfinished" or "cannot run"
+    status: str  # "ok", "rejected" (some requests), "stalled", "unfinished" or "cannot run"
     reason: str = ""
     config: CacheConfig | None = None
     steps: int = 0
@@ -275,6 +275,8 @@ def run_variant(source: Source, changes: dict[str, object], hardware: Hardware |
         out.status, out.reason = "stalled", result.stalled
     elif result.unfinished:
         out.status, out.reason = "unfinished", f"{result.unfinished} requests not done after {result.iterations} steps"
+    elif out.rejected:  # (what ran is right, but not all of the workload ran)
+        out.status, out.reason = "rejected", f"{out.rejected} of {len(records)} requests rejected: they can never fit"
     if hardware is not None:
         out.latency = latency(result)
         out.pool_gib = config.num_blocks * hardware.roofline(config.block_size).block_bytes() / 2**30

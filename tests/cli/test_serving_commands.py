@@ -185,3 +185,22 @@ def test_a_pool_larger_than_the_gpu_after_the_weights_is_refused(capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--blocks 100000000 of 2048 KiB is 195312.5 GiB; H200 holds" in err and "after Llama-3-8B's weights" in err
+
+
+def test_a_sweep_where_nothing_can_run_exits_2_and_draws_no_plot(tmp_path, capsys):
+    scenario = tmp_path / "dup.toml"
+    scenario.write_text(
+        'name = "dup"\nnum_blocks = 8\nblock_size = 4\nnum_heads = 1\nhead_dim = 8\n'
+        '[[steps]]\nop = "add"\nseq = "a"\ntokens = 3\n[[steps]]\nop = "add"\nseq = "a"\ntokens = 3\n'
+    )
+    plot = tmp_path / "p.png"
+    assert main(["sweep", str(scenario), "--set", "block_size=2,8", "--plot", str(plot)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out.count("cannot run") == 3 and not plot.exists()
+    assert captured.err.strip().endswith("no variant could run, the original included: see the reasons above")
+
+
+def test_a_variant_whose_requests_were_rejected_says_so_in_its_status(capsys):
+    assert main(["sweep", "preemption_v1", "--set", "num_blocks=3,8"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("num_blocks=3"))
+    assert row.split()[1] == "rejected" and "requests rejected: they can never fit" in row

@@ -102,7 +102,7 @@ def test_variants_that_cannot_run_are_reported_and_the_rest_still_run():
     pool = _source("preemption_recompute").config.num_slots
     huge = sweep(_source("preemption_recompute"), [parse_setting(f"block_size={pool},{pool + 1}")])
     fits, too_big = huge.variants[1:]
-    assert fits.status == "ok" and fits.config.num_blocks == 1
+    assert fits.ran and fits.config.num_blocks == 1  # (it runs; its requests may not fit one block)
     assert too_big.status == "cannot run" and f"larger than the whole pool ({pool} token slots)" in too_big.reason
 
 
