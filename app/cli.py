@@ -31,8 +31,8 @@ from pagesim.app.report import (
     step_report,
     write_json,
 )
+from pagesim.app.serving_cli import DEFAULT_WASTE_SLOTS, add_waste_pool_options, cmd_latency, cmd_sweep, waste_pool
 from pagesim.app.serving_cli import add_parsers as add_serving_parsers
-from pagesim.app.serving_cli import add_waste_pool_options, cmd_latency, cmd_sweep, waste_pool
 from pagesim.core.errors import PagesimError
 from pagesim.core.events import RequestRejected
 from pagesim.core.language_model import BUNDLED_MODEL
@@ -109,7 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--rate", type=_positive_rate, default=2000.0, help="Poisson arrivals per second (high: under load)"
     )
     waste.add_argument("--seed", type=int, default=0)
-    waste.add_argument("--slots", type=_positive_int, default=32768, help="KV-cache pool size in token slots")
+    waste.add_argument(
+        "--slots", type=_positive_int, help=f"KV-cache pool size in token slots (default {DEFAULT_WASTE_SLOTS})"
+    )
     waste.add_argument("--block-size", type=_positive_int, default=16)
     waste.add_argument("--max-len", type=_max_len, default=2048, help="the model's max length (Orca-Max reserves it)")
     waste.add_argument("--json", type=Path, metavar="PATH", help="write the breakdown here ('-': standard output)")

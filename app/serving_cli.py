@@ -29,6 +29,7 @@ from pagesim.core.studies.workload import DISTRIBUTIONS, generate
 # failure is its CannotWrite naming the option.
 Writer = Callable[[Path, str | bytes, str], None]
 DEFAULT_WORKLOAD_BLOCKS = 2048  # a workload's pool without a model shape and a GPU (or --blocks)
+DEFAULT_WASTE_SLOTS = 32768  # pagesim waste's pool without --slots, --blocks or a model shape and a GPU
 
 
 def _add_hardware(parser: argparse.ArgumentParser) -> None:
@@ -345,12 +346,16 @@ def add_waste_pool_options(parser: argparse.ArgumentParser) -> None:
 def waste_pool(args: argparse.Namespace) -> WastePool:
     """The pool ``pagesim waste`` replays on: a preset's, --blocks, or --slots (the default)."""
     hardware = _hardware(args)
-    if hardware is not None and args.blocks is not None:
-        raise InvalidStudyError("give --blocks or --model-shape with --gpu, not both")
+    given = [option for option, on in (("--slots", args.slots is not None), ("--blocks", args.blocks is not None),
+                                       ("--model-shape with --gpu", hardware is not None)) if on]  # fmt: skip
+    if len(given) > 1:
+        raise InvalidStudyError(f"give one pool size: {' or '.join(given)}, not {'both' if len(given) == 2 else 'all'}")
     if hardware is not None:
         return pool_from_preset(hardware.shape, hardware.gpu, args.block_size)
     if args.blocks is not None:
         if args.blocks < 1:
             raise InvalidStudyError(f"--blocks must be a positive integer; got {args.blocks}")
         return pool_of_blocks(args.blocks, args.block_size, f"--blocks {args.blocks}")
+    if args.slots is None:
+        return WastePool(DEFAULT_WASTE_SLOTS, args.block_size, "the default")
     return WastePool(args.slots, args.block_size, f"--slots {args.slots}")

@@ -182,7 +182,12 @@ def test_ctrl_c_ends_a_run_with_a_line_not_a_traceback():
     "argv, message",
     [
         (["--per-step"], "--per-step adds every step's split to the --json file: give --json too"),
-        (["--blocks", "5", "--slots", "100"], "the pool (80 slots from --blocks 5) is smaller than --max-len 2048"),
+        (["--blocks", "5"], "the pool (80 slots from --blocks 5) is smaller than --max-len 2048"),
+        (["--blocks", "4096", "--slots", "100000"], "give one pool size: --slots or --blocks, not both"),
+        (
+            ["--slots", "100000", "--model-shape", "llama-3-8b", "--gpu", "h200"],
+            "give one pool size: --slots or --model-shape with --gpu, not both",
+        ),
     ],
 )
 def test_waste_says_what_was_given(capsys, argv, message):
