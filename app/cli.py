@@ -390,11 +390,17 @@ def cmd_trace(args: argparse.Namespace) -> int:
     workload = load_workload(args.workload)
     records = run_workload(workload)
     write_output(args.output, dumps_trace(records), "--output")
-    if unfinished := records[-1]["unfinished"]:  # (the trace says so too, in its summary record)
+    summary = records[-1]  # (the trace says all this too, in its summary record)
+    rejected = summary.get("rejected", {})
+    for request, reason in list(rejected.items())[:5]:
+        print(f"note: request {request} rejected: {reason}", file=sys.stderr)
+    if len(rejected) > 5:
+        print(f"note: … and {len(rejected) - 5} more rejected (see the trace's summary)", file=sys.stderr)
+    if unfinished := summary["unfinished"]:
         names = ", ".join(unfinished[:5]) + (f" … (+{len(unfinished) - 5})" if len(unfinished) > 5 else "")
         print(
             f"note: {len(unfinished)} of {len(workload.requests)} requests did not finish within "
-            f"{records[-1]['steps']} steps (max_steps {workload.max_steps}): {names}",
+            f"{summary['steps']} steps (max_steps {workload.max_steps}): {names}",
             file=sys.stderr,
         )
     return 0

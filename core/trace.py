@@ -22,6 +22,7 @@ from pagesim.core.checks import all_ints, is_count, is_int
 from pagesim.core.config import CacheConfig
 from pagesim.core.engine import Simulator
 from pagesim.core.errors import PagesimError
+from pagesim.core.events import RequestRejected
 from pagesim.core.kv_events import KVEventConverter
 from pagesim.core.operations import CHILD_SEPARATOR, Schedule, Submit
 from pagesim.core.scenario import read_scenario_text
@@ -65,6 +66,10 @@ class Workload:
         )
 
 
+WORKLOAD_KEYS = ("config", "requests", "max_steps", "seed")  # (seed: how the workload was drawn)
+REQUEST_KEYS = ("id", "prompt", "max_new_tokens", "output", "arrival_step")
+
+
 def _token_list(value, what: str, source: str) -> tuple[int, ...]:
     if not isinstance(value, list) or not value or not all_ints(value) or not all(0 <= t < VOCAB_SIZE for t in value):
         raise WorkloadError(source, f"{what} must be a non-empty list of token ids in [0, {VOCAB_SIZE})")
@@ -78,6 +83,10 @@ def parse_workload(doc, source: str = "<memory>") -> Workload:
         or not isinstance(doc.get("requests"), list)
     ):
         raise WorkloadError(source, "a workload is an object with a config object and a requests list")
+    if unknown := sorted(set(doc) - set(WORKLOAD_KEYS)):  # (a misspelt max_steps would be ignored)
+        raise WorkloadError(
+            source, f"{unknown[0]} is not a field of a workload (its fields: {', '.join(WORKLOAD_KEYS)})"
+        )
     config = doc["config"]
     if unknown := sorted(set(config) - set(CONFIG_KEYS)):  # (a misspelt key would otherwise read "missing")
         raise WorkloadError(
@@ -99,6 +108,10 @@ def parse_workload(doc, source: str = "<memory>") -> Workload:
         where = f"requests[{i}]"
         if not isinstance(raw, dict):
             raise WorkloadError(source, f"{where} must be an object")
+        if unknown := sorted(set(raw) - set(REQUEST_KEYS)):  # (a misspelt arrival_step would read as 0)
+            raise WorkloadError(
+                source, f"{where}.{unknown[0]} is not a field of a request (its fields: {', '.join(REQUEST_KEYS)})"
+            )
         rid = raw.get("id")
         if not isinstance(rid, str) or not rid or CHILD_SEPARATOR in rid or rid in seen:
             raise WorkloadError(source, f"{where}.id must be a new non-empty name without '/'; got {rid!r}")
@@ -169,14 +182,17 @@ def run_workload(workload: Workload) -> list[dict]:
         "kv_events": "capture",
     }
     records, finished, admitted, left = [header], {}, {}, len(workload.requests)
+    rejected: dict[str, str] = {}  # request -> why (vLLM's traces have none: never written for them)
     steps = 0
     for step in range(workload.max_steps):
         arrivals = arriving.get(step, [])
         for request in arrivals:
-            sim.apply(Submit(request.id, request.max_new_tokens, prompt=request.prompt), attend=False)
+            submitted = sim.apply(Submit(request.id, request.max_new_tokens, prompt=request.prompt), attend=False)
             scheduler.prescribe(request.id, request.output)
+            rejected.update(_rejections(submitted))
         left -= len(arrivals)
         result = sim.apply(Schedule(1), attend=False)
+        rejected.update(_rejections(result))
         done = scheduler.last_step
         scheduled = sorted(done.scheduled, key=lambda s: KIND_ORDER[s.kind]) if done else []
         for entry in scheduled:
@@ -209,7 +225,7 @@ def run_workload(workload: Workload) -> list[dict]:
         if not left and not scheduler.running and not scheduler.waiting:
             break
     batches = [r["kv_events"] for r in records[1:] if r["kv_events"]]
-    unfinished = [r.id for r in workload.requests if r.id not in finished]
+    unfinished = [r.id for r in workload.requests if r.id not in finished and r.id not in rejected]
     summary = {
         "kind": "summary",
         "steps": steps,
@@ -219,7 +235,13 @@ def run_workload(workload: Workload) -> list[dict]:
         "captured_event_batches": len(batches),
         "captured_events": sum(map(len, batches)),
     }
+    if rejected:
+        summary["rejected"] = rejected
     return [*records, summary]
+
+
+def _rejections(result) -> dict[str, str]:
+    return {e.request: e.reason for e in result.op_events if isinstance(e, RequestRejected)}
 
 
 def _scheduled(entry) -> dict:

@@ -43,6 +43,17 @@ def test_trace_to_stdout(capsys):
             "config.num_gpu_blocks must be a positive integer",
         ),
         ("[1, 2]", "a workload is an object"),
+        (
+            '{"config": {"num_gpu_blocks": 8, "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 64, '
+            '"enable_prefix_caching": true}, "requests": [], "max_step": 5}',
+            "max_step is not a field of a workload",
+        ),
+        (
+            '{"config": {"num_gpu_blocks": 8, "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 64, '
+            '"enable_prefix_caching": true}, "requests": [{"id": "a", "prompt": [1], "max_new_tokens": 1, '
+            '"output": [2], "arrival_steps": 3}]}',
+            "requests[0].arrival_steps is not a field of a request",
+        ),
     ],
 )
 def test_a_missing_or_malformed_workload_is_one_line(tmp_path, capsys, content, message):
@@ -73,3 +84,22 @@ def test_a_run_that_leaves_requests_unfinished_says_so(tmp_path, capsys):
     )
     assert main(["trace", str(workload), "-o", str(tmp_path / "out.jsonl")]) == 0
     assert "note: 1 of 1 requests did not finish within 2 steps (max_steps 2): a" in capsys.readouterr().err
+
+
+def test_a_request_that_can_never_fit_is_named_as_rejected_not_as_unfinished(tmp_path, capsys):
+    doc = {
+        "config": {"num_gpu_blocks": 8, "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 64,
+                   "enable_prefix_caching": True},
+        "requests": [
+            {"id": "long", "prompt": list(range(1, 60)), "max_new_tokens": 2, "output": [5, 6]},
+            {"id": "short", "prompt": [1, 2, 3], "max_new_tokens": 2, "output": [5, 6]},
+        ],
+    }  # fmt: skip
+    path, out = tmp_path / "w.json", tmp_path / "t.jsonl"
+    path.write_text(json.dumps(doc))
+    assert main(["trace", str(path), "-o", str(out)]) == 0
+    summary = read_trace(out.read_text().splitlines())[-1]
+    assert list(summary["rejected"]) == ["long"] and "blocks" in summary["rejected"]["long"]
+    assert summary["unfinished"] == [] and list(summary["finished"]) == ["short"]
+    err = capsys.readouterr().err
+    assert err.startswith("note: request long rejected: ") and "did not finish" not in err
