@@ -15,6 +15,9 @@ DEFAULT_MAX_MODEL_LEN = 2048
 MAX_MODEL_LEN_LIMIT = 2**24
 
 
+DEFAULT_WATERMARK = 0.01  # v0's free blocks kept back at admission, as a fraction of the pool
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     num_blocks: int
@@ -34,7 +37,7 @@ class CacheConfig:
     # host<->device bandwidth that prices a swap in simulated time.
     preemption: str = "recompute"
     num_cpu_blocks: int = 0
-    watermark: float = 0.01
+    watermark: float = DEFAULT_WATERMARK
     max_num_seqs: int = 256
     swap_bandwidth_gbs: float = 25.0
     # Which scheduler runs submit/schedule: "v0" (whole prompts, vLLM v0) or "v1" (one token
@@ -89,6 +92,12 @@ class CacheConfig:
             raise ValueError(f'scheduler must be "v0" or "v1"; got {self.scheduler!r}')
         if self.scheduler == "v1" and self.preemption != "recompute":
             raise ValueError('scheduler = "v1" preempts by recompute only (vLLM v1 has no swap)')
+        if self.scheduler == "v1" and self.num_cpu_blocks:  # (accepted, it would change nothing)
+            raise ValueError(
+                'num_cpu_blocks is v0\'s swap space: scheduler = "v1" has no CPU pool (vLLM v1 has no swap)'
+            )
+        if self.scheduler == "v1" and self.watermark != DEFAULT_WATERMARK:
+            raise ValueError('watermark is v0\'s admission rule: scheduler = "v1" admits without one, as vLLM v1 does')
         if not is_count(self.max_num_batched_tokens):
             raise ValueError(f"max_num_batched_tokens must be a positive integer; got {self.max_num_batched_tokens!r}")
         if not isinstance(self.model, str) or not self.model.strip():

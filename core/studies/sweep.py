@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from pagesim.core.config import CacheConfig
+from pagesim.core.config import DEFAULT_WATERMARK, CacheConfig
 from pagesim.core.errors import InvalidStudyError, PagesimError
 from pagesim.core.scenario import Scenario
 from pagesim.core.studies.replay import ReplayResult, replay_scenario, replay_workload
@@ -232,6 +232,11 @@ def variant_config(source: Source, changes: dict[str, object], hardware: Hardwar
                     f"give num_blocks too to change the pool"
                 )
             fields["num_blocks"] = base.num_slots // block_size
+    if fields.get("scheduler") == "v1" and base.scheduler == "v0":
+        # v0's own settings do not carry over to v1 (which refuses them) unless the variant sets them
+        fields.setdefault("watermark", DEFAULT_WATERMARK)
+        if fields.get("preemption", base.preemption) == "recompute":
+            fields.setdefault("num_cpu_blocks", 0)
     if fields.get("preemption", base.preemption) == "swap" and not fields.get("num_cpu_blocks", base.num_cpu_blocks):
         fields["num_cpu_blocks"] = fields.get("num_blocks", base.num_blocks)
     if base.max_model_len == min(2048, base.num_slots):  # the default: follow the new pool

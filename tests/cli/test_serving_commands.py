@@ -204,3 +204,10 @@ def test_a_variant_whose_requests_were_rejected_says_so_in_its_status(capsys):
     assert main(["sweep", "preemption_v1", "--set", "num_blocks=3,8"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("num_blocks=3"))
     assert row.split()[1] == "rejected" and "requests rejected: they can never fit" in row
+
+
+def test_a_v0_only_knob_swept_on_a_v1_scenario_cannot_run_and_says_why(capsys):
+    assert main(["sweep", "preemption_v1", "--set", "watermark=0,0.5"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("watermark=")]
+    assert len(rows) == 2 and all("cannot run" in row and "admits without one" in row for row in rows)
+

@@ -58,6 +58,8 @@ seq = 0
         (HEADER + '[[steps]]\nop = "grow"\nseq = "a"\nspeed = 2\n', 1, "speed", "unknown field"),
         (HEADER + '[[steps]]\nop = "fork"\nseq = "a"\n', 1, "as", "missing"),
         (HEADER + '[[steps]]\nop = "free"\n', 1, "seq", "missing"),
+        (HEADER + 'scheduler = "v1"\nwatermark = 0.5\n', None, "watermark", "v1.* admits without one"),
+        (HEADER + 'scheduler = "v1"\nnum_cpu_blocks = 50\n', None, "num_cpu_blocks", "v1.* has no CPU pool"),
     ],
 )
 def test_malformed_scenarios_name_the_file_step_and_field(text, step, field, message):
