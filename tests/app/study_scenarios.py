@@ -23,7 +23,10 @@ REQUESTS = (
     + '[[steps]]\nop = "submit"\nrequest = "r3"\ntokens = 10\noutput = 16\nn = 2\n'
     + '[[steps]]\nop = "schedule"\nsteps = 6\n'
 )  # fmt: skip
-V1_REQUESTS = REQUESTS.replace('preemption = "recompute"', 'preemption = "recompute"\nscheduler = "v1"')
+V1_REQUESTS = REQUESTS.replace('preemption = "recompute"', 'preemption = "recompute"\nscheduler = "v1"').replace(
+    "watermark = 0.0\n",
+    "",  # (v0's admission rule: v1 has none)
+)
 
 SYSTEM_PROMPT = list(range(1, 17))  # four full blocks of 4
 # Three sequences sharing a system prompt, with prefix caching on.
