@@ -193,3 +193,18 @@ def test_ctrl_c_ends_a_run_with_a_line_not_a_traceback():
 def test_waste_says_what_was_given(capsys, argv, message):
     assert main(["waste", "--requests", "5", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_ctrl_c_while_the_command_line_loads_is_a_line_too(monkeypatch, capsys):
+    import pagesim.app as entry
+
+    class Interrupting:  # a Ctrl-C arriving while pagesim.app.cli's imports run
+        def find_spec(self, name, path=None, target=None):
+            if name == "pagesim.app.cli":
+                raise KeyboardInterrupt
+            return None
+
+    monkeypatch.delitem(sys.modules, "pagesim.app.cli")
+    monkeypatch.setattr(sys, "meta_path", [Interrupting(), *sys.meta_path])
+    assert entry.main(["scenarios"]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted: nothing was written"
