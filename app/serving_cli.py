@@ -217,7 +217,9 @@ def cmd_latency(args: argparse.Namespace, write_output: Writer) -> int:
             else math.nan
         )
         state = "  rejected" if r.rejected else ""
-        print(f"{r.request:<14}{_ms(queue):>10}{_ms(ttft):>10}{_ms(tpot):>10}{r.output_tokens:>9}{state}", file=out)
+        # (n samples each write this many: the throughput counts them all)
+        outputs = f"{r.output_tokens} × {r.samples}" if r.samples > 1 else f"{r.output_tokens}"
+        print(f"{r.request:<14}{_ms(queue):>10}{_ms(ttft):>10}{_ms(tpot):>10}{outputs:>9}{state}", file=out)
     if len(records) > 40:
         print(f"… and {len(records) - 40} more requests", file=out)
     rejected = sum(r.rejected for r in records)

@@ -211,3 +211,14 @@ def test_a_v0_only_knob_swept_on_a_v1_scenario_cannot_run_and_says_why(capsys):
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("watermark=")]
     assert len(rows) == 2 and all("cannot run" in row and "admits without one" in row for row in rows)
 
+
+
+def test_latency_shows_the_outputs_of_each_of_n_samples_as_the_throughput_counts_them(tmp_path, capsys):
+    report = tmp_path / "l.json"
+    argv = ["latency", "preemption_recompute", "--model-shape", "opt-13b", "--gpu", "a100-40gb", "--json", str(report)]
+    assert main(argv) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("r")}
+    doc = json.loads(report.read_text())
+    by_name = {r["request"]: r for r in doc["requests"]}
+    assert by_name["r3"]["samples"] == 2 and rows["r3"].endswith(f"{by_name['r3']['output_tokens']} × 2")
+    assert doc["summary"]["output_tokens"] == sum(r["output_tokens"] * r["samples"] for r in doc["requests"])
