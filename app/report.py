@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 from pagesim.core.engine import StepResult
 from pagesim.core.events import TokenWritten
+from pagesim.core.operations import Grow
 from pagesim.core.timeline import Timeline
 from pagesim.kernels.atomic_write import atomic_open, atomic_write
 from pagesim.kernels.dtypes import dtype_name
@@ -58,6 +59,13 @@ def format_text(result: StepResult, tokenizer, width: int = 100) -> list[str]:
         if len(text) > width:
             text = text[: width // 2 - 2] + " … " + text[-(width // 2 - 2) :]
         lines.append(f"        {seq} wrote {text}")
+    op = result.op
+    if isinstance(op, Grow) and op.token_ids is None and len(written.get(op.seq, ())) < op.length:
+        # (a real model's grow ends where its sequence does)
+        lines.append(
+            f"        {op.seq} stopped after {len(written.get(op.seq, ()))} of the {op.length} tokens asked: it "
+            "finished (its end-of-sequence token or its max_tokens), and a later grow is refused"
+        )
     return lines
 
 

@@ -130,3 +130,15 @@ def test_prompt_text_needs_a_real_model():
     with pytest.raises(ScenarioError, match="needs a real model") as info:
         parse_scenario(text)
     assert info.value.field == "prompt"
+
+
+def test_a_grow_that_ends_at_max_tokens_says_it_stopped_short(tmp_path, capsys):
+    scenario = tmp_path / "short.toml"
+    scenario.write_text(
+        'model = "smollm2-135m"\nnum_blocks = 8\nblock_size = 4\n'
+        '[[steps]]\nop = "add"\nseq = 0\nprompt = "Hi"\nmax_tokens = 2\n'
+        '[[steps]]\nop = "grow"\nseq = 0\ntokens = 5\n'
+    )
+    assert main(["run", str(scenario), "--backend", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "0 stopped after 2 of the 5 tokens asked: it finished" in out
