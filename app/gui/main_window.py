@@ -102,6 +102,9 @@ class MainWindow(QMainWindow):
         # The Check panel folds to its badge by default and in narrow windows: the pool gets the width.
         self.check_fold = CheckFold(self, self.kernel_dock, self.kernel_tabs, self.kernel_panel, self.check_badge)
         self.table_lines = TableToPoolLines(self, self.sequence_view, self.pool_view)
+        self.table_lines.set_text_widgets(
+            [*self.header.widgets, self.step_work_bar, self.header.pool_caption, self.pool_legend]
+        )
         self.files = ScenarioFiles(self)
         self.status = StatusReporter(self.statusBar(), self.theme)
         self.model_loader = ModelLoader(self.statusBar(), self)  # a real model's first load, off this thread

@@ -7,7 +7,7 @@ use only, and the welcome's primer in three pictures."""
 import pytest
 from pagesim.app.gui.palette import OKABE_ITO, THEMES, SequenceColours, contrast, readable_on
 from pagesim.core.scenario import load_shipped, parse_scenario
-from PySide6.QtCore import QEvent, QPoint, QPointF, QRectF, Qt
+from PySide6.QtCore import QEvent, QPoint, QPointF, QRect, QRectF, Qt
 from PySide6.QtGui import QColor, QHelpEvent
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QAbstractScrollArea, QApplication, QToolTip
@@ -516,3 +516,27 @@ def test_the_guide_explains_the_v1_engine_and_where_the_queues_are(window, qtbot
     for term in ("token budget", "max_num_batched_tokens", "chunked", "null block", "What-if", "Scheduler tab"):
         assert term in text, term
     assert "memory panel lists the queues" not in text  # they are drawn in the Scheduler tab
+
+
+def test_table_to_pool_lines_are_faint_where_they_cross_the_narration_and_the_pool_legend(make_window, qtbot):
+    window = make_window("prefix_caching_v1")
+    window.resize(1024, 700)
+    window.actions.scrubber.setValue(4)
+    wait_idle(qtbot, window)
+    lines = window.table_lines
+    qtbot.waitUntil(lambda: lines._pixmap is not None)
+    image = lines._pixmap.toImage()
+    origin, ratio = lines._origin, lines._pixmap.devicePixelRatio()
+
+    def strongest(rect) -> int:
+        area = rect.translated(-origin).intersected(QRect(QPoint(0, 0), image.size() / ratio))
+        return max(
+            (image.pixelColor(int(x * ratio), int(y * ratio)).alpha()
+             for x in range(area.left(), area.right()) for y in range(area.top(), area.bottom())),
+            default=0,
+        )  # fmt: skip
+
+    text = lines._text_rects()
+    over_text = [strongest(r) for r in text]
+    assert any(over_text) and max(over_text) <= 110  # faint, and some line crosses some text
+    assert strongest(QRect(origin, image.size() / ratio)) >= 160  # full strength elsewhere

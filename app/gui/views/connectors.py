@@ -11,7 +11,7 @@ from pagesim.app.gui.views.pool_view import PoolView
 from pagesim.app.gui.views.sequence_view import SequenceView
 from pagesim.core.view_model import Frame
 from PySide6.QtCore import QEvent, QObject, QPoint, QPointF, QRect, Qt, QTimer
-from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen, QPixmap
+from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen, QPixmap, QRegion
 from PySide6.QtWidgets import QWidget
 
 LINES_ALL_MAX = 6  # entries: up to a handful, a line each; beyond, only the looked-up entry's
@@ -38,6 +38,9 @@ class TableToPoolLines(QWidget):
         self._origin = QPoint()  # where the pixmap's top-left sits in this widget
         self._frame: Frame | None = None
         self._selection = None
+        # Widgets of text the lines may cross (the narration, the pool's caption and legend):
+        # over them the lines are drawn faint, so the text stays readable and the lines whole.
+        self.text_widgets: list[QWidget] = []
         for view in (sequence_view, pool_view):
             for bar in (view.verticalScrollBar(), view.horizontalScrollBar()):
                 bar.valueChanged.connect(self.refresh)
@@ -76,9 +79,16 @@ class TableToPoolLines(QWidget):
                 # if it is still the window's topmost child when it sees the event.
                 self._raise_due = True
                 QTimer.singleShot(0, self, self._raise_over_siblings)
-        elif kind in (QEvent.Type.Resize, QEvent.Type.Move, QEvent.Type.Show):
+        elif kind in (QEvent.Type.Resize, QEvent.Type.Move, QEvent.Type.Show, QEvent.Type.Hide):
             self.refresh()
         return False
+
+    def set_text_widgets(self, widgets: list[QWidget]) -> None:
+        """The widgets of text the lines may cross: drawn faint over them, and redrawn when
+        one moves, resizes, shows or hides (the narration grows and shrinks with each step)."""
+        self.text_widgets = list(widgets)
+        for widget in self.text_widgets:
+            widget.installEventFilter(self)
 
     def bind(self, controller, selection, colours, theme: Theme) -> None:
         """Follow the controller's frames: lines for ``selection``'s sequence (reconciled
@@ -164,10 +174,25 @@ class TableToPoolLines(QWidget):
                 out.append((logical, QPointF(start), QPointF(end)))
         return out
 
+    def _text_rects(self) -> list[QRect]:
+        """Where the text widgets lie, in this widget's coordinates (its parent's)."""
+        window = self.parentWidget()
+        return [
+            QRect(widget.mapTo(window, QPoint(0, 0)), widget.size())
+            for widget in self.text_widgets
+            if widget.isVisible() and window.isAncestorOf(widget)
+        ]
+
     def refresh(self, *_) -> None:
         """Redraw the lines into the pixmap if they changed, and repaint where they were and are."""
         segments = self.segments()
-        key = (tuple((logical, s.toTuple(), e.toTuple()) for logical, s, e in segments), self.colour.name(), self.lit)
+        text = self._text_rects() if segments else []
+        key = (
+            tuple((logical, s.toTuple(), e.toTuple()) for logical, s, e in segments),
+            self.colour.name(),
+            self.lit,
+            tuple(r.getRect() for r in text),
+        )
         if key == self._key:
             return
         self._key = key
@@ -191,15 +216,24 @@ class TableToPoolLines(QWidget):
             painter = QPainter(self._pixmap)
             painter.setRenderHint(QPainter.RenderHint.Antialiasing)
             painter.translate(-QPointF(self._origin))
-            faint, bold = QColor(self.colour), QColor(self.colour)
-            faint.setAlpha(170)
-            for lit, path, start, end in paths:
-                painter.setPen(QPen(bold if lit else faint, 2.6 if lit else 1.4))
-                painter.setBrush(Qt.BrushStyle.NoBrush)
-                painter.drawPath(path)
-                painter.setBrush(bold if lit else faint)
-                painter.drawEllipse(start, 2.0, 2.0)
-                painter.drawEllipse(end, 2.5, 2.5)
+            over_text = QRegion()
+            for rect in text:
+                over_text += QRegion(rect)
+            clear = QRegion(area) - over_text
+            for clip, alpha in ((clear, 1.0), (over_text, 0.35)):
+                if clip.isEmpty():
+                    continue
+                painter.setClipRegion(clip)
+                faint, bold = QColor(self.colour), QColor(self.colour)
+                faint.setAlphaF(170 / 255 * alpha)
+                bold.setAlphaF(alpha)
+                for lit, path, start, end in paths:
+                    painter.setPen(QPen(bold if lit else faint, 2.6 if lit else 1.4))
+                    painter.setBrush(Qt.BrushStyle.NoBrush)
+                    painter.drawPath(path)
+                    painter.setBrush(bold if lit else faint)
+                    painter.drawEllipse(start, 2.0, 2.0)
+                    painter.drawEllipse(end, 2.5, 2.5)
             painter.end()
         if self._pixmap is None:
             self.hide()
