@@ -540,3 +540,28 @@ def test_table_to_pool_lines_are_faint_where_they_cross_the_narration_and_the_po
     over_text = [strongest(r) for r in text]
     assert any(over_text) and max(over_text) <= 110  # faint, and some line crosses some text
     assert strongest(QRect(origin, image.size() / ratio)) >= 160  # full strength elsewhere
+
+
+def test_a_shared_block_shows_each_holders_band_on_a_small_tile_too(make_window, qtbot):
+    window = make_window("prefix_caching_v1")
+    window.resize(1024, 700)
+    window.actions.scrubber.setValue(5)
+    wait_idle(qtbot, window)
+    view = window.pool_view
+    view.scale(0.5 / view.transform().m11(), 0.5 / view.transform().m11())  # small tiles: a fill bar, no slots
+    qtbot.wait(50)
+    from pagesim.app.gui.views.pool_view import SLOTS_DETAIL
+
+    assert view.transform().m11() < SLOTS_DETAIL
+    tile = view.items[1]
+    assert len(tile.holders) == 3  # the system prompt's first block, held by three requests
+    rect = view.tile_rect(1)
+    image = view.viewport().grab().toImage()
+    ratio = image.devicePixelRatio()
+    seen = {
+        image.pixelColor(int(x * ratio), int(y * ratio)).name()
+        for x in range(int(rect.left()) + 3, int(rect.right()) - 3)
+        for y in range(int(rect.center().y()), int(rect.bottom()) - 1)
+    }
+    holders = {window.colours(seq).name() for seq, _ in tile.holders}
+    assert len(holders & seen) >= 2, (holders, seen)

@@ -139,10 +139,13 @@ class BlockItem(QGraphicsItem):
             if colours and self.fill:
                 top = 2.0 if detail < COMPACT_ID_DETAIL else BLOCK_H * 0.62
                 bar = QRectF(2, top, (BLOCK_W - 4) * self.fill / bs, BLOCK_H - 2 - top)
-                painter.fillRect(bar, colours[0])
-                pattern = self.view.colours.pattern(self.holders[0][0])
-                if pattern is not None:
-                    painter.fillRect(bar, QBrush(QColor(theme.window), pattern))
+                band = bar.height() / len(colours)  # a shared block: a band per holder, as its slots show
+                for i, (colour, (seq, _)) in enumerate(zip(colours, self.holders, strict=True)):
+                    stripe = QRectF(bar.x(), bar.y() + i * band, bar.width(), band)
+                    painter.fillRect(stripe, colour)
+                    pattern = self.view.colours.pattern(seq)
+                    if pattern is not None:
+                        painter.fillRect(stripe, QBrush(QColor(theme.window), pattern))
             if detail >= COMPACT_ID_DETAIL:
                 self._paint_compact_id(painter, theme, detail)
         else:
