@@ -839,3 +839,9 @@ def test_a_v1_scenario_at_step_0_shows_its_empty_lanes_and_its_null_block(make_w
     assert window.frame.queues == {"waiting": (), "running": (), "swapped": (), "finished": ()}
     free = window.frame.config.num_blocks - 1
     assert window.memory_panel.summary.text().startswith(f"{free} blocks free (block 0 is the null block)")
+
+
+def test_the_rounding_bounds_label_takes_the_themes_text_colour(window):
+    for theme in ("light", "dark"):
+        window.apply_theme(theme)
+        assert window.kernel_panel.tolerance_line.label.color.name() == window.theme.text

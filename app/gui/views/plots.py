@@ -267,6 +267,7 @@ class KernelPanel(QWidget):
         self.dense_curve.setSymbolPen(pg.mkPen(DENSE_COLOUR, width=1.5))
         self.dense_curve.setSymbolBrush(None)
         self.tolerance_line.setPen(pg.mkPen(theme.bad, width=1, style=Qt.PenStyle.DashLine))
+        self.tolerance_line.label.setColor(theme.text)  # (pyqtgraph's default: white, lost on the light theme)
         self._redraw()
 
     def show_hovered_token(self, seq_id: str, token: int) -> None:
