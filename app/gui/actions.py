@@ -327,6 +327,7 @@ class WindowActions:
     # -- the timeline's controls follow the frames -------------------------------------
     def bind(self, controller) -> None:
         controller.frameChanged.connect(self.show_frame)
+        controller.seekSent.connect(self._on_seek_sent)
         controller.playingChanged.connect(self._on_playing)
         controller.errorRaised.connect(lambda _: self._follow_frame())
 
@@ -336,6 +337,19 @@ class WindowActions:
             self._syncing = True
             self.scrubber.setValue(self._frame.position)
             self._syncing = False
+
+    def _enable_moves(self, position: int, length: int) -> None:
+        self.back_action.setEnabled(position > 0)
+        self.start_action.setEnabled(position > 0)
+        self.forward_action.setEnabled(position < length)
+        self.end_action.setEnabled(position < length)
+
+    def _on_seek_sent(self, step: int) -> None:
+        """While a long seek runs (End from the start: seconds on a real model), the moves
+        are those from where it goes, not from the frame still shown: Home pressed meanwhile
+        is not ignored, and the last move pressed wins."""
+        if self._frame is not None:
+            self._enable_moves(step, self._frame.length)
 
     def show_frame(self, frame: Frame) -> None:
         self._frame = frame
@@ -356,10 +370,7 @@ class WindowActions:
                 if frame.has_text
                 else "Add a sequence with a prompt of the given length (A)"
             )
-        self.back_action.setEnabled(frame.position > 0)
-        self.start_action.setEnabled(frame.position > 0)
-        self.forward_action.setEnabled(frame.position < frame.length)
-        self.end_action.setEnabled(frame.position < frame.length)
+        self._enable_moves(frame.position, frame.length)
         self.undo_action.setEnabled(frame.can_undo)
         self.redo_action.setEnabled(frame.can_redo)
         self.scrubber.set_branch(frame.branch_step)

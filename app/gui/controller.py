@@ -529,6 +529,7 @@ class SimulationController(QObject):
     sweepReady = Signal(object, str)  # SweepResult, what was replayed instead of the scenario ("" for itself)
     sweepCancelled = Signal(int)  # variants replayed before the cancel
     latencyReady = Signal(object)  # ScenarioLatency
+    seekSent = Signal(int)  # a seek to this step is on its way (its frame comes when the worker is done)
     studyFailed = Signal(str, str)  # "whatif" or "latency", why
     traceReady = Signal(object)  # WalkThrough | None
 
@@ -579,6 +580,7 @@ class SimulationController(QObject):
 
     def seek(self, step: int) -> None:
         self._send(Seek(step))
+        self.seekSent.emit(step)
 
     def apply(self, op: Operation) -> None:
         self.pause()

@@ -845,3 +845,15 @@ def test_the_rounding_bounds_label_takes_the_themes_text_colour(window):
     for theme in ("light", "dark"):
         window.apply_theme(theme)
         assert window.kernel_panel.tolerance_line.label.color.name() == window.theme.text
+
+
+def test_home_pressed_while_a_seek_to_the_end_runs_wins(make_window, qtbot):
+    window = make_window("preemption_recompute")
+    window.actions.start_action.trigger()
+    wait_idle(qtbot, window)
+    assert window.frame.position == 0 and not window.actions.start_action.isEnabled()
+    window.actions.end_action.trigger()  # the worker is busy with it now: the frame shown is still step 0
+    assert window.frame.position == 0 and window.actions.start_action.isEnabled()
+    window.actions.start_action.trigger()
+    wait_idle(qtbot, window)
+    assert window.frame.position == 0
