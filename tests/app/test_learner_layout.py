@@ -565,3 +565,19 @@ def test_a_shared_block_shows_each_holders_band_on_a_small_tile_too(make_window,
     }
     holders = {window.colours(seq).name() for seq, _ in tile.holders}
     assert len(holders & seen) >= 2, (holders, seen)
+
+
+def test_table_to_pool_lines_follow_a_column_that_is_resized(make_window, qtbot):
+    window = make_window("prefix_caching_v1")
+    window.actions.scrubber.setValue(4)
+    wait_idle(qtbot, window)
+    window.select_sequence("chat1")
+    lines = window.table_lines
+    qtbot.waitUntil(lambda: bool(lines.segments()))
+    header = window.sequence_view.header()
+    header.resizeSection(1, header.sectionSize(1) + 40)  # as a column fitted to new contents (an undo) does
+
+    def drawn() -> tuple:
+        return tuple((logical, s.toTuple(), e.toTuple()) for logical, s, e in lines.segments())
+
+    assert lines._key[0] == drawn()

@@ -47,6 +47,9 @@ class TableToPoolLines(QWidget):
                 bar.rangeChanged.connect(self.refresh)
             view.viewport().installEventFilter(self)  # a panel resized or moved
         pool_view.transformed.connect(self.refresh)
+        # A column fitted to its contents (a row added or gone: an undo) moves the entries
+        # without resizing the viewport.
+        sequence_view.header().sectionResized.connect(self.refresh)
         sequence_view.lookupChanged.connect(self._on_lookup)
         window.installEventFilter(self)
         # Raising a tabbed dock (the Latency tab, say) restacks the central widget over its
