@@ -581,3 +581,21 @@ def test_table_to_pool_lines_follow_a_column_that_is_resized(make_window, qtbot)
         return tuple((logical, s.toTuple(), e.toTuple()) for logical, s, e in lines.segments())
 
     assert lines._key[0] == drawn()
+
+
+def test_after_a_fork_undone_each_line_starts_on_its_own_entry(make_window, qtbot):
+    window = make_window("preemption_v1")
+    window.actions.scrubber.setValue(16)
+    wait_idle(qtbot, window)
+    seq = next(s.seq_id for s in window.frame.sequences if len(s.block_table) > 1)
+    window.select_sequence(seq)
+    window.actions.fork_action.trigger()
+    wait_idle(qtbot, window)
+    window.actions.undo_action.trigger()
+    wait_idle(qtbot, window)
+    lines, view = window.table_lines, window.sequence_view
+    qtbot.waitUntil(lambda: bool(lines._key and lines._key[0]))
+    at = view.viewport().mapTo(window, QPoint(0, 0))
+    boxes = dict(view.entry_rects(seq))
+    for logical, start, _ in lines._key[0]:
+        assert boxes[logical].translated(at).left() <= start[0] <= boxes[logical].translated(at).right()
