@@ -59,9 +59,13 @@ def step_caption(result: StepResult, text_of: Callable[[Sequence[int]], str] | N
     # sentence where they went), not a "was freed" per sequence.
     # (A request is its sequences' family, "r1" of "r1/s0", or in v1 a child request "r1/s0" itself.)
     finished = {e.request for e in of.get(ev.RequestFinished, [])}
+    # A request preempted by recompute frees its sequences too: its preemption's sentence says so.
+    preempted = {seq for e in of.get(ev.RequestPreempted, []) for seq in e.seqs}
 
     def told(e) -> bool:
-        return not isinstance(e, ev.SequenceFreed) or (e.seq not in finished and family_of(e.seq) not in finished)
+        if not isinstance(e, ev.SequenceFreed):
+            return True
+        return e.seq not in finished and family_of(e.seq) not in finished and e.seq not in preempted
 
     def keep(kind: type, wanted) -> None:
         pairs = [(i, e) for i, e in zip(at.get(kind, ()), of.get(kind, ()), strict=True) if wanted(e)]

@@ -145,3 +145,18 @@ def test_a_caption_tells_the_step_in_the_order_it_happened(cpu_backend):
     caption = beams.captions()[2]
     assert caption.index("beam/b1 was freed") < caption.index("a new beam/b1 forked") < caption.index("copy-on-write")
     assert "block 9 now ref count 2" in caption and "block 9 now ref count 1" in caption, caption
+
+
+@pytest.mark.parametrize("name", ["preemption_recompute", "preemption_v1"])
+def test_a_preempted_request_is_told_by_its_preemption_not_as_freed_too(cpu_backend, name):
+    timeline = Timeline(load_scenario(token_model(name)), cpu_backend)
+    timeline.run_to_end()
+    preempting = [
+        (timeline.result(step), timeline.caption(step))
+        for step in range(1, timeline.length + 1)
+        if "preempted by recompute" in timeline.caption(step)
+    ]
+    assert preempting
+    for result, caption in preempting:
+        victims = {s for e in result.events if type(e).__name__ == "RequestPreempted" for s in e.seqs}
+        assert victims and not any(f"{seq} was freed" in caption for seq in victims), caption
