@@ -212,7 +212,6 @@ def test_a_v0_only_knob_swept_on_a_v1_scenario_cannot_run_and_says_why(capsys):
     assert len(rows) == 2 and all("cannot run" in row and "admits without one" in row for row in rows)
 
 
-
 def test_latency_shows_the_outputs_of_each_of_n_samples_as_the_throughput_counts_them(tmp_path, capsys):
     report = tmp_path / "l.json"
     argv = ["latency", "preemption_recompute", "--model-shape", "opt-13b", "--gpu", "a100-40gb", "--json", str(report)]
