@@ -10,6 +10,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 # (file, module): lazy so that a command loads only what it needs (Qt, torch).
 KEPT_LAZY = {
+    # the pagesim command's entry: a Ctrl-C while the command line's modules load is one line.
+    ("app/__init__.py", "pagesim.app.cli"),
     ("app/cli.py", "pagesim.app.benchmarks"),
     ("app/cli.py", "pagesim.app.generate"),
     ("app/cli.py", "pagesim.app.gui.main"),

@@ -51,7 +51,7 @@ def test_the_wheel_ships_the_kernel_source_and_the_scenarios(wheel):
     assert "pagesim/assets/scenarios/default.toml" in names
     assert "pagesim/app/cli.py" in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "pagesim = pagesim.app.cli:main" in wheel.read(entry_points).decode()
+    assert "pagesim = pagesim.app:main" in wheel.read(entry_points).decode()
 
 
 def test_a_users_own_core_folder_does_not_shadow_the_engine(tmp_path):
