@@ -348,8 +348,8 @@ def add_waste_pool_options(parser: argparse.ArgumentParser) -> None:
 def waste_pool(args: argparse.Namespace) -> WastePool:
     """The pool ``pagesim waste`` replays on: a preset's, --blocks, or --slots (the default)."""
     hardware = _hardware(args)
-    given = [option for option, on in (("--slots", args.slots is not None), ("--blocks", args.blocks is not None),
-                                       ("--model-shape with --gpu", hardware is not None)) if on]  # fmt: skip
+    choices = {"--slots": args.slots, "--blocks": args.blocks, "--model-shape with --gpu": hardware}
+    given = [option for option, value in choices.items() if value is not None]
     if len(given) > 1:
         raise InvalidStudyError(f"give one pool size: {' or '.join(given)}, not {'both' if len(given) == 2 else 'all'}")
     if hardware is not None:

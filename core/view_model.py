@@ -273,6 +273,7 @@ def build_frame(
     """The picture after the timeline's current step. With the ``previous`` frame of the
     step just before (and this step's ``result``), only what the step touched is rebuilt."""
     sim = timeline.sim
+    scheduled = _uses_scheduler(timeline)  # (a scan of the operations: once a frame)
     piece = piece_function(tokenizer_of(sim.runner.model))
     if focus_seq not in sim.sequences:
         focus_seq = next(iter(sim.sequences), None)
@@ -334,14 +335,14 @@ def build_frame(
         touched_sequences=touched_sequences,
         cached_blocks=frozenset(sim.pool.cached_blocks()),
         queues=None
-        if not _uses_scheduler(timeline)
+        if not scheduled
         else {
             "waiting": tuple(sim.scheduler.waiting),
             "running": tuple(sim.scheduler.running),
             "swapped": tuple(sim.scheduler.swapped),
             "finished": tuple(r for r, state in sim.scheduler.requests.items() if state.status == "finished"),
         },
-        scheduler_counts=None if not _uses_scheduler(timeline) else sim.scheduler.counts(),
+        scheduler_counts=sim.scheduler.counts() if scheduled else None,
         branch_step=timeline.branch_step,
         can_undo=timeline.can_undo,
         can_redo=timeline.can_redo,

@@ -622,11 +622,9 @@ class MemoryPanel(QWidget):
     def _show_summary(self, frame: Frame) -> None:
         m = frame.metrics
         if m is None:
-            if frame.config.scheduler == "v1":  # block 0 is the null block from the start
-                free = frame.config.num_blocks - 1
-                self.summary.setText(f"{free} blocks free (block 0 is the null block) · nothing allocated yet")
-            else:
-                self.summary.setText(f"{frame.config.num_blocks} blocks free · nothing allocated yet")
+            v1 = frame.config.scheduler == "v1"  # block 0 is the null block from the start
+            null = " (block 0 is the null block)" if v1 else ""
+            self.summary.setText(f"{frame.config.num_blocks - v1} blocks free{null} · nothing allocated yet")
             return
         saving = f", {m.contiguous_blocks / m.used_blocks:.1f}× what paging uses" if m.used_blocks else ""
         if m.contiguous_blocks > m.total_blocks:
