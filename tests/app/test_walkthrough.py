@@ -202,6 +202,25 @@ def test_a_long_block_table_wraps_in_the_selected_row_and_counts_the_rest(make_w
     assert len({r.y() for _, r in chat}) == 1 and len(chat) == len(window.frame.sequence("chat").block_table)
 
 
+def test_an_unselected_long_block_table_takes_one_line_and_counts_the_rest(make_window, qtbot):
+    """It ran past the panel's edge, cut off mid-box, with nothing saying how many were hidden."""
+    window = make_window("long_context")
+    window.actions.scrubber.setValue(3)
+    wait_idle(qtbot, window)
+    window.select_sequence("chat")
+    view = window.sequence_view
+    view.executeDelayedItemsLayout()
+    table = window.frame.sequence("doc").block_table
+    per_line = view.entries_per_line("doc", len(table))
+    assert 1 < per_line < len(table)
+    rects = view.entry_rects("doc")
+    assert len(rects) == per_line - 1 and len({r.y() for _, r in rects}) == 1
+    cell = view.visualRect(view.indexFromItem(view._rows["doc"], 3))
+    more = view.entry_box("doc", len(table) - 1)  # a hidden entry: the box that counts it
+    assert more.right() <= view.viewport().width() and cell.contains(more)
+    assert view.more_tooltip(more.center()).startswith(f"doc's table has {len(table) - per_line + 1} more entries")
+
+
 @pytest.mark.parametrize("size", [(1024, 700), (1920, 1080)])
 def test_the_walkthrough_plots_stay_inside_their_widgets_and_their_axis_labels_fit(make_window, qtbot, size):
     """A long title made a plot wider than its dock (the right axis's "0.2" showed as "0"),

@@ -11,7 +11,7 @@ from PySide6.QtGui import QColor, QFontMetricsF, QIcon, QPainter, QPixmap
 from PySide6.QtWidgets import QAbstractItemView, QStyle, QStyledItemDelegate, QToolTip, QTreeWidget, QTreeWidgetItem
 
 TABLE_COLUMN = 3
-MAX_LINES = 4  # the selected row's table wraps onto at most this many lines; the rest is counted
+MAX_LINES = 4  # the selected row's table wraps onto at most this many lines, the others take one; the rest is counted
 ENTRY_W, ENTRY_H = 34, 30
 
 
@@ -30,8 +30,9 @@ class BlockTableDelegate(QStyledItemDelegate):
 
     def sizeHint(self, option, index) -> QSize:
         table = index.data(Qt.ItemDataRole.UserRole) or ()
-        per_line = self.view.entries_per_line(index.data(Qt.ItemDataRole.UserRole + 1), len(table))
-        lines = min(MAX_LINES, max(1, -(-len(table) // per_line)))
+        seq_id = index.data(Qt.ItemDataRole.UserRole + 1)
+        per_line = self.view.entries_per_line(seq_id, len(table))
+        lines = min(self.view.max_lines(seq_id), max(1, -(-len(table) // per_line)))
         return QSize(min(len(table), per_line) * (ENTRY_W + 3) + 6, lines * (ENTRY_H + 3) + 3)
 
     def paint(self, painter: QPainter, option, index) -> None:
@@ -50,8 +51,7 @@ class BlockTableDelegate(QStyledItemDelegate):
         small = painter.font()
         small.setPointSizeF(7.0)
         lookup = self.view.lookup
-        per_line = self.view.entries_per_line(seq_id, len(table))
-        shown = len(table) if len(table) <= per_line * MAX_LINES else per_line * MAX_LINES - 1
+        per_line, shown = self.view.entries_shown(seq_id, len(table))
         for logical, physical in enumerate(table):
             if logical == shown:  # the rest, counted in the last box
                 line, column = divmod(logical, per_line)
@@ -298,8 +298,7 @@ class SequenceView(QTreeWidget):
 
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
-        if self.selected is not None:  # its table wraps to the width: the row's height follows
-            self.scheduleDelayedItemsLayout()
+        self.scheduleDelayedItemsLayout()  # the tables fit the width: the rows' heights and boxes follow
 
     def viewportEvent(self, event) -> bool:
         if event.type() == QEvent.Type.ToolTip and (tip := self.more_tooltip(event.pos())) is not None:
@@ -321,10 +320,7 @@ class SequenceView(QTreeWidget):
             return None
         cell = self.visualRect(self.indexFromItem(item, TABLE_COLUMN))
         table = item.data(TABLE_COLUMN, Qt.ItemDataRole.UserRole) or ()
-        per_line = self.entries_per_line(seq_id, len(table))
-        shown = (
-            len(table) if len(table) <= per_line * MAX_LINES or seq_id != self.selected else per_line * MAX_LINES - 1
-        )
+        per_line, shown = self.entries_shown(seq_id, len(table))
         return cell.x() + 3, cell.y() + 3, per_line, shown, len(table)
 
     @staticmethod
@@ -333,12 +329,20 @@ class SequenceView(QTreeWidget):
         return QRect(x + (i % per_line) * (ENTRY_W + 3), y + (i // per_line) * (ENTRY_H + 3), ENTRY_W, ENTRY_H)
 
     def entries_per_line(self, seq_id: str | None, count: int) -> int:
-        """The selected sequence's table wraps to the column's visible width; the others
-        stay one line (scroll sideways; the Blocks column gives the count)."""
-        if seq_id is None or seq_id != self.selected:
-            return max(1, count)
+        """The boxes that fit the column's visible width: the selected sequence's table wraps
+        onto :meth:`max_lines` lines of them, the others take one."""
         visible = self.viewport().width() - self.header().sectionPosition(TABLE_COLUMN) + self.horizontalOffset()
         return max(1, (visible - 6) // (ENTRY_W + 3))
+
+    def max_lines(self, seq_id: str | None) -> int:
+        return MAX_LINES if seq_id is not None and seq_id == self.selected else 1
+
+    def entries_shown(self, seq_id: str | None, count: int) -> tuple[int, int]:
+        """(boxes per line, entries with a box of their own) of a table of ``count`` entries:
+        where they do not all fit, the last box counts the rest ("+N more")."""
+        per_line = self.entries_per_line(seq_id, count)
+        room = per_line * self.max_lines(seq_id)
+        return per_line, count if count <= room else room - 1
 
     def set_lookup(self, lookup: tuple[str, int] | None) -> None:
         if lookup != self.lookup:
