@@ -27,9 +27,10 @@ class Metrics(NamedTuple):
         return self.prefix_hit_blocks / self.prefix_lookup_blocks if self.prefix_lookup_blocks else 0.0
 
     @property
-    def utilisation(self) -> float:
-        """Slots holding tokens / slots allocated (1.0 for an empty pool)."""
-        return self.slots_filled / self.slots_allocated if self.slots_allocated else 1.0
+    def utilisation(self) -> float | None:
+        """Slots holding tokens / slots allocated; None while nothing is allocated (no slot
+        to be used or wasted: neither 0 % nor 100 %)."""
+        return self.slots_filled / self.slots_allocated if self.slots_allocated else None
 
     @property
     def internal_fragmentation(self) -> int:
@@ -42,7 +43,7 @@ class Metrics(NamedTuple):
 
     def as_dict(self) -> dict[str, float | int]:
         out = self._asdict()
-        out["utilisation"] = round(self.utilisation, 6)
+        out["utilisation"] = None if self.utilisation is None else round(self.utilisation, 6)
         out["internal_fragmentation"] = self.internal_fragmentation
         out["prefix_hit_rate"] = round(self.prefix_hit_rate, 6)
         return out

@@ -229,6 +229,11 @@ def test_a_request_that_can_never_fit_is_reported_not_passed(tmp_path, capsys):
     assert "REJECTED: r rejected" in out and "PASS" not in out
     assert "100.0%" not in out  # no block held: no utilisation to claim
     assert len([line for line in out.splitlines() if "      –  " in line]) == 2  # util: "–" at both steps
+    report = tmp_path / "never.json"
+    assert main(["run", str(path), "--backend", "cpu", "--quiet", "--json", str(report)]) == 0
+    steps = json.loads(report.read_text())["steps"]
+    assert [s["slots_allocated"] for s in steps] == [0, 0]
+    assert [s["utilisation"] for s in steps] == [None, None]  # null, not 1.0: nothing to utilise
 
 
 def test_a_first_start_reports_its_paint_its_first_frame_and_the_stall_between():
