@@ -7,8 +7,9 @@ Knobs (:data:`KNOBS`): ``block_size``, ``num_blocks`` (the pool), ``prefix_cachi
 the block size but not the pool keeps the pool's memory: its block count is the original's
 token slots over the new size (or, with a model shape and a GPU, what the memory after the
 weights holds). A variant that swaps on a scenario without a CPU pool gets one as large as
-the GPU pool. A variant the engine refuses (a placement past a smaller pool, v1 with swap)
-is reported as one that cannot run, with the reason; the others still run.
+the GPU pool. A variant the engine refuses (a placement past a smaller pool, v1 with swap),
+or whose pool does not fit in the GPU's memory after the weights (with a model shape and a
+GPU), is reported as one that cannot run, with the reason; the others still run.
 """
 
 from __future__ import annotations
@@ -22,7 +23,15 @@ from pagesim.core.config import DEFAULT_WATERMARK, CacheConfig
 from pagesim.core.errors import InvalidStudyError, PagesimError
 from pagesim.core.scenario import Scenario
 from pagesim.core.studies.replay import ReplayResult, replay_scenario, replay_workload
-from pagesim.core.studies.serving_time import GpuSpec, LatencySummary, ModelShape, Roofline, latency, pool_blocks
+from pagesim.core.studies.serving_time import (
+    GpuSpec,
+    LatencySummary,
+    ModelShape,
+    Roofline,
+    latency,
+    pool_blocks,
+    pool_bytes,
+)
 from pagesim.core.studies.workload import RequestSpec
 
 MAX_VARIANTS = 256
@@ -241,7 +250,22 @@ def variant_config(source: Source, changes: dict[str, object], hardware: Hardwar
         fields["num_cpu_blocks"] = fields.get("num_blocks", base.num_blocks)
     if base.max_model_len == min(2048, base.num_slots):  # the default: follow the new pool
         fields.setdefault("max_model_len", None)
-    return replace(base, **fields)
+    config = replace(base, **fields)
+    if hardware is not None and ("num_blocks" in changes or "block_size" in changes):
+        _check_fits(config, hardware)
+    return config
+
+
+def _check_fits(config: CacheConfig, hardware: Hardware) -> None:
+    """A pool the variant sets must fit in the GPU's memory after the weights (a ValueError says by how much not)."""
+    block_bytes = hardware.roofline(config.block_size).block_bytes()
+    room = pool_bytes(hardware.shape, hardware.gpu)
+    if config.num_blocks * block_bytes > room:
+        raise ValueError(
+            f"{config.num_blocks} blocks of {config.block_size} tokens take {config.num_blocks * block_bytes / 2**30:.2f} "
+            f"GiB of KV cache; {hardware.shape.name} on {hardware.gpu.name} leaves {room / 2**30:.2f} GiB after its "
+            f"weights: at most {room // block_bytes} such blocks"
+        )
 
 
 def _replay(source: Source, config: CacheConfig, hardware: Hardware | None) -> ReplayResult:

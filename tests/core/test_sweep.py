@@ -4,7 +4,7 @@ cannot run reported beside the others."""
 import pytest
 from pagesim.core.errors import InvalidStudyError
 from pagesim.core.scenario import load_scenario
-from pagesim.core.studies.serving_time import gpu, model_shape
+from pagesim.core.studies.serving_time import gpu, model_shape, pool_blocks
 from pagesim.core.studies.sweep import MAX_VARIANTS, Hardware, Source, expand, parse_setting, sweep
 
 from tests.scenarios import token_model
@@ -115,3 +115,20 @@ def test_with_a_model_shape_and_a_gpu_each_variant_has_its_latency():
         assert v.latency is not None and v.latency.requests == 2
         assert v.latency.ttft["mean"] > 0 and v.latency.throughput > 0
         assert v.pool_gib == pytest.approx(v.config.num_blocks * 8 * 128 * 1024 / 2**30)
+
+
+def test_with_a_model_shape_and_a_gpu_a_pool_past_the_memory_after_the_weights_cannot_run():
+    """num_blocks=100000 of Llama-3-8B's 2 MiB blocks (195 GiB) ran on a 40 GB A100 as if it fitted."""
+    hardware = Hardware(model_shape("llama-3-8b"), gpu("a100-40gb"))
+    source = _source("parallel_sampling")
+    size = source.config.block_size
+    room = pool_blocks(model_shape("llama-3-8b"), gpu("a100-40gb"), size)
+    assert 16 * 10_000 < room * size < 16 * 11_000  # 0.9 of 40 GiB less 15 GiB of weights, 128 KiB a token
+    result = sweep(source, [parse_setting(f"num_blocks={room},{room + 1}")], hardware)
+    fits, too_big = result.variants[1:]
+    assert fits.status == "ok" and fits.config.num_blocks == room
+    assert too_big.status == "cannot run"
+    assert (
+        f"{room + 1} blocks of {size} tokens take" in too_big.reason and f"at most {room} such blocks" in too_big.reason
+    )
+    assert result.original.status == "ok"  # (the scenario's own pool is not the variant's)
