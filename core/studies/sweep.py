@@ -260,11 +260,12 @@ def _check_fits(config: CacheConfig, hardware: Hardware) -> None:
     """A pool the variant sets must fit in the GPU's memory after the weights (a ValueError says by how much not)."""
     block_bytes = hardware.roofline(config.block_size).block_bytes()
     room = pool_bytes(hardware.shape, hardware.gpu)
-    if config.num_blocks * block_bytes > room:
+    need = config.num_blocks * block_bytes
+    if need > room:
         raise ValueError(
-            f"{config.num_blocks} blocks of {config.block_size} tokens take {config.num_blocks * block_bytes / 2**30:.2f} "
-            f"GiB of KV cache; {hardware.shape.name} on {hardware.gpu.name} leaves {room / 2**30:.2f} GiB after its "
-            f"weights: at most {room // block_bytes} such blocks"
+            f"{config.num_blocks} blocks of {config.block_size} tokens take {need / 2**30:.2f} GiB of KV cache; "
+            f"{hardware.shape.name} on {hardware.gpu.name} leaves {room / 2**30:.2f} GiB after its weights: "
+            f"at most {room // block_bytes} such blocks"
         )
 
 
