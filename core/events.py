@@ -68,7 +68,8 @@ class Event:
 class SequenceAdded(Event):
     """``num_tokens`` came with the sequence; ``prompt_len``, when it differs, is its whole
     prompt: more (a chunked prefill's first chunk) or fewer (a preempted sequence computed
-    again with what it had written)."""
+    again with what it had generated, its newest sample included: under v1 that one was never
+    computed, so a preemption drops one token fewer than it brings back)."""
 
     seq: str
     num_tokens: int
@@ -84,7 +85,7 @@ class SequenceAdded(Event):
             return f"{self.seq} arrived with the first {self.num_tokens} of its {plural(prompt, 'prompt token')}"
         return (
             f"{self.seq} came back with {plural(self.num_tokens, 'token')} ({prompt} prompt + "
-            f"{self.num_tokens - prompt} it had written), computed again"
+            f"{self.num_tokens - prompt} it had generated), computed again"
         )
 
 

@@ -222,7 +222,7 @@ def test_a_chunked_prompt_arrives_as_its_first_chunk_of_the_whole_prompt():
     assert sim.sequence("a").generated == 1  # its first sampled token is computed in the third step
 
 
-def test_a_preempted_request_comes_back_with_what_it_had_written_told_apart_from_its_prompt():
+def test_a_preempted_request_comes_back_with_what_it_had_generated_told_apart_from_its_prompt():
     sim = v1(num_blocks=5, max_num_batched_tokens=64)
     sim.apply(Submit("a", 6, prompt=tuple(range(1, 8))), attend=False)
     sim.apply(Submit("b", 6, prompt=tuple(range(10, 17))), attend=False)
@@ -233,7 +233,8 @@ def test_a_preempted_request_comes_back_with_what_it_had_written_told_apart_from
     (added,) = [e for e in result.events if type(e).__name__ == "SequenceAdded"]
     assert added.prompt_len == 7 and added.num_tokens > 7
     assert added.describe() == (
-        f"b came back with {added.num_tokens} tokens (7 prompt + {added.num_tokens - 7} it had written), computed again"
+        f"b came back with {added.num_tokens} tokens (7 prompt + {added.num_tokens - 7} it had generated), "
+        "computed again"
     )
     assert sim.sequence("b").prompt_len == 7
 
