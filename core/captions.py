@@ -100,16 +100,16 @@ def step_caption(result: StepResult, text_of: Callable[[Sequence[int]], str] | N
             shared = sum(1 for s in of.get(ev.BlockShared, []) if s.seq == e.child)
             text += f" ({ev.plural(shared, 'block')}, ref counts up)" if shared else ""
             text = f"a new {text}" if e.child in freed else text
-        if isinstance(e, ev.SequenceAdded) and text_of is not None:
-            prompt = [w.token_id for w in of.get(ev.TokenWritten, []) if w.seq == e.seq]
-            text += f": {quoted(text_of(prompt), 60)}" if prompt else ""
+        if isinstance(e, ev.SequenceAdded) and ev.TokenWritten in of:
+            text += _arrival_split(e, [w.token_id for w in of[ev.TokenWritten] if w.seq == e.seq], text_of)
         parts.append((i, text))
     # The block sentences sum up what the sequence and request events did to the pool: told
     # after the last of those (a free, then where its blocks went), or first when there are none.
     blocks_at = in_order[-1][0] + 0.5 if in_order else -1.0
     parts += [(blocks_at, kind.summarize(of[kind])) for kind in _BY_KIND + _SWAPS if of.get(kind)]
-    written = of.get(ev.TokenWritten, [])
-    if written and ev.SequenceAdded not in of:  # a prompt's tokens are told by its arrival
+    added = {e.seq for e in of.get(ev.SequenceAdded, [])}
+    written = [w for w in of.get(ev.TokenWritten, []) if w.seq not in added]  # a prompt's are told by its arrival
+    if written:
         room_unknown = None if copies else {e.seq for e in of[ev.BlockAllocated]}
         # Where the writing began, but after the copies that made room for it.
         where = max(at[ev.TokenWritten][0], copies[-1][0] + 0.5 if copies else 0)
@@ -118,3 +118,15 @@ def step_caption(result: StepResult, text_of: Callable[[Sequence[int]], str] | N
         return result.op.describe() + "."
     parts.sort(key=lambda part: part[0])  # (stable: sentences of one place keep their order)
     return "; ".join(text for _, text in parts) + "."
+
+
+def _arrival_split(e: ev.SequenceAdded, computed: list[int], text_of: Callable[[Sequence[int]], str] | None) -> str:
+    """What an arrival computed: its tokens less those a prefix-cache hit served, with their
+    text where a tokenizer gives it."""
+    again = e.prompt_len is not None and e.num_tokens > e.prompt_len  # a preempted request's return
+    served = e.num_tokens - len(computed)
+    said = quoted(text_of(computed), 60) if text_of is not None and computed else ""
+    if served:
+        verb = "computed again" if again else "computed"
+        return f": {served} served by the prefix cache, {len(computed)} {verb}" + (f" ({said})" if said else "")
+    return (", all computed again" if again else "") + (f": {said}" if said else "")

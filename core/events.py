@@ -85,7 +85,7 @@ class SequenceAdded(Event):
             return f"{self.seq} arrived with the first {self.num_tokens} of its {plural(prompt, 'prompt token')}"
         return (
             f"{self.seq} came back with {plural(self.num_tokens, 'token')} ({prompt} prompt + "
-            f"{self.num_tokens - prompt} it had generated), computed again"
+            f"{self.num_tokens - prompt} it had generated)"
         )
 
 
@@ -336,7 +336,8 @@ class RequestAdmitted(Event):
 
 @dataclass(frozen=True, slots=True)
 class RequestPreempted(Event):
-    """``mode`` is "recompute" (blocks freed; ``tokens`` will be computed again) or
+    """``mode`` is "recompute" (blocks freed; ``tokens`` will be computed again, but for what
+    the prefix cache still holds on its return: ``cached`` of the blocks keep their hash) or
     "swap" (``blocks`` moved to the CPU pool, taking ``swap_seconds`` of simulated time)."""
 
     request: str
@@ -345,6 +346,7 @@ class RequestPreempted(Event):
     blocks: int
     tokens: int
     swap_seconds: float
+    cached: int = 0
 
     def describe(self) -> str:
         return self.status_note()
@@ -355,8 +357,15 @@ class RequestPreempted(Event):
         else:
             # (released, not freed: a block another sequence shares stays in use)
             held = plural(self.blocks, "block")
-            dropped = plural(self.tokens, "computed token")
-            cost = f"{held} released, the K/V of its {dropped} dropped (computed again on its return)"
+            if self.cached:
+                full = "the full one stays" if self.cached == 1 else f"the {self.cached} full ones stay"
+                cost = (
+                    f"{held} released ({full} in the prefix cache for its return, unless evicted first); the rest "
+                    f"of its {plural(self.tokens, 'computed token')} will be computed again"
+                )
+            else:
+                dropped = plural(self.tokens, "computed token")
+                cost = f"{held} released, the K/V of its {dropped} dropped (computed again on its return)"
         return f"{self.request} preempted by {self.mode}: {cost}"
 
 
@@ -446,7 +455,7 @@ class TokenWritten(Event):
         if text_of is not None:
             return _summarize_text(tokens, room_unknown, text_of)
         if len(tokens) > 2:
-            return f"a decode step: {len(tokens)} sequences wrote one token each into their last blocks"
+            return _summarize_many(tokens, lambda seq, mine: seq)
         lines = []
         for seq, mine in tokens.items():
             first, last = mine[0], mine[-1]
@@ -459,16 +468,35 @@ class TokenWritten(Event):
         return "; ".join(lines)
 
 
+def _summarize_many(tokens: dict[str, list[TokenWritten]], name: Callable[[str, list[TokenWritten]], str]) -> str:
+    """A step of many sequences in one line: those that decoded one token each, then those
+    that wrote a chunk of several (a prompt's, or a preempted request's computed again).
+    ``name(seq, its tokens)``: how a sequence is named (with its text, where known)."""
+    decoded = [(seq, mine) for seq, mine in tokens.items() if len(mine) == 1]
+    chunks = [(seq, mine) for seq, mine in tokens.items() if len(mine) > 1]
+    parts = []
+    if decoded:
+        said = ", ".join(name(seq, mine) for seq, mine in decoded[:4]) + (", …" if len(decoded) > 4 else "")
+        each = "one token each into their last blocks" if len(decoded) > 1 else "one token into its last block"
+        parts.append(f"{plural(len(decoded), 'sequence')} wrote {each} ({said})")
+    for seq, mine in chunks[:3]:
+        first, last = mine[0], mine[-1]
+        parts.append(
+            f"{name(seq, mine)}: a prefill chunk of {len(mine)} tokens into block {first.block}, slot {first.slot} "
+            f"… block {last.block}, slot {last.slot}"
+        )
+    if len(chunks) > 3:
+        parts.append(f"{len(chunks) - 3} more prefill chunks")
+    head = "a decode step: " if not chunks else ""
+    return head + "; ".join(parts)
+
+
 def _summarize_text(
     tokens: dict[str, list[TokenWritten]], room_unknown: Iterable[str] | None, text_of: Callable[[Sequence[int]], str]
 ) -> str:
     """What each sequence wrote, in words: ``A wrote " Paris" into block 5, slot 3``."""
     if len(tokens) > 2:
-        said = ", ".join(
-            f"{seq} {quoted(text_of([e.token_id for e in mine]), 16)}" for seq, mine in list(tokens.items())[:4]
-        )
-        more = ", …" if len(tokens) > 4 else ""
-        return f"a decode step: {len(tokens)} sequences wrote one token each into their last blocks ({said}{more})"
+        return _summarize_many(tokens, lambda seq, mine: f"{seq} {quoted(text_of([e.token_id for e in mine]), 16)}")
     lines = []
     for seq, mine in tokens.items():
         first, last = mine[0], mine[-1]

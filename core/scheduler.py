@@ -244,17 +244,19 @@ def preemption_mode(state: RequestState, config: CacheConfig, blocks: BlockManag
     return "swap" if wants_swap and config.num_cpu_blocks and blocks.can_swap_out(group) else "recompute"
 
 
-def drop_for_recompute(state: RequestState, registry: SequenceRegistry, group: list[Sequence]) -> tuple[int, int]:
+def drop_for_recompute(state: RequestState, registry: SequenceRegistry, group: list[Sequence]) -> tuple[int, int, int]:
     """Preemption by recompute: the group's tokens kept, its blocks freed. Returns the blocks
-    freed and the tokens to compute again (the shared ones once)."""
+    freed, the tokens to compute again (the shared ones once) and how many of the blocks stay
+    in the prefix cache."""
     tokens = {seq.seq_id: tuple(seq.token_ids) for seq in group}
     state.resume_sampling = {seq.seq_id: seq.sampling for seq in group if seq.sampling is not None} or None
-    blocks = len(distinct_blocks(group))
+    held = distinct_blocks(group)
+    blocks, cached = len(held), sum(map(registry.blocks.pool.is_cached, held))
     for seq_id in state.seqs:
         registry.free(seq_id)
     state.resume_tokens = tokens
     shared = shared_prefix_len(tokens.values())
-    return blocks, shared + sum(len(t) - shared for t in tokens.values())
+    return blocks, shared + sum(len(t) - shared for t in tokens.values()), cached
 
 
 def keep_output(state: RequestState, registry: SequenceRegistry, seq_id: str, eos_id: int | None) -> None:
@@ -468,11 +470,11 @@ class Scheduler:
             self.events.add(ev.RequestPreempted, request, "swap", tuple(state.seqs), blocks, 0, seconds)
             return
         # Recompute: every token goes, and comes back through a new prefill.
-        blocks, lost = drop_for_recompute(state, self.registry, group)
+        blocks, lost, cached = drop_for_recompute(state, self.registry, group)
         state.status = RequestStatus.WAITING
         self.waiting.appendleft(request)  # at the front: no starvation of the preempted
         self.stats.recomputed_tokens += lost
-        self.events.add(ev.RequestPreempted, request, "recompute", tuple(state.seqs), blocks, lost, 0.0)
+        self.events.add(ev.RequestPreempted, request, "recompute", tuple(state.seqs), blocks, lost, 0.0, cached)
 
     # -- one iteration -----------------------------------------------------------------
     def _decode_sequences(self, requests: list[str]) -> list[Sequence]:

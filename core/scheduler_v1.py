@@ -458,7 +458,8 @@ class SchedulerV1:
 
     def _preempt(self, request: str) -> None:
         state = self.requests[request]
-        held = len(self.registry.sequence(request).block_table)
+        table = self.registry.sequence(request).block_table
+        held, cached = len(table), sum(map(self.blocks.pool.is_cached, table))
         self.registry.free(request)
         lost, state.computed = state.computed, 0
         self.prompting.discard(request)
@@ -467,7 +468,7 @@ class SchedulerV1:
         self.waiting.appendleft(request)
         self.stats.preemptions += 1
         self.stats.recomputed_tokens += lost
-        self.events.add(ev.RequestPreempted, request, "recompute", (request,), held, lost, 0.0)
+        self.events.add(ev.RequestPreempted, request, "recompute", (request,), held, lost, 0.0, cached)
 
     def _reject(self, state: RequestV1, reason: str) -> None:
         state.status = REJECTED

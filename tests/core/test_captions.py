@@ -160,3 +160,37 @@ def test_a_preempted_request_is_told_by_its_preemption_not_as_freed_too(cpu_back
     for result, caption in preempting:
         victims = {s for e in result.events if type(e).__name__ == "RequestPreempted" for s in e.seqs}
         assert victims and not any(f"{seq} was freed" in caption for seq in victims), caption
+
+
+def test_a_step_of_decodes_and_prefill_chunks_tells_them_apart_and_what_the_prefix_cache_served(cpu_backend):
+    """A prefill chunk was told as "one token each" among the decodes; an arrival's quote was its
+    computed tokens only, with no word of those a prefix hit served; a preemption said the K/V
+    was dropped while its full blocks stayed cached for its return."""
+    timeline = Timeline(load_scenario("preemption_v1"), cpu_backend)  # SmolLM2's, on the v1 engine
+    mixed = served = kept = 0
+    while not timeline.at_end:
+        result = timeline.forward()  # (read now: an old step later drops its per-token events)
+        caption = timeline.caption(result.step)
+        events = [(type(e).__name__, e) for e in result.events]
+        added = {e.seq: e for name, e in events if name == "SequenceAdded"}
+        written: dict[str, int] = {}
+        for name, e in events:
+            if name == "TokenWritten" and e.seq not in added:
+                written[e.seq] = written.get(e.seq, 0) + 1
+        chunks = {seq: n for seq, n in written.items() if n > 1}
+        if len(written) > 2 and chunks:
+            mixed += 1
+            assert not caption.startswith("a decode step") and "one token each" in caption, caption
+            for seq, n in chunks.items():
+                assert f"{seq} " in caption and f"a prefill chunk of {n} tokens" in caption, caption
+        for seq, e in added.items():
+            computed = sum(1 for name, w in events if name == "TokenWritten" and w.seq == seq)
+            if computed < e.num_tokens:
+                served += 1
+                assert f"{e.num_tokens - computed} served by the prefix cache, {computed} computed" in caption
+        for name, e in events:
+            if name == "RequestPreempted" and e.cached:
+                kept += 1
+                assert f"the {e.cached} full ones stay in the prefix cache" in caption, caption
+                assert "dropped" not in caption
+    assert mixed and served and kept  # each case happens in this scenario
