@@ -61,17 +61,46 @@ def endpoint_problem(endpoint: str, what: str = "endpoint") -> str | None:
 
 
 def _event(raw) -> dict | None:
-    """One event as a dict with its ``type``, from either shape; None if not a KV event."""
+    """One event as a dict with its ``type``, from either shape; None if not a KV event (a
+    kind this reader does not know). A ValueError says what is wrong with a known one."""
     if isinstance(raw, dict):
         kind = raw.get("type")
-        return dict(raw) if kind in FIELDS else None
-    if isinstance(raw, list) and raw and raw[0] in FIELDS:
-        return {"type": raw[0], **dict(zip(FIELDS[raw[0]], raw[1:], strict=False))}
-    return None
+        event = dict(raw) if kind in FIELDS else None
+    elif isinstance(raw, list) and raw and raw[0] in FIELDS:
+        event = {"type": raw[0], **dict(zip(FIELDS[raw[0]], raw[1:], strict=False))}
+    else:
+        return None
+    if event is not None:
+        _check_event(event)
+    return event
 
 
-def decode_payload(payload: bytes) -> tuple[float, list[dict]]:
-    """A batch's timestamp and events (unknown events are skipped)."""
+def _is_hash(value) -> bool:
+    return isinstance(value, int | bytes) and not isinstance(value, bool)
+
+
+def _check_event(event: dict) -> None:
+    """The fields the view reads, of the types vLLM sends (a stream that breaks them is not
+    vLLM's, or not this version's: the event is skipped and counted, not half applied)."""
+    kind = event["type"]
+    if kind == "AllBlocksCleared":
+        return
+    hashes = event.get("block_hashes")
+    if not isinstance(hashes, list) or not all(map(_is_hash, hashes)):
+        raise ValueError(f"{kind}: block_hashes is not a list of hashes")
+    if kind == "BlockStored":
+        parent, tokens, size = event.get("parent_block_hash"), event.get("token_ids"), event.get("block_size")
+        if parent is not None and not _is_hash(parent):
+            raise ValueError("BlockStored: parent_block_hash is not a hash")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise ValueError("BlockStored: token_ids is not a list of token ids")
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+            raise ValueError("BlockStored: block_size is not a positive integer")
+
+
+def decode_batch(payload: bytes) -> tuple[float, list[dict], int]:
+    """A batch's timestamp, its events (unknown kinds are skipped) and how many of its events
+    were malformed (skipped too). A ValueError or msgspec's DecodeError: not a batch at all."""
     raw = msgspec.msgpack.decode(payload)
     if isinstance(raw, dict):
         ts, events = raw.get("ts"), raw.get("events")
@@ -81,7 +110,24 @@ def decode_payload(payload: bytes) -> tuple[float, list[dict]]:
         raise ValueError("not a KV event batch")
     if not isinstance(events, list):
         raise ValueError("a KV event batch without an event list")
-    return float(ts or 0.0), [e for e in map(_event, events) if e is not None]
+    if ts is not None and (not isinstance(ts, int | float) or isinstance(ts, bool)):
+        raise ValueError("a KV event batch whose timestamp is not a number")
+    out, bad = [], 0
+    for raw_event in events:
+        try:
+            event = _event(raw_event)
+        except ValueError:
+            bad += 1
+            continue
+        if event is not None:
+            out.append(event)
+    return float(ts or 0.0), out, bad
+
+
+def decode_payload(payload: bytes) -> tuple[float, list[dict]]:
+    """A batch's timestamp and its well-formed KV events."""
+    ts, events, _ = decode_batch(payload)
+    return ts, events
 
 
 def short(block_hash) -> str:
@@ -105,6 +151,10 @@ class PrefixCacheView:
         self.nodes: dict[object, Node] = {}
         self.block_size: int | None = None
         self.batches = self.events = self.stored = self.removed = self.cleared = self.unknown_removals = 0
+        self.last_seq = -1
+        self.restarts = 0  # the publisher began its numbers again: a restarted server, its cache empty
+        self.skipped_messages = self.bad_events = 0  # what the subscriber could not read (set by attach)
+        self.interrupted = False  # stopped by Ctrl-C before its bound
         self.requests = self.reused_tokens = self.computed_tokens = 0
         # (seq, ts, stored, removed, cached blocks) of the newest batches: a long attach stays bounded.
         self.history: deque[tuple[int, float, int, int, int]] = deque(maxlen=HISTORY_KEPT)
@@ -134,10 +184,12 @@ class PrefixCacheView:
         for i, key in enumerate(hashes):
             node = self.nodes.get(key)
             if node is None:
-                self.nodes[key] = Node(parent, list(tokens[i * bs : (i + 1) * bs]))
+                node = self.nodes[key] = Node(parent, list(tokens[i * bs : (i + 1) * bs]))
             else:
                 node.count += 1
-            if parent in self.nodes:
+            # (a block already cached under another parent keeps its place: a stream that says
+            # otherwise would make the tree a cycle)
+            if parent in self.nodes and node.parent == parent and parent != key:
                 self.nodes[parent].children[key] = None
             parent = key
         self.stored += len(hashes)
@@ -156,6 +208,10 @@ class PrefixCacheView:
                     self.nodes[node.parent].children.pop(key, None)
 
     def apply(self, seq: int, ts: float, events: list[dict]) -> None:
+        if seq < self.last_seq:  # numbered from the start again: a new publisher, an empty cache
+            self.restarts += 1
+            self.nodes.clear()
+        self.last_seq = seq
         stored, removed = self.stored, self.removed
         for event in events:
             self.events += 1
@@ -186,7 +242,19 @@ class PrefixCacheView:
             + (f", cleared {self.cleared}×" if self.cleared else "")
             + f" · cached {self.cached_blocks} blocks ({self.leaves} longest prefix{'' if self.leaves == 1 else 'es'})"
             + f" · implied hit rate {rate}"
+            + (f" · the publisher restarted {self.restarts}× (its cache shown from then)" if self.restarts else "")
         )
+
+    def problems(self) -> list[str]:
+        """What could not be read, in words (nothing when all was)."""
+        out = []
+        if self.skipped_messages:
+            out.append(f"{self.skipped_messages} messages skipped: not KV event batches in vLLM's wire format")
+        if self.bad_events:
+            out.append(f"{self.bad_events} events skipped: a field of the wrong type")
+        if self.unknown_removals:
+            out.append(f"{self.unknown_removals} removals of blocks never seen stored (stored before attaching)")
+        return out
 
     @property
     def leaves(self) -> int:
@@ -198,11 +266,19 @@ class PrefixCacheView:
         """The cached prefixes depth first, each run of single-child blocks as one."""
         roots = [k for k, n in self.nodes.items() if n.parent not in self.nodes]
         stack = [(k, 0) for k in reversed(roots)]
+        seen: set = set()  # (each block once, whatever the stream said of its parents)
         while stack:
             key, depth = stack.pop()
+            if key in seen:
+                continue
+            seen.add(key)
             run = [key]
-            while len(self.nodes[run[-1]].children) == 1:
-                run.append(next(iter(self.nodes[run[-1]].children)))
+            while (
+                len(self.nodes[run[-1]].children) == 1
+                and (child := next(iter(self.nodes[run[-1]].children))) not in seen
+            ):
+                seen.add(child)
+                run.append(child)
             yield PrefixRun(
                 depth=depth,
                 hashes=tuple(run),
@@ -272,7 +348,8 @@ class Subscriber:
             self.close()
             raise AttachError(f"cannot attach to {endpoint}: {exc}") from None
         self.last_seq = -1
-        self.skipped = 0  # payloads that were no KV event batch
+        self.skipped = 0  # messages that were no KV event batch
+        self.bad_events = 0  # events of a known kind with a field of the wrong type
 
     def __enter__(self) -> Subscriber:
         return self
@@ -316,10 +393,11 @@ class Subscriber:
             raise AttachError(f"the stream from {self.endpoint} failed: {exc}") from None
         for seq, payload in received:
             try:
-                ts, events = decode_payload(payload)
+                ts, events, bad = decode_batch(payload)
             except (msgspec.DecodeError, ValueError, TypeError):
                 self.skipped += 1
                 continue
+            self.bad_events += bad
             out.append((seq, ts, events))
         return out
 
@@ -328,11 +406,15 @@ class Subscriber:
         if not self.sub.poll(timeout_ms):
             return []
         frames = self.sub.recv_multipart()
-        if len(frames) != 3:
+        if len(frames) != 3 or len(frames[1]) != 8:  # (topic, sequence number, payload)
+            self.skipped += 1
             return []
         seq = int.from_bytes(frames[1], "big")
-        if seq <= self.last_seq:
+        if seq == self.last_seq:
             return []
+        if seq < self.last_seq:  # a restarted publisher numbers from 0 again: follow it
+            self.last_seq = seq
+            return [(seq, frames[2])]
         out = self._fill_gap(seq) if seq > self.last_seq + 1 else []
         out.append((seq, frames[2]))
         self.last_seq = seq
@@ -354,14 +436,18 @@ def attach(
     view = PrefixCacheView()
     deadline = None if duration is None else time.monotonic() + duration
     with Subscriber(endpoint, replay, topic) as sub:
-        while max_events is None or view.events < max_events:
-            left = 1.0 if deadline is None else deadline - time.monotonic()
-            if left <= 0:
-                break
-            for seq, ts, events in sub.batches(int(min(left, 1.0) * 1000) + 1):
-                view.apply(seq, ts, events)
-                if on_batch is not None:
-                    on_batch(view, seq)
+        try:
+            while max_events is None or view.events < max_events:
+                left = 1.0 if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    break
+                for seq, ts, events in sub.batches(int(min(left, 1.0) * 1000) + 1):
+                    view.apply(seq, ts, events)
+                    if on_batch is not None:
+                        on_batch(view, seq)
+        except KeyboardInterrupt:  # Ctrl-C: what was seen so far is still worth its summary
+            view.interrupted = True
+        view.skipped_messages, view.bad_events = sub.skipped, sub.bad_events
     return view
 
 
@@ -386,6 +472,12 @@ def load_tokenizer(name: str) -> Callable[[list[int]], str]:
 
 
 def cmd_attach(args) -> int:
+    if args.duration is None and args.max_events is None:
+        raise AttachError("attach needs a bound: --duration or --max-events")
+    try:
+        args.topic.encode("utf-8")
+    except UnicodeEncodeError:
+        raise AttachError("--topic is not valid UTF-8 text") from None
     if args.duration is not None and not 0 < args.duration <= 86_400:
         raise AttachError(f"--duration must be between 0 and 86400 seconds; got {args.duration}")
     if args.max_events is not None and args.max_events < 1:
@@ -396,7 +488,7 @@ def cmd_attach(args) -> int:
     decode = load_tokenizer(args.tokenizer) if args.tokenizer else None
     bound = [f"{args.duration:g} s" if args.duration else "", f"{args.max_events} events" if args.max_events else ""]
     print(f"pagesim attach · {args.endpoint}" + (f" (replay {args.replay})" if args.replay else ""))
-    print(f"until {' or '.join(b for b in bound if b) or '?'}", flush=True)
+    print(f"until {' or '.join(b for b in bound if b)}", flush=True)
 
     def on_batch(view: PrefixCacheView, seq: int) -> None:
         if not args.quiet:
@@ -405,11 +497,15 @@ def cmd_attach(args) -> int:
 
     view = attach(args.endpoint, args.replay, args.topic, args.duration, args.max_events, on_batch)
     print("")
+    if view.interrupted:
+        print("interrupted: what was received until then", file=sys.stderr)
     print(view.status())
+    for problem in view.problems():
+        print(f"note: {problem}", file=sys.stderr)
     if view.block_size:
         print(f"block size {view.block_size}; reused {view.reused_tokens} tokens, computed {view.computed_tokens}")
     print("prefix tree (cached blocks under their parents):" if view.nodes else "prefix cache: empty")
     for line in view.tree(decode, max_lines=args.lines):
         print(line)
     sys.stdout.flush()
-    return 0
+    return 130 if view.interrupted else 0

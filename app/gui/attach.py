@@ -62,7 +62,7 @@ class KVEventReceiver(QThread):
     """Owns the subscriber (ZeroMQ sockets stay on one thread): connects, loads the tokenizer
     if one is named, then receives until :meth:`stop`."""
 
-    received = Signal(list)  # [(seq, ts, events)], in order
+    received = Signal(list, int, int)  # [(seq, ts, events)] in order; messages and events skipped so far
     tokenizerLoaded = Signal(object)  # the decode function
     tokenizerFailed = Signal(str)
     failed = Signal(str)
@@ -89,10 +89,12 @@ class KVEventReceiver(QThread):
                     self.tokenizerLoaded.emit(load_tokenizer(self.tokenizer))
                 except (PagesimError, OSError, ValueError) as exc:
                     self.tokenizerFailed.emit(f"could not load the tokenizer of {self.tokenizer}: {exc}")
+            skipped = 0
             while not self._stopping.is_set():
                 batches = subscriber.batches(POLL_MS)
-                if batches:
-                    self.received.emit(batches)
+                if batches or subscriber.skipped != skipped:  # (garbage alone is news too)
+                    skipped = subscriber.skipped
+                    self.received.emit(batches, subscriber.skipped, subscriber.bad_events)
         except AttachError as exc:
             self.failed.emit(str(exc))
         finally:
@@ -191,9 +193,10 @@ class AttachWindow(QWidget):
         layout.addLayout(buttons)
 
     # -- from the receiver ----------------------------------------------------------------
-    def _on_batches(self, batches: list) -> None:
+    def _on_batches(self, batches: list, skipped: int = 0, bad_events: int = 0) -> None:
         for seq, ts, events in batches:
             self.view.apply(seq, ts, events)
+        self.view.skipped_messages, self.view.bad_events = skipped, bad_events
         self._dirty = True
 
     def _on_tokenizer(self, decode) -> None:
@@ -212,6 +215,8 @@ class AttachWindow(QWidget):
     def status_text(self) -> str:
         if self.problem is not None:
             return f"Not attached: {self.problem}"
+        if self.view.batches == 0 and self.view.skipped_messages:
+            return f"Nothing readable from {self.endpoint}: " + "; ".join(self.view.problems())
         if self.view.batches == 0:
             waited = time.monotonic() - self._started
             if self.detached:
@@ -224,7 +229,8 @@ class AttachWindow(QWidget):
                 )
             return text
         prefix = "Detached · " if self.detached else ""
-        return prefix + self.view.status()
+        problems = self.view.problems()
+        return prefix + self.view.status() + ("".join(f" · {p}" for p in problems) if problems else "")
 
     def hit_rate_text(self) -> str:
         view = self.view

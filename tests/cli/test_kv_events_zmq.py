@@ -14,7 +14,15 @@ import time
 import msgspec
 import zmq
 from pagesim.app.cli import main as cli_main
-from pagesim.app.kv_attach import DEFAULT_ENDPOINT, PrefixCacheView, attach, decode_payload, endpoint_problem
+from pagesim.app.kv_attach import (
+    DEFAULT_ENDPOINT,
+    PrefixCacheView,
+    Subscriber,
+    attach,
+    decode_batch,
+    decode_payload,
+    endpoint_problem,
+)
 from pagesim.app.kv_publisher import END_SEQ, KVEventPublisher
 from pagesim.core import kv_events as kv
 from pagesim.core.scenario import load_scenario
@@ -230,3 +238,108 @@ def test_attach_refuses_a_bad_endpoint_before_listening(capsys):
     assert "the address a server binds" in capsys.readouterr().err
     assert cli_main(["attach", DEFAULT_ENDPOINT, "--replay", "5558", "--duration", "1"]) == 2
     assert "not a ZeroMQ replay endpoint" in capsys.readouterr().err
+
+
+def _stored(hashes, parent, tokens, bs=4):
+    return {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent, "token_ids": tokens,
+            "block_size": bs}  # fmt: skip
+
+
+def test_events_with_fields_of_the_wrong_type_are_skipped_and_counted_not_a_traceback():
+    good = _stored([1], None, [1, 2, 3, 4])
+    bad = [
+        _stored(5, None, [1, 2, 3, 4]),  # hashes not a list
+        _stored([[1, 2]], None, [1, 2, 3, 4]),  # a hash that is a list
+        _stored([2], None, [1, 2, 3, 4], bs="4"),  # block size a string
+        _stored([3], "x", [1, 2, 3, 4]),  # parent not a hash
+        _stored([4], None, [1, "a"]),  # a token that is no id
+        {"type": "BlockRemoved", "block_hashes": 3},
+    ]
+    ts, events, skipped = decode_batch(msgspec.msgpack.encode([1.0, [good, *bad, {"type": "Unknown"}]]))
+    assert events == [good] and skipped == len(bad)  # (an unknown kind is no error: a newer vLLM's)
+    view = PrefixCacheView()
+    view.apply(0, ts, events)
+    assert view.cached_blocks == 1
+
+
+def test_a_stream_that_makes_the_prefix_tree_a_cycle_still_draws_each_block_once():
+    view = PrefixCacheView()
+    view.apply(0, 0.0, [_stored([10, 11], None, [1, 2, 3, 4, 5, 6, 7, 8])])
+    view.apply(1, 0.0, [_stored([10], 11, [1, 2, 3, 4])])  # 10 under 11, which is under 10
+    runs = list(view.runs())  # (it looped for ever)
+    assert sorted(h for run in runs for h in run.hashes) == [10, 11]
+    assert len(view.tree()) == len(runs)
+
+
+def test_a_publisher_that_restarts_is_followed_and_said_to_have_restarted():
+    view = PrefixCacheView()
+    view.apply(0, 0.0, [_stored([1], None, [1, 2, 3, 4])])
+    view.apply(1, 0.0, [_stored([2], 1, [5, 6, 7, 8])])
+    view.apply(0, 0.0, [_stored([9], None, [9, 9, 9, 9])])  # numbered from 0 again
+    assert view.restarts == 1 and list(view.nodes) == [9]
+    assert "the publisher restarted 1×" in view.status()
+
+
+def test_the_subscriber_follows_a_restart_and_counts_what_it_cannot_read():
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    port = free_port()
+    pub.bind(f"tcp://127.0.0.1:{port}")
+    try:
+        with Subscriber(f"tcp://127.0.0.1:{port}") as sub:
+            time.sleep(0.5)  # the subscription reaches the PUB socket
+
+            def send(seq: int, hashes: list[int]) -> None:
+                payload = msgspec.msgpack.encode([0.0, [_stored(hashes, None, [1, 2, 3, 4] * len(hashes))]])
+                pub.send_multipart([b"", seq.to_bytes(8, "big"), payload])
+
+            for seq in range(3):
+                send(seq, [100 + seq])
+            pub.send_multipart([b"", (3).to_bytes(8, "big"), b"\xc1 not msgpack"])
+            pub.send_multipart([b"only one frame"])
+            for seq in range(2):  # a restarted server: from 0 again
+                send(seq, [200 + seq])
+            got, deadline = [], time.monotonic() + 10
+            while len(got) < 5 and time.monotonic() < deadline:
+                got += sub.batches(200)
+            assert [seq for seq, _, _ in got] == [0, 1, 2, 0, 1]
+            assert sub.skipped == 2
+    finally:
+        pub.close(linger=0)
+        ctx.term()
+    view = PrefixCacheView()
+    for seq, ts, events in got:
+        view.apply(seq, ts, events)
+    assert view.restarts == 1 and sorted(view.nodes) == [200, 201]
+
+
+def test_attach_without_a_bound_is_refused_before_it_prints_anything(capsys):
+    assert cli_main(["attach", DEFAULT_ENDPOINT]) == 2
+    out = capsys.readouterr()
+    assert "attach needs a bound: --duration or --max-events" in out.err and out.out == ""
+    assert cli_main(["attach", DEFAULT_ENDPOINT, "--duration", "1", "--topic", "\udcff"]) == 2
+    assert "--topic is not valid UTF-8" in capsys.readouterr().err
+
+
+def test_ctrl_c_during_attach_still_prints_what_was_received():
+    import signal
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pagesim.app.cli", "attach", f"tcp://127.0.0.1:{free_port()}", "--duration", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        line = proc.stdout.readline()  # the header: it is listening
+        while "until" not in line and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert "interrupted: what was received until then" in err and "Traceback" not in err
+    assert "0 batches, 0 events" in out and "prefix cache: empty" in out
