@@ -202,6 +202,17 @@ def cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if (
+        args.json is not None
+        and args.dump is not None
+        and Path(os.path.abspath(args.dump)) in Path(os.path.abspath(args.json)).parents
+    ):
+        print(
+            f"error: --json {args.json} is inside the --dump folder {args.dump}: the report would sit among the "
+            "step files, or replace one; write it elsewhere",
+            file=sys.stderr,
+        )
+        return 2
     backend = select_backend(args.backend, args.cuda_kernel)
     # A run never steps back: no snapshot keeps K/V arrays, no step but the current one is
     # kept, and each step's report only for --json.
@@ -216,36 +227,48 @@ def cmd_run(args: argparse.Namespace) -> int:
     say(TABLE_HEADER)
     reports, steps, failed, worst, error, checked, rejected = [], 0, [], 0.0, None, 0, []
     layer_steps, logits_gap = 0, 0.0  # a real model's: steps whose every layer was checked
-    while not timeline.at_end:
-        try:
-            result = timeline.forward()
-        except PagesimError as exc:
-            error = str(exc)
-            break
-        steps += 1
-        rejected += [e.status_note() for e in result.events if isinstance(e, RequestRejected)]
-        if kv_events is not None:
-            kv_events.step(result)
-        if args.json:
-            reports.append(step_report(result))
-        if result.attention is not None:
-            checked += 1
-            worst = max(worst, result.attention.max_abs_error)
-            if not result.attention.passed:
-                failed.append(result.step)
-            if result.attention.layers is not None:
-                layer_steps += 1
-                logits_gap = max(logits_gap, result.attention.layers.logits_diff)
-        say(format_step(result))
-        if tokenizer is not None:
-            for line in [*format_text(result, tokenizer), format_layers(result)]:
-                if line:
-                    say(line)
-        if args.dump:
+    try:
+        while not timeline.at_end:
             try:
-                dump_step(args.dump, timeline, result)
-            except OSError as exc:
-                raise CannotWrite(args.dump, "--dump", exc) from None
+                result = timeline.forward()
+            except PagesimError as exc:
+                error = str(exc)
+                break
+            steps += 1
+            rejected += [e.status_note() for e in result.events if isinstance(e, RequestRejected)]
+            if kv_events is not None:
+                kv_events.step(result)
+            if args.json:
+                reports.append(step_report(result))
+            if result.attention is not None:
+                checked += 1
+                worst = max(worst, result.attention.max_abs_error)
+                if not result.attention.passed:
+                    failed.append(result.step)
+                if result.attention.layers is not None:
+                    layer_steps += 1
+                    logits_gap = max(logits_gap, result.attention.layers.logits_diff)
+            say(format_step(result))
+            if tokenizer is not None:
+                for line in [*format_text(result, tokenizer), format_layers(result)]:
+                    if line:
+                        say(line)
+            if args.dump:
+                try:
+                    dump_step(args.dump, timeline, result)
+                except OSError as exc:
+                    raise CannotWrite(args.dump, "--dump", exc) from None
+    except KeyboardInterrupt:  # Ctrl-C: say what a partial run left behind
+        if kv_events is not None:
+            kv_events.publisher.close()
+        if args.dump is not None and (written := sorted(args.dump.glob("step_*.npz"))):
+            print(
+                f"\ninterrupted after step {steps}: --dump {args.dump} holds the step files of this unfinished run "
+                f"({written[0].name} … {written[-1].name}); no --json report was written",
+                file=sys.stderr,
+            )
+            return INTERRUPTED_EXIT
+        raise
     if kv_events is not None:
         kv_events.finish()
     say("")

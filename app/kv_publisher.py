@@ -36,6 +36,22 @@ class PublisherError(PagesimError):
     pass
 
 
+def bind_problem(endpoint: str, option: str) -> str | None:
+    """Why ``endpoint`` is not one to publish on, in words (None: it looks like one). ZeroMQ
+    itself takes a tcp port past 65535 modulo 65536, and inproc:// reaches no other process."""
+    transport, sep, address = endpoint.strip().partition("://")
+    if not sep or transport not in ("tcp", "ipc"):
+        if transport == "inproc":
+            return f"{option} {endpoint!r}: inproc:// reaches no other process; use tcp://127.0.0.1:PORT"
+        return f"{option} {endpoint!r} is not a ZeroMQ endpoint to publish on: write tcp://127.0.0.1:PORT"
+    if transport == "ipc":
+        return None if address else f"{option} {endpoint!r} names no path"
+    host, colon, port = address.rpartition(":")
+    if not colon or not host or not (port == "*" or (port.isdigit() and 0 < int(port) < 65536)):
+        return f"{option} {endpoint!r} needs a host and a port from 1 to 65535 (or * for a free one)"
+    return None
+
+
 class KVEventPublisher:
     """vLLM's PUB/ROUTER publisher with an in-memory replay buffer. Use as a context manager
     or call :meth:`close`: the thread stops, what was queued is sent, every socket closes."""
@@ -189,6 +205,13 @@ def open_step_publisher(args, sim, say) -> StepPublisher | None:
         return None
     if not 0 <= args.kv_events_linger <= 600:
         raise PublisherError(f"--kv-events-linger must be between 0 and 600 seconds; got {args.kv_events_linger}")
+    for endpoint, option in ((args.kv_events, "--kv-events"), (args.kv_events_replay, "--kv-events-replay")):
+        if endpoint is not None and (problem := bind_problem(endpoint, option)):
+            raise PublisherError(problem)
+    try:
+        args.kv_events_topic.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PublisherError("--kv-events-topic is not valid UTF-8 text") from None
     publisher = KVEventPublisher(args.kv_events, args.kv_events_replay, topic=args.kv_events_topic)
     replay = f" · replay {publisher.replay_endpoint}" if publisher.replay_endpoint else ""
     say(f"KV events: {publisher.endpoint}{replay}")

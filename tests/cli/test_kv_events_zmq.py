@@ -343,3 +343,17 @@ def test_ctrl_c_during_attach_still_prints_what_was_received():
     assert proc.returncode == 130
     assert "interrupted: what was received until then" in err and "Traceback" not in err
     assert "0 batches, 0 events" in out and "prefix cache: empty" in out
+
+
+def test_a_publishing_endpoint_zeromq_would_bend_or_no_one_could_reach_is_refused(capsys):
+    """Port 99999 was bound as 34463 (modulo 65536); inproc:// reaches no other process."""
+    for endpoint, said in (
+        ("tcp://127.0.0.1:99999", "a port from 1 to 65535"),
+        ("inproc://x", "inproc:// reaches no other process"),
+        ("127.0.0.1:5557", "is not a ZeroMQ endpoint"),
+    ):
+        assert cli_main(["run", "seed_demo", "--quiet", "--kv-events", endpoint]) == 2
+        assert said in capsys.readouterr().err
+    assert cli_main(["run", "seed_demo", "--quiet", "--kv-events", "tcp://127.0.0.1:*", "--kv-events-topic",
+                     "\udcff"]) == 2  # fmt: skip
+    assert "--kv-events-topic is not valid UTF-8" in capsys.readouterr().err

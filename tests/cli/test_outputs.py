@@ -329,3 +329,33 @@ def test_two_outputs_naming_one_file_are_refused_before_anything_runs(tmp_path, 
     err = capsys.readouterr().err
     assert "name the same file" in err and err.count("\n") == 1, err
     assert not out.exists() and not png.exists()
+
+
+def test_a_report_inside_the_dump_folder_is_refused_before_anything_runs(tmp_path, capsys):
+    """It replaced step 1's dump, unsaid."""
+    dumps = tmp_path / "dumps"
+    assert main(["run", "seed_demo", "--backend", "cpu", "--quiet", "--dump", str(dumps), "--json",
+                 str(dumps / "step_0001.npz")]) == 2  # fmt: skip
+    assert "is inside the --dump folder" in capsys.readouterr().err
+    assert not dumps.exists()
+
+
+def test_ctrl_c_in_a_dumping_run_says_which_step_files_it_left(tmp_path, capsys, monkeypatch):
+    """It said "nothing more was written" beside a folder of an unfinished run's step files."""
+    import pagesim.app.cli as cli
+
+    dumps, calls = tmp_path / "dumps", []
+    real = cli.dump_step
+
+    def interrupted_at_the_second(folder, timeline, result):
+        calls.append(result.step)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(folder, timeline, result)
+
+    monkeypatch.setattr(cli, "dump_step", interrupted_at_the_second)
+    assert main(["run", "seed_demo", "--backend", "cpu", "--quiet", "--dump", str(dumps)]) == 130
+    err = capsys.readouterr().err
+    written = sorted(p.name for p in dumps.iterdir())
+    assert written == ["step_0001.npz"] and "holds the step files of this unfinished run (step_0001.npz … " in err
+    assert "nothing more was written" not in err
