@@ -19,7 +19,16 @@ from pagesim.core.config import CacheConfig
 from pagesim.core.errors import InvalidStudyError
 from pagesim.core.scenario import load_scenario
 from pagesim.core.studies.replay import replay_scenario, replay_workload
-from pagesim.core.studies.serving_time import GIB, GPUS, MODEL_SHAPES, gpu, latency, model_shape, pool_blocks
+from pagesim.core.studies.serving_time import (
+    GIB,
+    GPUS,
+    MODEL_SHAPES,
+    gpu,
+    latency,
+    model_shape,
+    pool_blocks,
+    pool_fit_problem,
+)
 from pagesim.core.studies.stand_in import memory_only
 from pagesim.core.studies.sweep import KNOBS, Hardware, Source, SweepResult, parse_setting, sweep
 from pagesim.core.studies.waste import WastePool, pool_from_preset, pool_of_blocks
@@ -101,17 +110,11 @@ def _hardware(args) -> Hardware | None:
     return Hardware(model_shape(args.model_shape), gpu(args.gpu))
 
 
-def _check_fits(blocks: int, block_size: int, hardware: Hardware | None) -> None:
-    """A pool of ``blocks`` must fit the GPU's memory after the model's weights."""
-    if hardware is None:
-        return
-    most = pool_blocks(hardware.shape, hardware.gpu, block_size)
-    if blocks > most:
-        block = hardware.roofline(block_size).block_bytes()
-        raise InvalidStudyError(
-            f"--blocks {blocks} of {block / 1024:g} KiB is {blocks * block / GIB:.1f} GiB; {hardware.gpu.name} holds "
-            f"{most} such blocks ({most * block / GIB:.1f} GiB) after {hardware.shape.name}'s weights"
-        )
+def _check_fits(blocks: int, block_size: int, hardware: Hardware | None, what: str, hint: str = "") -> None:
+    """A pool of ``blocks`` (``what`` names where it came from) must fit the GPU's memory after
+    the model's weights: timings of a pool the GPU cannot hold would mean nothing."""
+    if hardware is not None and (problem := pool_fit_problem(blocks, block_size, hardware.shape, hardware.gpu)):
+        raise InvalidStudyError(f"{what}: {problem}{hint}")
 
 
 def _source(args, hardware: Hardware | None) -> Source:
@@ -131,8 +134,12 @@ def _source(args, hardware: Hardware | None) -> Source:
             print(f"note: {note}", file=sys.stderr)
         config = scenario.config
         if args.blocks is not None:
-            _check_fits(args.blocks, config.block_size, hardware)
+            _check_fits(args.blocks, config.block_size, hardware, "--blocks")
             config = CacheConfig(**{**config.__dict__, "num_blocks": args.blocks, "max_model_len": None})
+        else:
+            _check_fits(
+                config.num_blocks, config.block_size, hardware, f"{scenario.name}'s pool", " (--blocks sets another)"
+            )
         return Source(scenario.name, config, scenario)
     if args.scenario is not None:
         raise InvalidStudyError("give a scenario or --workload, not both")
@@ -142,9 +149,14 @@ def _source(args, hardware: Hardware | None) -> Source:
     from_hardware = args.blocks is None and hardware is not None
     if from_hardware:
         blocks = pool_blocks(hardware.shape, hardware.gpu, args.block_size)
+        if blocks < 1:
+            raise InvalidStudyError(
+                f"one block of {args.block_size} tokens is larger than what {hardware.gpu.name} leaves after "
+                f"{hardware.shape.name}'s weights: give a smaller --block-size"
+            )
     else:
         blocks = args.blocks or DEFAULT_WORKLOAD_BLOCKS
-        _check_fits(blocks, args.block_size, hardware)
+        _check_fits(blocks, args.block_size, hardware, "--blocks")
     try:
         config = CacheConfig(num_blocks=blocks, block_size=args.block_size, num_heads=1, head_dim=8)
     except ValueError as exc:

@@ -203,6 +203,21 @@ def pool_bytes(shape: ModelShape, spec: GpuSpec, utilization: float = GPU_MEMORY
     return left
 
 
+def pool_fit_problem(num_blocks: int, block_size: int, shape: ModelShape, spec: GpuSpec) -> str | None:
+    """Why a pool of ``num_blocks`` blocks of ``block_size`` tokens does not fit in ``spec``'s
+    memory after ``shape``'s weights, in words (None: it fits). Weights that leave no room at
+    all raise :class:`InvalidStudyError`."""
+    block_bytes = Roofline(shape, spec, block_size).block_bytes()
+    room = pool_bytes(shape, spec)
+    need = num_blocks * block_bytes
+    if need <= room:
+        return None
+    return (
+        f"{num_blocks} blocks of {block_size} tokens take {need / GIB:.2f} GiB of KV cache; {shape.name} on "
+        f"{spec.name} leaves {room / GIB:.2f} GiB after its weights: at most {room // block_bytes} such blocks"
+    )
+
+
 def pool_blocks(shape: ModelShape, spec: GpuSpec, block_size: int) -> int:
     """Blocks of ``block_size`` tokens the memory after the weights holds."""
     return pool_bytes(shape, spec) // (block_size * shape.kv_bytes_per_token)

@@ -30,7 +30,7 @@ from pagesim.core.studies.serving_time import (
     Roofline,
     latency,
     pool_blocks,
-    pool_bytes,
+    pool_fit_problem,
 )
 from pagesim.core.studies.workload import RequestSpec
 
@@ -258,15 +258,8 @@ def variant_config(source: Source, changes: dict[str, object], hardware: Hardwar
 
 def _check_fits(config: CacheConfig, hardware: Hardware) -> None:
     """A pool the variant sets must fit in the GPU's memory after the weights (a ValueError says by how much not)."""
-    block_bytes = hardware.roofline(config.block_size).block_bytes()
-    room = pool_bytes(hardware.shape, hardware.gpu)
-    need = config.num_blocks * block_bytes
-    if need > room:
-        raise ValueError(
-            f"{config.num_blocks} blocks of {config.block_size} tokens take {need / 2**30:.2f} GiB of KV cache; "
-            f"{hardware.shape.name} on {hardware.gpu.name} leaves {room / 2**30:.2f} GiB after its weights: "
-            f"at most {room // block_bytes} such blocks"
-        )
+    if problem := pool_fit_problem(config.num_blocks, config.block_size, hardware.shape, hardware.gpu):
+        raise ValueError(problem)
 
 
 def _replay(source: Source, config: CacheConfig, hardware: Hardware | None) -> ReplayResult:

@@ -184,7 +184,29 @@ def test_a_pool_larger_than_the_gpu_after_the_weights_is_refused(capsys):
     argv = ["latency", "--workload", "uniform", "--blocks", "100000000", "--model-shape", "llama-3-8b", "--gpu", "h200"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "--blocks 100000000 of 2048 KiB is 195312.5 GiB; H200 holds" in err and "after Llama-3-8B's weights" in err
+    assert "--blocks: 100000000 blocks of 16 tokens take 195312.50 GiB of KV cache; Llama-3-8B on H200 leaves" in err
+
+
+@pytest.mark.parametrize("command", ["latency", "sweep"])
+def test_a_scenarios_own_pool_or_a_model_the_gpu_cannot_hold_is_refused_before_anything_runs(tmp_path, capsys, command):
+    """They gave timings for a pool of 195 GiB on a 141 GiB GPU, and for a 70B model on a 40 GB A100."""
+    big = tmp_path / "bigpool.toml"
+    big.write_text(
+        'num_blocks = 100000\nblock_size = 16\nnum_heads = 2\nhead_dim = 8\n[[steps]]\nop = "submit"\n'
+        'request = "a"\ntokens = 100\noutput = 10\n[[steps]]\nop = "schedule"\nsteps = 20\n'
+    )
+    extra = ["--set", "max_num_seqs=4"] if command == "sweep" else []
+    assert main([command, str(big), "--model-shape", "llama-3-8b", "--gpu", "h200", *extra]) == 2
+    err = capsys.readouterr().err
+    assert "bigpool's pool: 100000 blocks of 16 tokens take 195.31 GiB" in err and "(--blocks sets another)" in err
+    assert main([command, "preemption_recompute", "--model-shape", "llama-3-70b", "--gpu", "a100-40gb", *extra]) == 2
+    assert "Llama-3-70B's weights (131.4 GiB) do not fit" in capsys.readouterr().err
+
+
+def test_a_block_larger_than_the_memory_after_the_weights_is_named_as_such(capsys):
+    argv = ["latency", "--workload", "sharegpt", "--requests", "5", "--block-size", "10000000"]
+    assert main([*argv, "--model-shape", "llama-3-8b", "--gpu", "h200"]) == 2
+    assert "one block of 10000000 tokens is larger than what H200 leaves" in capsys.readouterr().err
 
 
 def test_a_sweep_where_nothing_can_run_exits_2_and_draws_no_plot(tmp_path, capsys):

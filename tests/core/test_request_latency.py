@@ -8,13 +8,15 @@ import pytest
 from pagesim.core.config import CacheConfig
 from pagesim.core.errors import InvalidStudyError
 from pagesim.core.operations import Submit
-from pagesim.core.scenario import parse_scenario
+from pagesim.core.scenario import load_scenario, parse_scenario
 from pagesim.core.studies.replay import replay_scenario
 from pagesim.core.studies.request_latency import scenario_latency
 from pagesim.core.studies.stand_in import memory_only
 from pagesim.core.studies.sweep import parse_setting
 from pagesim.core.studies.whatif import PANEL_KNOBS, suggested_values
 from pagesim.core.token_model import VOCAB_SIZE
+
+from tests.scenarios import token_model
 
 SETTINGS = "num_blocks = 24\nblock_size = 4\nnum_heads = 2\nhead_dim = 8\nwatermark = 0.0\n"
 # Three requests that outgrow the pool: the newest (two samples) is preempted and recomputed.
@@ -96,3 +98,13 @@ def test_a_real_models_scenario_is_replayed_on_the_synthetic_model_and_says_so()
 def test_a_synthetic_scenario_is_its_own_stand_in():
     scenario = parse_scenario(REQUESTS)
     assert memory_only(scenario) == (scenario, "")
+
+
+def test_the_latency_panel_refuses_a_model_or_a_pool_the_gpu_cannot_hold():
+    """It gave a 70B model's timings on a 40 GB A100 (the weights alone are 131 GiB)."""
+    scenario = load_scenario(token_model("preemption_recompute"))
+    with pytest.raises(InvalidStudyError, match=r"Llama-3-70B's weights .* do not fit"):
+        scenario_latency(scenario, "llama-3-70b", "a100-40gb")
+    big = replace(scenario, config=replace(scenario.config, num_blocks=10_000_000, max_model_len=None))
+    with pytest.raises(InvalidStudyError, match=r"pool: 10000000 blocks of .* at most"):
+        scenario_latency(big, "llama-3-8b", "h200")
