@@ -35,6 +35,9 @@ GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of GPU memory for weights +
 BLOCK_OVERHEAD_TOKENS = 2  # each block read costs as much as this many more tokens' K/V (assumed)
 
 
+MAX_SHAPE_DIM = 1 << 20  # past any published model's layers, widths and vocabulary
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """A decoder-only transformer's shape, as its published config.json gives it."""
@@ -52,6 +55,18 @@ class ModelShape:
     tied_embeddings: bool = False
     source: str = ""
     weight_bytes_override: int | None = None  # a quantised file's own tensor bytes
+
+    def __post_init__(self) -> None:
+        where = self.source or self.name
+        for dim in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab"):
+            value = getattr(self, dim)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_SHAPE_DIM:
+                raise InvalidStudyError(f"{where}: {dim} must be an integer from 1 to {MAX_SHAPE_DIM:,}; got {value!r}")
+        if self.heads % self.kv_heads:
+            raise InvalidStudyError(
+                f"{where}: {self.kv_heads} KV heads do not divide {self.heads} query heads (grouped-query attention "
+                "shares each KV head among a whole number of query heads)"
+            )
 
     @property
     def layer_params(self) -> int:
@@ -173,10 +188,24 @@ def shape_from_gguf(path: str) -> ModelShape:
         return f.contents()
 
     arch = value("general.architecture")
-    heads = int(value(f"{arch}.attention.head_count"))
-    hidden = int(value(f"{arch}.embedding_length"))
-    vocab = len(value("tokenizer.ggml.tokens"))
-    names = {t.name for t in reader.tensors}
+    try:
+        heads = int(value(f"{arch}.attention.head_count"))
+        hidden = int(value(f"{arch}.embedding_length"))
+    except (TypeError, ValueError) as exc:  # (a list where a number belongs)
+        raise InvalidStudyError(f"{path}: a {arch} model whose GGUF metadata is not a shape ({exc})") from None
+    if heads < 1:
+        raise InvalidStudyError(f"{path}: {arch}.attention.head_count must be at least 1; got {heads}")
+    tensors = {t.name: t for t in reader.tensors}
+    names = set(tensors)
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    if tokens is not None:
+        vocab = len(tokens.contents())
+    elif "token_embd.weight" in tensors:  # no tokenizer in the file: the embedding's rows
+        vocab = int(max(tensors["token_embd.weight"].shape))
+    else:
+        raise InvalidStudyError(
+            f"{path}: a {arch} model with neither a tokenizer nor a token embedding: its vocabulary is unknown"
+        )
     return ModelShape(
         Path(path).stem,
         layers=int(value(f"{arch}.block_count")),
