@@ -16,6 +16,7 @@ MAX_MODEL_LEN_LIMIT = 2**24
 
 
 DEFAULT_WATERMARK = 0.01  # v0's free blocks kept back at admission, as a fraction of the pool
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # v1's token budget a step
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class CacheConfig:
     # Which scheduler runs submit/schedule: "v0" (whole prompts, vLLM v0) or "v1" (one token
     # budget a step, chunked prefill, vLLM v1); max_num_batched_tokens is v1's budget.
     scheduler: str = "v0"
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     # The model the runner runs: "synthetic" (the seeded token model), "smollm2-135m" (the
     # bundled SmolLM2-135M-Instruct) or a path to a Llama-architecture .gguf file. A real
     # model sets the heads and head dim (core.models.catalog.config_for_model fills them in).
@@ -100,6 +101,11 @@ class CacheConfig:
             raise ValueError('watermark is v0\'s admission rule: scheduler = "v1" admits without one, as vLLM v1 does')
         if not is_count(self.max_num_batched_tokens):
             raise ValueError(f"max_num_batched_tokens must be a positive integer; got {self.max_num_batched_tokens!r}")
+        if self.scheduler == "v0" and self.max_num_batched_tokens != DEFAULT_MAX_NUM_BATCHED_TOKENS:
+            raise ValueError(
+                'max_num_batched_tokens is v1\'s token budget: scheduler = "v0" prefills whole prompts without one '
+                '(set scheduler = "v1" to use it)'
+            )
         if not isinstance(self.model, str) or not self.model.strip():
             raise ValueError(f'model must be "synthetic", "smollm2-135m" or a path to a .gguf file; got {self.model!r}')
         if not isinstance(self.prefix_caching, bool):

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from pagesim.core.config import DEFAULT_WATERMARK, CacheConfig
+from pagesim.core.config import DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_WATERMARK, CacheConfig
 from pagesim.core.errors import InvalidStudyError, PagesimError
 from pagesim.core.scenario import Scenario
 from pagesim.core.studies.replay import ReplayResult, replay_scenario, replay_workload
@@ -241,12 +241,18 @@ def variant_config(source: Source, changes: dict[str, object], hardware: Hardwar
                     f"give num_blocks too to change the pool"
                 )
             fields["num_blocks"] = base.num_slots // block_size
+    if fields.get("scheduler") == "v0" and base.scheduler == "v1":  # v1's budget does not carry over to v0
+        fields.setdefault("max_num_batched_tokens", DEFAULT_MAX_NUM_BATCHED_TOKENS)
     if fields.get("scheduler") == "v1" and base.scheduler == "v0":
         # v0's own settings do not carry over to v1 (which refuses them) unless the variant sets them
         fields.setdefault("watermark", DEFAULT_WATERMARK)
         if fields.get("preemption", base.preemption) == "recompute":
             fields.setdefault("num_cpu_blocks", 0)
-    if fields.get("preemption", base.preemption) == "swap" and not fields.get("num_cpu_blocks", base.num_cpu_blocks):
+    if (
+        fields.get("preemption", base.preemption) == "swap"
+        and "num_cpu_blocks" not in changes  # (one the variant sets is its own, 0 too: refused)
+        and not base.num_cpu_blocks
+    ):
         fields["num_cpu_blocks"] = fields.get("num_blocks", base.num_blocks)
     if base.max_model_len == min(2048, base.num_slots):  # the default: follow the new pool
         fields.setdefault("max_model_len", None)

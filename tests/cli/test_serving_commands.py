@@ -234,6 +234,25 @@ def test_a_v0_only_knob_swept_on_a_v1_scenario_cannot_run_and_says_why(capsys):
     assert len(rows) == 2 and all("cannot run" in row and "admits without one" in row for row in rows)
 
 
+def test_v1s_token_budget_swept_on_a_v0_scenario_cannot_run_and_a_switch_to_v0_leaves_it_behind(capsys):
+    """v0 ran with max_num_batched_tokens=1 as with 100000: it has no token budget, and said nothing."""
+    assert main(["sweep", "preemption_recompute", "--set", "max_num_batched_tokens=1,100000"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("max_num_batched_tokens=")]
+    assert len(rows) == 2 and all("cannot run" in row and "v1's token budget" in row for row in rows)
+    assert main(["sweep", "preemption_v1", "--set", "scheduler=v0"]) == 0  # (its budget of 32 is v1's own)
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("scheduler=v0"))
+    assert row.split()[1] == "ok"
+
+
+def test_a_swap_variant_with_no_cpu_pool_of_its_own_setting_cannot_run(capsys):
+    """num_cpu_blocks=0 beside preemption=swap swapped 16 blocks into a pool the row said was empty."""
+    assert main(["sweep", "preemption_recompute", "--set", "preemption=swap", "--set", "num_cpu_blocks=0,8"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    zero = next(line for line in out if "num_cpu_blocks=0" in line)
+    eight = next(line for line in out if "num_cpu_blocks=8" in line)
+    assert "cannot run" in zero and "needs num_cpu_blocks ≥ 1" in zero and " ok " in eight
+
+
 def test_latency_shows_the_outputs_of_each_of_n_samples_as_the_throughput_counts_them(tmp_path, capsys):
     report = tmp_path / "l.json"
     argv = ["latency", "preemption_recompute", "--model-shape", "opt-13b", "--gpu", "a100-40gb", "--json", str(report)]

@@ -60,6 +60,7 @@ seq = 0
         (HEADER + '[[steps]]\nop = "free"\n', 1, "seq", "missing"),
         (HEADER + 'scheduler = "v1"\nwatermark = 0.5\n', None, "watermark", "v1.* admits without one"),
         (HEADER + 'scheduler = "v1"\nnum_cpu_blocks = 50\n', None, "num_cpu_blocks", "v1.* has no CPU pool"),
+        (HEADER + "max_num_batched_tokens = 8\n", None, "max_num_batched_tokens", "v1's token budget.*v0"),
     ],
 )
 def test_malformed_scenarios_name_the_file_step_and_field(text, step, field, message):
