@@ -143,8 +143,9 @@ class WasteReport:
             "loaded_steps": self.loaded_steps,
             "finished": self.finished,
             "peak_batch": self.peak_batch,
-            "shares": self.shares,
-            "token_share_of_allocated": self.token_share_of_allocated,
+            # (no loaded step: no average to give; null, as the table's "—", not a share of 0)
+            "shares": self.shares if self.loaded_steps else dict.fromkeys(CATEGORIES),
+            "token_share_of_allocated": self.token_share_of_allocated if self.loaded_steps else None,
         }
 
 

@@ -179,6 +179,17 @@ def test_waste_prints_the_split_and_writes_per_step_json(tmp_path, capsys):
     assert all(sum(step.values()) == 4096 for step in paged["per_step"])
 
 
+def test_waste_json_says_null_where_the_table_says_no_average(tmp_path, capsys):
+    """With no step under load (no request ever waited) the table shows "—"; the JSON said 0.0."""
+    path = tmp_path / "waste.json"
+    assert main(["waste", "--requests", "50", "--json", str(path)]) == 0
+    table = capsys.readouterr().out
+    unloaded = [a for a in json.loads(path.read_text())["allocators"] if a["loaded_steps"] == 0]
+    assert unloaded and "—" in table
+    for allocator in unloaded:
+        assert set(allocator["shares"].values()) == {None} and allocator["token_share_of_allocated"] is None
+
+
 def test_scheduler_scenarios_run_from_the_cli(capsys):
     assert main(["run", token_model("preemption_swap"), "--quiet"]) == 0
     assert capsys.readouterr().out.startswith("PASS")
