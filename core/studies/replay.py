@@ -307,6 +307,9 @@ def replay_scenario(
     return replay.finish()
 
 
+MAX_ARRIVAL_SECONDS = 1e7  # ~116 days: the clock (float seconds) still resolves nanoseconds
+
+
 def replay_workload(
     config: CacheConfig, specs: Iterable[RequestSpec], seconds: Callable[[Work], float] = nominal_seconds
 ) -> ReplayResult:
@@ -314,6 +317,12 @@ def replay_workload(
     next one) and schedule until all are done."""
     replay = Replay(config, seconds)
     pending = sorted(specs, key=lambda s: s.arrival)
+    if pending and pending[-1].arrival > MAX_ARRIVAL_SECONDS:
+        raise InvalidStudyError(
+            f"the requests arrive over {pending[-1].arrival:.3g} s of simulated time, more than "
+            f"{MAX_ARRIVAL_SECONDS:g} s: a step's milliseconds would be lost in the clock's rounding; raise the "
+            "arrival rate"
+        )
     i = 0
     try:
         while True:

@@ -262,3 +262,10 @@ def test_latency_shows_the_outputs_of_each_of_n_samples_as_the_throughput_counts
     by_name = {r["request"]: r for r in doc["requests"]}
     assert by_name["r3"]["samples"] == 2 and rows["r3"].endswith(f"{by_name['r3']['output_tokens']} × 2")
     assert doc["summary"]["output_tokens"] == sum(r["output_tokens"] * r["samples"] for r in doc["requests"])
+
+
+def test_a_rate_so_low_that_the_clock_loses_its_milliseconds_is_refused(capsys):
+    """--rate 1e-300 printed TTFTs of 0.00 ms and a run of 10^300 seconds."""
+    argv = ["latency", "--workload", "sharegpt", "--requests", "5", "--rate", "1e-300"]
+    assert main([*argv, "--model-shape", "llama-3-8b", "--gpu", "h200"]) == 2
+    assert "a step's milliseconds would be lost in the clock's rounding; raise the arrival rate" in capsys.readouterr().err
