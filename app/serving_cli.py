@@ -338,15 +338,18 @@ def cmd_sweep(args: argparse.Namespace, write_output: Writer) -> int:
     result = sweep(source, settings, hardware, progress)
     for line in format_table(result):
         print(line, file=out)
+    ran = any(v.ran for v in result.variants)
+    # Every output made before any is written: a plot that cannot be drawn leaves no file half the set.
+    png = render_png(result) if args.plot is not None and ran else None
     if args.json is not None:
         write_output(args.json, to_json(result), "--json")
     if args.csv is not None:
         write_output(args.csv, to_csv(result), "--csv")
-    if not any(v.ran for v in result.variants):  # (the table and the files say why; a plot would be empty)
+    if not ran:  # (the table and the files say why; a plot would be empty)
         print("error: no variant could run, the original included: see the reasons above", file=sys.stderr)
         return 2
-    if args.plot is not None:
-        write_output(args.plot, render_png(result), "--plot")
+    if png is not None:
+        write_output(args.plot, png, "--plot")
         print(f"plot: {args.plot}", file=out)
     return 0
 

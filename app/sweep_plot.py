@@ -53,10 +53,11 @@ def _figure_panels(result: SweepResult, ran: list[tuple[int, VariantResult]]):
 
 def _per_variant(ax, result: SweepResult, ran, values, title: str, ylabel: str, fmt: str = "{:g}") -> None:
     knob = _one_numeric_knob(result)
+    points = []
     if knob is not None:
-        name, _ = knob
-        points = [(v.changes[name], y, i) for (i, v), y in zip(ran, values, strict=True) if v.changes]
-        points.sort()
+        points = sorted((v.changes[knob[0]], y, i) for (i, v), y in zip(ran, values, strict=True) if v.changes)
+    if points:  # (none when only the original ran: a bar of it)
+        name = knob[0]
         ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color="#0072B2")
         base = [y for (i, _), y in zip(ran, values, strict=True) if i == 0]
         if base and not math.isnan(base[0]):

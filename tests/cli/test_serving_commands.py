@@ -268,4 +268,16 @@ def test_a_rate_so_low_that_the_clock_loses_its_milliseconds_is_refused(capsys):
     """--rate 1e-300 printed TTFTs of 0.00 ms and a run of 10^300 seconds."""
     argv = ["latency", "--workload", "sharegpt", "--requests", "5", "--rate", "1e-300"]
     assert main([*argv, "--model-shape", "llama-3-8b", "--gpu", "h200"]) == 2
-    assert "a step's milliseconds would be lost in the clock's rounding; raise the arrival rate" in capsys.readouterr().err
+    assert (
+        "a step's milliseconds would be lost in the clock's rounding; raise the arrival rate" in capsys.readouterr().err
+    )
+
+
+def test_a_one_knob_sweep_where_only_the_original_ran_still_draws_its_plot(tmp_path, capsys):
+    """block_size=1000 (larger than the pool) left --json written and crashed drawing a log axis of nothing."""
+    plot, report = tmp_path / "s.png", tmp_path / "s.json"
+    assert main(["sweep", "preemption_recompute", "--set", "block_size=1000", "--plot", str(plot), "--json",
+                 str(report)]) == 0  # fmt: skip
+    assert plot.read_bytes().startswith(b"\x89PNG") and json.loads(report.read_text())["variants"][1]["status"] == (
+        "cannot run"
+    )
