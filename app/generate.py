@@ -47,6 +47,10 @@ def cmd_generate(args: argparse.Namespace, write_output) -> int:
     if args.json is not None and (reason := writable_problem(args.json, "--json")):
         print(f"error: {reason}", file=sys.stderr)
         return 2
+    try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError as exc:  # (bytes the terminal could not decode, passed on as surrogates)
+        raise InvalidOperationError(f"the prompt is not valid UTF-8 text (at character {exc.start})") from None
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed, args.max_tokens)
     stream = args.json is None or str(args.json) != "-"
     if args.dtype is not None:
@@ -60,6 +64,10 @@ def cmd_generate(args: argparse.Namespace, write_output) -> int:
     if not prompt:
         raise InvalidOperationError("the prompt is empty")
     window = model.config.context_length
+    if len(prompt) >= window:
+        raise InvalidOperationError(
+            f"the prompt alone is {len(prompt)} tokens, past the model's context window of {window}: shorten it"
+        )
     if len(prompt) + args.max_tokens > window:  # (positions past it were never trained: the text degrades)
         raise InvalidOperationError(
             f"{len(prompt)} prompt tokens + --max-tokens {args.max_tokens} pass the model's context window of "

@@ -89,6 +89,12 @@ def prompt_ids(model, text: str, as_chat: bool = False) -> list[int]:
         raise InvalidOperationError("this model has no tokenizer: give the prompt as a number of tokens", "prompt")
     if not text:
         raise InvalidOperationError("the prompt is empty: type some text", "prompt")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # (bytes a terminal could not decode, passed on as surrogates)
+        raise InvalidOperationError(
+            f"the prompt is not valid UTF-8 text (at character {exc.start})", "prompt"
+        ) from None
     ids = tokenizer.encode_chat([{"role": "user", "content": text}]) if as_chat else tokenizer.encode(text)
     if not ids:
         raise InvalidOperationError("the prompt has no tokens", "prompt")

@@ -139,7 +139,7 @@ def load_workload(path: str | Path) -> Workload:
     text = read_scenario_text(path)  # a regular file of bounded size, in UTF-8
     try:
         doc = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # (JSONDecodeError, or an integer of thousands of digits)
         raise WorkloadError(source, f"not valid JSON: {exc}") from None
     return parse_workload(doc, source)
 

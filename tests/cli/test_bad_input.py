@@ -208,3 +208,22 @@ def test_ctrl_c_while_the_command_line_loads_is_a_line_too(monkeypatch, capsys):
     monkeypatch.setattr(sys, "meta_path", [Interrupting(), *sys.meta_path])
     assert entry.main(["scenarios"]) == 130
     assert capsys.readouterr().err.strip() == "interrupted: nothing was written"
+
+
+def test_a_prompt_that_is_not_utf8_or_longer_than_the_context_is_named_not_a_traceback(capsys):
+    """Bytes a terminal could not decode raised a TypeError in the tokenizer; a prompt past the
+    context window was told to use "at most --max-tokens 0"."""
+    assert main(["generate", "abc\udcffdef", "--max-tokens", "1"]) == 2
+    assert "the prompt is not valid UTF-8 text (at character 3)" in capsys.readouterr().err
+    assert main(["generate", "word " * 9000, "--max-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "the prompt alone is" in err and "past the model's context window of 8192" in err
+
+
+def test_a_typed_prompt_that_is_not_utf8_is_refused_by_the_engine_too():
+    from pagesim.core.errors import InvalidOperationError
+    from pagesim.core.models.catalog import load_model
+    from pagesim.core.token_text import prompt_ids
+
+    with pytest.raises(InvalidOperationError, match="not valid UTF-8"):
+        prompt_ids(load_model("smollm2-135m"), "caf\udce9")

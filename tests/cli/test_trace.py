@@ -31,6 +31,7 @@ def test_trace_to_stdout(capsys):
     [
         (None, "cannot read"),
         ("{not json", "not valid JSON"),
+        ('{"config": {"num_gpu_blocks": 1' + "0" * 5000 + "}}", "not valid JSON: Exceeds the limit"),
         ('{"config": {}, "requests": []}', "config.num_gpu_blocks is missing"),
         (
             '{"config": {"num_gpu_blocks": 8, "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 64, '
