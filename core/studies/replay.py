@@ -97,6 +97,7 @@ class RequestRecord:
     samples: int = 1  # sequences writing them side by side: v0's parallel samples (n)
     preemptions: int = 0
     rejected: bool = False
+    rejection: str | None = None  # why, when it was refused as it was submitted
 
 
 @dataclass
@@ -218,11 +219,12 @@ class Replay:
         self.result.used_blocks.append(self.sim.blocks.pool.num_used)
 
     def submit(self, op: Submit, arrival: float | None = None) -> None:
+        refusal = self.scheduler.refusal(op)
         self._apply(op)
         requests = self.scheduler.requests
         when = self.clock if arrival is None else arrival
         for name in itertools.islice(requests, self._seen, None):  # n samples are n requests in v1
-            self.result.requests[name] = RequestRecord(name, when, op.length)
+            self.result.requests[name] = RequestRecord(name, when, op.length, rejection=refusal)
         self._seen = len(requests)
 
     def busy(self) -> bool:

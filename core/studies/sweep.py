@@ -305,7 +305,9 @@ def run_variant(source: Source, changes: dict[str, object], hardware: Hardware |
     elif result.unfinished:
         out.status, out.reason = "unfinished", f"{result.unfinished} requests not done after {result.iterations} steps"
     elif out.rejected:  # (what ran is right, but not all of the workload ran)
-        out.status, out.reason = "rejected", f"{out.rejected} of {len(records)} requests rejected: they can never fit"
+        reasons = {r.rejection for r in records if r.rejected}
+        why = reasons.pop() if len(reasons) == 1 and None not in reasons else "they can never fit"
+        out.status, out.reason = "rejected", f"{out.rejected} of {len(records)} requests rejected: {why}"
     if hardware is not None:
         out.latency = latency(result)
         out.pool_gib = config.num_blocks * hardware.roofline(config.block_size).block_bytes() / 2**30

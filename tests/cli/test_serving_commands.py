@@ -281,3 +281,10 @@ def test_a_one_knob_sweep_where_only_the_original_ran_still_draws_its_plot(tmp_p
     assert plot.read_bytes().startswith(b"\x89PNG") and json.loads(report.read_text())["variants"][1]["status"] == (
         "cannot run"
     )
+
+
+def test_a_variant_whose_requests_are_refused_for_one_reason_gives_that_reason(capsys):
+    """Beam search under v1 read "rejected: they can never fit"; v1 has no beam search."""
+    assert main(["sweep", "beam_search", "--set", "scheduler=v1"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("scheduler=v1"))
+    assert "1 of 1 requests rejected: the v1 scheduler has no beam search" in row and "never fit" not in row
