@@ -19,7 +19,7 @@ from pagesim.core.errors import (
     TimelineRangeError,
     UnknownSequenceError,
 )
-from pagesim.core.operations import Fork, Operation, Submit
+from pagesim.core.operations import Add, Fork, Grow, Operation, Submit
 from pagesim.core.scenario import Scenario, first_sentence
 from pagesim.core.token_text import text_function
 from pagesim.kernels.backend import Backend
@@ -37,7 +37,11 @@ def _field_at_fault(op: Operation, exc: PagesimError) -> str | None:
         return "as" if isinstance(op, Fork) else "request" if isinstance(op, Submit) else "seq"
     if isinstance(exc, InvalidPlacementError):
         return "blocks"
-    if isinstance(exc, PoolExhaustedError):
+    if isinstance(exc, PoolExhaustedError):  # the field that asked for the tokens
+        if isinstance(op, Grow) and op.token_ids is not None:
+            return "token_ids"
+        if isinstance(op, Add | Submit) and op.prompt is not None:
+            return "prompt"
         return "tokens"
     return None
 

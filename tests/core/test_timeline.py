@@ -92,6 +92,21 @@ def test_a_failing_scenario_step_names_its_step_and_field(cpu_backend):
     assert state_fingerprint(timeline.sim) == before
 
 
+def test_a_pool_that_runs_out_names_the_field_that_asked_for_the_tokens(cpu_backend):
+    """An add with ``prompt = [...]`` was said to fail in its field 'tokens', which it did not have."""
+    header = "num_blocks = 3\nblock_size = 4\nnum_heads = 1\nhead_dim = 8\n"
+    first = '[[steps]]\nop = "add"\nseq = "a"\nprompt = [1, 2, 3, 4, 5, 6, 7, 8, 9]\n'
+    for step, field in (
+        ('[[steps]]\nop = "add"\nseq = "b"\nprompt = [1, 2, 3, 4, 5]\n', "prompt"),
+        ('[[steps]]\nop = "grow"\nseq = "a"\ntoken_ids = [1, 2, 3, 4, 5, 6, 7, 8]\n', "token_ids"),
+        ('[[steps]]\nop = "grow"\nseq = "a"\ntokens = 8\n', "tokens"),
+    ):
+        timeline = Timeline(parse_scenario(header + first + step, "tight.toml"), cpu_backend)
+        timeline.forward()
+        with pytest.raises(ScenarioError, match=rf"tight.toml, step 2, field '{field}': .*KV-cache pool exhausted"):
+            timeline.forward()
+
+
 def test_a_seek_past_a_failing_step_stops_on_the_step_before_it_and_names_it(cpu_backend):
     scenario = parse_scenario(
         "num_blocks = 4\nblock_size = 2\nnum_heads = 1\nhead_dim = 8\n"
