@@ -106,3 +106,23 @@ def test_the_text_view_follows_the_writing_unless_the_reader_scrolled_up(make_wi
     window.controller.forward()
     wait_idle(qtbot, window, timeout=60_000)
     qtbot.waitUntil(lambda: bar.value() == bar.maximum(), timeout=5000)
+
+
+def test_the_token_map_scrolls_to_every_token_and_keeps_a_block_to_a_row(make_window, qtbot):
+    """At the app's default size the newest tokens were cut off (no scroll bar), and a row of
+    7 text cells never lined up with blocks of 8."""
+    window = make_window("prefix_caching_v1", real=True)
+    window.resize(1400, 860)
+    _at_step(qtbot, window, 5)
+    window.select_sequence("chat1")
+    window.controller.forward()  # chat1 decodes a token
+    wait_idle(qtbot, window, timeout=60_000)
+    token_map = window.token_map
+    size, count = window.frame.config.block_size, token_map.num_tokens
+    assert token_map._columns() % size == 0  # whole blocks to a row
+    assert token_map.height() >= token_map.heightForWidth(token_map.width())  # room for every token
+    area = token_map.parentWidget().parentWidget()
+    qtbot.waitUntil(lambda: area.verticalScrollBar().value() > 0 or area.verticalScrollBar().maximum() == 0)
+    row = (count - 1) // token_map._columns()
+    top = row * token_map.cell[1] - area.verticalScrollBar().value()
+    assert 0 <= top < area.viewport().height()  # the newest token is in view

@@ -9,13 +9,14 @@ import numpy as np
 from pagesim.app.gui.palette import Theme
 from pagesim.core.token_text import quoted, visible
 from pagesim.core.view_model import Frame
-from PySide6.QtCore import QEvent, QRect, QSize, Qt, Signal
+from PySide6.QtCore import QEvent, QRect, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QPainter
-from PySide6.QtWidgets import QLabel, QSizePolicy, QToolTip, QWidget
+from PySide6.QtWidgets import QLabel, QScrollArea, QSizePolicy, QToolTip, QWidget
 
 CELL = 14
-# A real model's tokens show their text: wider cells, a long token elided ("…").
-TEXT_CELL_W, TEXT_CELL_H = 48, 18
+# A real model's tokens show their text: wider cells, a long token elided ("…"); narrower,
+# down to the least, where that lets a whole block fit a row.
+TEXT_CELL_W, TEXT_CELL_H, MIN_TEXT_CELL_W = 48, 18, 30
 GENERIC_TIP = "The selected sequence's tokens: hover one to see where its K/V lives"
 
 
@@ -104,21 +105,44 @@ class TokenMap(QWidget):
         )
         if state == shown and same_weights:
             return  # most steps grow some other sequence: nothing to repaint
+        grew = seq_id is not None and seq_id == self.seq_id and num_tokens > self.num_tokens
         self.colour, self.pieces = colour, pieces
         self.seq_id, self.block_table = seq_id, block_table
         self.num_tokens, self.block_size, self.weights = num_tokens, block_size, weights
+        self._fit_height()
         self.updateGeometry()
         self.update()
+        if grew:  # the newest tokens are the step's news: keep them in view
+            QTimer.singleShot(0, self, self._show_newest)
+
+    def _show_newest(self) -> None:
+        area = self.parentWidget()
+        while area is not None and not isinstance(area, QScrollArea):
+            area = area.parentWidget()
+        if area is not None and self.num_tokens:
+            columns = self._columns()
+            cell_w, cell_h = self.cell
+            row, column = divmod(self.num_tokens - 1, columns)
+            area.ensureVisible(column * cell_w, row * cell_h + cell_h // 2, 0, cell_h)
+
+    def cell_at(self, width: int | None = None) -> tuple[int, int]:
+        """A token's cell at ``width`` (the widget's own by default): (width, height)."""
+        if self.pieces is None:
+            return CELL, CELL
+        width = self.width() if width is None else width
+        size = max(1, self.block_size)
+        if width >= TEXT_CELL_W * size:
+            return TEXT_CELL_W, TEXT_CELL_H
+        return max(MIN_TEXT_CELL_W, width // size), TEXT_CELL_H
 
     @property
     def cell(self) -> tuple[int, int]:
-        """A token's cell: (width, height)."""
-        return (TEXT_CELL_W, TEXT_CELL_H) if self.pieces is not None else (CELL, CELL)
+        return self.cell_at()
 
     def _columns(self, width: int | None = None) -> int:
         # Whole blocks per row, so a row break never splits a block (unless one block is wider).
         width = self.width() if width is None else width
-        cell_w, size = self.cell[0], max(1, self.block_size)
+        cell_w, size = self.cell_at(width)[0], max(1, self.block_size)
         blocks = width // (cell_w * size)
         return blocks * size if blocks else max(1, width // cell_w)
 
@@ -129,8 +153,19 @@ class TokenMap(QWidget):
         return True
 
     def heightForWidth(self, width: int) -> int:
-        cell_h = self.cell[1]
+        cell_h = self.cell_at(width)[1]
         return max(cell_h, -(-self.num_tokens // self._columns(width)) * cell_h)
+
+    def _fit_height(self) -> None:
+        """At least the height every token needs at this width: the scroll area around the map
+        (which sizes it to its viewport) then scrolls, instead of cutting the newest tokens off."""
+        height = self.heightForWidth(self.width())
+        if self.minimumHeight() != height:
+            self.setMinimumHeight(height)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._fit_height()
 
     def token_at(self, x: int, y: int) -> int:
         columns = self._columns()
