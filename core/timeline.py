@@ -19,7 +19,7 @@ from pagesim.core.errors import (
     TimelineRangeError,
     UnknownSequenceError,
 )
-from pagesim.core.operations import Add, Fork, Grow, Operation, Submit
+from pagesim.core.operations import Add, Fork, Grow, Operation, Schedule, Submit
 from pagesim.core.scenario import Scenario, first_sentence
 from pagesim.core.token_text import text_function
 from pagesim.kernels.backend import Backend
@@ -194,6 +194,13 @@ class Timeline:
         if isinstance(op, Submit) and (reason := self.sim.scheduler.refusal(op)) is not None:
             # (a scenario may script a rejection; a user's own request is refused before it branches)
             raise InvalidOperationError(f"request {op.request} would be rejected at once: {reason}")
+        scheduler = self.sim.scheduler
+        if isinstance(op, Schedule) and not (scheduler.running or scheduler.waiting or scheduler.swapped):
+            # (a scenario may script an idle step; a user's own would be a step that does nothing)
+            raise InvalidOperationError(
+                "the scheduler has no requests to run: submit one first (Add, as a request for the scheduler); "
+                "your own sequences grow with Grow"
+            )
         result = self.sim.apply(op)  # atomic: raises before any change
         self._undo.append(Edit(at, tuple(self.operations[at:]), (op,)))
         self._redo.clear()

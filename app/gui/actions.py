@@ -101,8 +101,8 @@ class WindowActions:
             "Schedule",
             w.schedule_step,
             "S",
-            "One scheduler step: admit waiting requests (prefill), one token for each running sequence, "
-            "preempt if the pool runs out",
+            "One scheduler step for the submitted requests: admit waiting ones (prefill), one token for each "
+            "running one, preempt if the pool runs out (your own sequences grow with Grow)",
         )
         self.start_action = a("Start", lambda: w.controller.seek(0), Qt.Key.Key_Home, "Go to the start")
         self.back_action = a("Back", w.controller.back, Qt.Key.Key_Left, "Step back")

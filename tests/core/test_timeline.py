@@ -1,6 +1,6 @@
 import pytest
 from pagesim.core.errors import InvalidOperationError, PoolExhaustedError, ScenarioError
-from pagesim.core.operations import Add, Grow, Submit
+from pagesim.core.operations import Add, Grow, Schedule, Submit
 from pagesim.core.scenario import load_scenario, parse_scenario
 from pagesim.core.timeline import Timeline
 
@@ -281,3 +281,15 @@ def test_a_long_seek_stops_at_the_next_step_when_asked():
     assert timeline.position == 40  # one step past the request at most, not the whole replay
     with pytest.raises(Interrupted):
         list(timeline.events_through_now())
+
+
+def test_a_users_schedule_step_with_no_request_to_run_is_refused_not_recorded(cpu_backend):
+    """It recorded a step that did nothing ("no token computed") beside sequences that did not decode."""
+    timeline = Timeline(load_scenario(token_model("default")), cpu_backend)
+    timeline.seek(3)
+    length, before = timeline.length, state_fingerprint(timeline.sim)
+    with pytest.raises(InvalidOperationError, match="the scheduler has no requests to run: submit one first"):
+        timeline.push(Schedule(1))
+    assert timeline.length == length and timeline.position == 3 and state_fingerprint(timeline.sim) == before
+    timeline.push(Submit("r", 2, prompt_len=3))
+    assert timeline.push(Schedule(1)).step == 5  # with a request queued, it runs
