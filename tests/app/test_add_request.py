@@ -68,7 +68,8 @@ def test_requests_submitted_one_after_another_get_names_of_their_own(make_window
     dialog, frame, _ = _submit(window, qtbot, "Two", output_len=1)  # before any Schedule
     second = dialog.seq
     assert first != second and {first, second} <= set(frame.queues["waiting"])
-    _schedule(window, qtbot, 3)  # both finish
+    while frame.queues["waiting"] or frame.queues["running"]:  # until both finish
+        frame = _schedule(window, qtbot, 1)
     dialog, frame, op = _submit(window, qtbot, "Three", output_len=1)
     assert dialog.seq not in (first, second) and op.request == dialog.seq
 
