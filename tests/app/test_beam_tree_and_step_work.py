@@ -87,6 +87,9 @@ def test_the_step_bar_shows_prefill_decode_and_skipped_prefix_tokens(qtbot, sett
     assert bar.tooltip_at(rect.center()).startswith("A: decode, 1 token")
     assert "+1 decode" in rows._rows["A"].text(1)
 
+    seek(qtbot, window, 4)  # a submit computes nothing, but the kernel's check still ran (the badge says ✓)
+    assert bar.work is None and not bar.segments and window.frame.attention is not None
+    assert "no token computed; the kernel still read every live sequence's K/V" in bar.title()
     seek(qtbot, window, 5)  # the scheduler admits r: its prompt prefilled once, then forked
     assert bar.work.prefill_tokens == 6 and bar.work.decode_tokens == 0
     frame = seek(qtbot, window, 6)  # the next step decodes one token for each of r's two samples

@@ -21,7 +21,9 @@ TEXTS = {
 TIPS = {
     None: "No attention ran at this step yet. Click to open the Check panel.",
     True: "Every sequence's paged-attention output matches dense attention on the same tokens, within the "
-    "bound that rounding explains. Click to open the Check panel (the numbers, per head).",
+    "bound that rounding explains. The check runs after every step, also one that only moved blocks (a fork, a "
+    "free): the kernel reads each live sequence's K/V through its block table as it is now. Click to open the "
+    "Check panel (the numbers, per head).",
     False: "A sequence's paged-attention output differs from dense attention by more than rounding explains. "
     "Click to open the Check panel.",
 }

@@ -66,7 +66,12 @@ class StepWorkBar(QWidget):
         if work is None:
             if not frame.position:
                 return "No step yet: each step's bar shows the tokens it computes, prefill or decode"
-            return f"Step {frame.position}: no token computed (it only moved blocks: nothing for the model to run)"
+            checked = (
+                "; the kernel still read every live sequence's K/V through its block table, checked against dense"
+                if frame.attention is not None
+                else ""
+            )
+            return f"Step {frame.position}: no token computed{checked}"
         timing = work.timing()
         return f"Step {frame.position} · {work.summary()}" + (f" · {timing}" if timing else "")
 
