@@ -106,7 +106,11 @@ def step_caption(result: StepResult, text_of: Callable[[Sequence[int]], str] | N
     # The block sentences sum up what the sequence and request events did to the pool: told
     # after the last of those (a free, then where its blocks went), or first when there are none.
     blocks_at = in_order[-1][0] + 0.5 if in_order else -1.0
-    parts += [(blocks_at, kind.summarize(of[kind])) for kind in _BY_KIND + _SWAPS if of.get(kind)]
+    # A request's swap is told by the request (its blocks, its transfer time): not again block by block.
+    told_swaps = {ev.BlockSwappedOut} if any(e.mode == "swap" for e in of.get(ev.RequestPreempted, [])) else set()
+    told_swaps |= {ev.BlockSwappedIn} if ev.RequestSwappedIn in of else set()
+    kinds = [kind for kind in _BY_KIND + _SWAPS if of.get(kind) and kind not in told_swaps]
+    parts += [(blocks_at, kind.summarize(of[kind])) for kind in kinds]
     added = {e.seq for e in of.get(ev.SequenceAdded, [])}
     written = [w for w in of.get(ev.TokenWritten, []) if w.seq not in added]  # a prompt's are told by its arrival
     if written:

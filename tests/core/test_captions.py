@@ -194,3 +194,15 @@ def test_a_step_of_decodes_and_prefill_chunks_tells_them_apart_and_what_the_pref
                 assert f"the {e.cached} full ones stay in the prefix cache" in caption, caption
                 assert "dropped" not in caption
     assert mixed and served and kept  # each case happens in this scenario
+
+
+def test_a_swap_is_told_once_by_its_request(cpu_backend):
+    """ "8 blocks moved to the CPU pool" was followed by "8 blocks swapped out to the CPU pool"."""
+    timeline = Timeline(load_scenario("tests/scenarios/synthetic_preemption_swap.toml"), cpu_backend)
+    timeline.run_to_end()
+    captions = timeline.captions()
+    out = [c for c in captions if "preempted by swap" in c]
+    back = [c for c in captions if "swapped back in:" in c]
+    assert out and back
+    assert not any("swapped out to the CPU pool" in c for c in out)
+    assert not any("swapped back in from the CPU pool" in c for c in back)
