@@ -129,6 +129,7 @@ class Frame:
     scheduler_counts: dict[str, int] | None = None
     # Branching: the step after which the user's actions left the script, and what undo/redo can do.
     branch_step: int | None = None
+    script_length: int = 0  # the scenario's own steps (a branch past them sets none aside)
     can_undo: bool = False
     can_redo: bool = False
     # What this step did in one sentence, the scenario's own narration of it, and a line per step.
@@ -344,6 +345,7 @@ def build_frame(
         },
         scheduler_counts=sim.scheduler.counts() if scheduled else None,
         branch_step=timeline.branch_step,
+        script_length=len(timeline.scenario.operations),
         can_undo=timeline.can_undo,
         can_redo=timeline.can_redo,
         num_cpu_blocks=sim.config.num_cpu_blocks,

@@ -63,11 +63,18 @@ class StatusReporter:
             self.say(f"{frame.scenario_name}: {frame.length} steps · Space plays, → steps, A adds a sequence", 10_000)
         branched = frame.branch_step is not None
         if branched and frame.branch_step != self._announced_branch and frame.can_undo:
-            self.say(
-                f"Your action branched off the script at step {frame.branch_step}: its later steps are set aside. "
-                "Edit → Undo (Ctrl+Z) brings them back; File → Reload starts over.",
-                15_000,
-            )
+            if frame.branch_step >= frame.script_length:  # past the script's end: nothing was set aside
+                self.say(
+                    f"Your action went on past the script's last step ({frame.script_length}). Edit → Undo (Ctrl+Z) "
+                    "takes it back; File → Reload starts over.",
+                    15_000,
+                )
+            else:
+                self.say(
+                    f"Your action branched off the script at step {frame.branch_step}: its later steps are set "
+                    "aside. Edit → Undo (Ctrl+Z) brings them back; File → Reload starts over.",
+                    15_000,
+                )
         self._announced_branch = frame.branch_step
         if frame.status_notes:  # preemptions and rejections say what they cost
             self.say(" · ".join(frame.status_notes), 8000)

@@ -857,3 +857,19 @@ def test_home_pressed_while_a_seek_to_the_end_runs_wins(make_window, qtbot):
     window.actions.start_action.trigger()
     wait_idle(qtbot, window)
     assert window.frame.position == 0
+
+
+def test_an_action_past_the_scripts_end_is_not_said_to_set_later_steps_aside(make_window, qtbot):
+    window = make_window("seed_demo")
+    window.actions.scrubber.setValue(window.frame.length)  # the last step: nothing scripted after it
+    wait_idle(qtbot, window)
+    window.selection.current = window.frame.sequences[0].seq_id
+    button(window, window.actions.grow_action).click()
+    wait_idle(qtbot, window)
+    message = window.statusBar().currentMessage()
+    assert "went on past the script's last step" in message and "set aside" not in message
+    window.actions.scrubber.setValue(1)  # mid-script: its later steps are set aside
+    wait_idle(qtbot, window)
+    button(window, window.actions.grow_action).click()
+    wait_idle(qtbot, window)
+    assert "branched off the script at step 1: its later steps are set aside" in window.statusBar().currentMessage()
