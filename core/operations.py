@@ -184,6 +184,11 @@ class Submit:
             raise InvalidOperationError("a request samples n > 1 or searches with beams, not both", "beam_width")
         if self.beam_width and self.sampling is not None and not self.sampling.greedy:
             raise InvalidOperationError("beam search draws no samples: leave temperature at 0", "temperature")
+        if self.n > 1 and self.sampling is not None and self.sampling.greedy:  # (vLLM refuses it too)
+            raise InvalidOperationError(
+                f"{self.n} samples at temperature 0 (greedy) would all be the same text: raise the temperature",
+                "temperature",
+            )
         _check_sampling(self.sampling)
 
     @property

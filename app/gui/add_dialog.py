@@ -32,6 +32,11 @@ HINTS = {
 }
 
 
+SAME_SAMPLES = (
+    "Samples at temperature 0 (greedy) would all be the same text: raise the temperature for n > 1, or take one sample"
+)
+
+
 class AddPromptDialog(QDialog):
     def __init__(self, seq: str, parent=None, as_request: bool = False) -> None:
         """``as_request``: offer a request first (the scenario runs a scheduler)."""
@@ -91,6 +96,7 @@ class AddPromptDialog(QDialog):
         self.output_len.setToolTip("Tokens the request generates (it finishes earlier at the end-of-sequence token)")
         self.beam_width.valueChanged.connect(lambda _: self._follow_choices())
         self.temperature.valueChanged.connect(lambda _: self._follow_choices())
+        self.samples.valueChanged.connect(lambda _: self._follow_choices())
         self.kind.currentIndexChanged.connect(lambda _: self._follow_choices())
         form = QFormLayout()
         self.form = form
@@ -144,8 +150,12 @@ class AddPromptDialog(QDialog):
         self.temperature.setEnabled(not beams)
         self.samples.setEnabled(not beams)
         self.seed.setEnabled(not beams and self.temperature.value() > 0)
-        self.hint.setText(HINTS[self.kind.currentData()])
-        self.buttons.button(QDialogButtonBox.StandardButton.Ok).setText("Submit" if request else "Add")
+        # n greedy samples would be one text n times over (vLLM refuses them too)
+        same = request and self.samples.value() > 1 and self.temperature.value() == 0
+        self.hint.setText(SAME_SAMPLES if same else HINTS[self.kind.currentData()])
+        ok = self.buttons.button(QDialogButtonBox.StandardButton.Ok)
+        ok.setEnabled(not same)
+        ok.setText("Submit" if request else "Add")
         self.adjustSize()  # rows came or went: the dialog fits them (squeezed, they overlapped)
 
     @property

@@ -100,3 +100,27 @@ def test_parallel_samples_with_a_temperature_write_their_own_tokens(make_window,
     full = prompt // frame.config.block_size
     assert first.block_table[:full] == second.block_table[:full]
     assert first.block_table[-1] != second.block_table[-1]
+
+
+def test_n_samples_at_temperature_zero_cannot_be_submitted_and_the_dialog_says_why(make_window, qtbot):
+    """Two greedy samples wrote the same text, in blocks of their own after copy-on-write."""
+    window = make_window("default", real=True)
+    window.add_sequence()
+    dialog = window.add_dialog
+    dialog.kind.setCurrentIndex(dialog.kind.findData("request"))
+    ok = dialog.buttons.button(dialog.buttons.StandardButton.Ok)
+    dialog.temperature.setValue(0.0)
+    dialog.samples.setValue(2)
+    assert not ok.isEnabled() and "would all be the same text" in dialog.hint.text()
+    dialog.temperature.setValue(0.7)
+    assert ok.isEnabled() and "same text" not in dialog.hint.text()
+    dialog.reject()
+
+
+def test_a_request_of_n_greedy_samples_is_refused_by_the_engine():
+    import pytest
+    from pagesim.core.errors import InvalidOperationError
+    from pagesim.core.sampling import SamplingParams
+
+    with pytest.raises(InvalidOperationError, match=r"2 samples at temperature 0 .* would all be the same text"):
+        Submit("r", 4, prompt_len=3, n=2, sampling=SamplingParams(temperature=0.0, seed=1))
