@@ -34,9 +34,15 @@ class PagedKVCache:
         self.key_cache, self.value_cache = backend.allocate_cache(
             config.num_blocks, config.block_size, config.num_kv_heads, config.head_dim, self.dtype
         )
-        self._generation = 0
+        self._generation = 0  # the newest checkpoint's
+        self._issued = 0  # (checkpoints get ids never used before, also after a restore)
         self._undo: dict[int, tuple[object, object]] | None = None  # block -> its K/V at the checkpoint
         self._live: set[int] = set()  # blocks whose K/V mattered at the checkpoint, not yet saved
+        self._kept_live: set[int] = set()  # ... all of them, saved or not (what a restore there logs again)
+        # The logs of older checkpoints, oldest first: (id, undo log, blocks live there), each
+        # running until the next checkpoint. Restoring one undoes the newer logs in turn.
+        self._older: list[tuple[int, dict, set[int]]] = []
+        self.keep_checkpoints = 1  # how many checkpoints stay restorable (the newest and the ones before)
 
     def _before_change(self, blocks) -> None:
         if self._undo is None or not self._live:
@@ -80,33 +86,51 @@ class PagedKVCache:
         return keys, values
 
     def snapshot(self, live_blocks) -> CacheCheckpoint:
-        """Start a new undo log here (the previous checkpoint can no longer be restored).
-        Only ``live_blocks`` (held or cached) are saved before they change: what a free
-        block holds is never read, so a restore need not bring it back."""
-        self._generation += 1
-        self._undo = {}
-        self._live = set(live_blocks)
+        """Start a new undo log here. Only ``live_blocks`` (held or cached) are saved before
+        they change: what a free block holds is never read, so a restore need not bring it
+        back. The previous checkpoint stays restorable while ``keep_checkpoints`` allows
+        (a block live there and unchanged since is watched by the new log too)."""
+        live = set(live_blocks)
+        if self._undo is not None and self.keep_checkpoints > 1:
+            self._older.append((self._generation, self._undo, self._kept_live))
+            del self._older[: max(0, len(self._older) - (self.keep_checkpoints - 1))]
+            live |= self._live  # (live at an older checkpoint, not yet saved: its first change is)
+        else:
+            self._older = []
+        self._issued += 1
+        self._generation = self._issued
+        self._undo, self._live, self._kept_live = {}, live, set(live)
         return CacheCheckpoint(self._generation)
 
     def can_restore(self, checkpoint: CacheCheckpoint) -> bool:
-        return checkpoint.generation == self._generation and self._undo is not None
+        if self._undo is None:
+            return False
+        return checkpoint.generation == self._generation or any(g == checkpoint.generation for g, _, _ in self._older)
+
+    def _apply(self, undo: dict) -> None:
+        if undo:
+            ids = self.backend.xp.asarray(np.array(list(undo), np.int64))
+            xp = self.backend.xp
+            self.key_cache[ids] = xp.stack([k for k, _ in undo.values()])
+            self.value_cache[ids] = xp.stack([v for _, v in undo.values()])
 
     def restore(self, checkpoint: CacheCheckpoint) -> None:
-        """Undo every change since ``checkpoint``; the log goes on from there."""
+        """Undo every change since ``checkpoint`` (the newest's log, then each older one's back
+        to it); the log goes on from there, and the checkpoints after it are gone."""
         if not self.can_restore(checkpoint):
-            raise ValueError("this cache checkpoint is no longer the newest")
-        if self._undo:
-            ids = self.backend.xp.asarray(np.array(list(self._undo), np.int64))
-            xp = self.backend.xp
-            self.key_cache[ids] = xp.stack([k for k, _ in self._undo.values()])
-            self.value_cache[ids] = xp.stack([v for _, v in self._undo.values()])
-            self._live.update(self._undo)
-        self._undo = {}
+            raise ValueError("this cache checkpoint is no longer restorable")
+        self._apply(self._undo)
+        live = self._kept_live
+        while self._generation != checkpoint.generation:
+            self._generation, undo, live = self._older.pop()
+            self._apply(undo)
+        self._undo, self._live, self._kept_live = {}, set(live), live
 
     def forget_checkpoint(self) -> None:
         """The state moved elsewhere (a restore from another snapshot): stop logging."""
-        self._generation += 1
-        self._undo, self._live = None, set()
+        self._issued += 1
+        self._generation = self._issued
+        self._undo, self._live, self._kept_live, self._older = None, set(), set(), []
 
 
 class SwapSpace:

@@ -357,6 +357,9 @@ class LlamaRunner(ModelRunner):
             layer_queries=tuple(self._layer_queries.items()),
         )
 
+    def paged_caches(self) -> list[PagedKVCache]:
+        return list(self.caches)
+
     def can_restore(self, snap: LlamaRunnerSnapshot) -> bool:
         if snap.layers is None:
             return True

@@ -413,6 +413,14 @@ class ModelRunner:
             last_query=dict(self._last_query),
         )
 
+    def keep_checkpoints(self, count: int) -> None:
+        """How many of the newest snapshots with data stay restorable from their undo logs."""
+        for cache in self.paged_caches():
+            cache.keep_checkpoints = count
+
+    def paged_caches(self) -> list[PagedKVCache]:
+        return [] if self.cache is None else [self.cache]
+
     def can_restore(self, snap: RunnerSnapshot) -> bool:
         """False when a newer checkpoint replaced the one ``snap``'s cache data goes back to."""
         return not (self.kv_data and snap.cache is not None and not self.cache.can_restore(snap.cache))

@@ -25,6 +25,10 @@ from pagesim.core.token_text import text_function
 from pagesim.kernels.backend import Backend
 
 SNAPSHOT_EVERY = 16
+# A real model's step costs a forward of every layer: its timeline takes a snapshot each step
+# and keeps the newest few restorable with their data (undo logs), so a step back is a restore,
+# not a replay from a snapshot up to sixteen steps before.
+DATA_SNAPSHOTS_OF_A_REAL_MODEL = 4
 KEEP_ATTENTION = 4  # steps whose kernel and dense outputs stay cached; older ones recompute on a seek
 _UNKNOWN = object()
 MAX_SNAPSHOTS = 8  # beyond this, the snapshot closest to its neighbours goes: memory stays flat
@@ -83,6 +87,11 @@ class Timeline:
         self.snapshot_every = snapshot_every
         self.snapshot_data = snapshot_data
         self.history = history
+        self.data_snapshots = 1  # the newest snapshots that keep their data
+        if self.sim.runner.model.samples_from_logits and snapshot_data and history:
+            self.snapshot_every = 1 if snapshot_every == SNAPSHOT_EVERY else snapshot_every
+            self.data_snapshots = DATA_SNAPSHOTS_OF_A_REAL_MODEL
+        self.sim.runner.keep_checkpoints(self.data_snapshots)
         self._snapshots = {0: self.sim.snapshot(with_data=False)}  # nothing to rebuild at step 0
         self._results: dict[int, StepResult] = {}
         self._undo: list[Edit] = []
@@ -335,10 +344,12 @@ class Timeline:
             kept = tuple(e for e in old.op_events if not e.detail)
             self._results[old.step] = replace(old, attention=None, op_events=kept, detail_dropped=True)
         if result.step % self.snapshot_every == 0:
-            # Only the newest snapshot keeps the K/V arrays and the attention report; older
+            # Only the newest snapshots keep the K/V arrays and the attention report; older
             # ones rebuild them from the tokens when restored.
-            self._snapshots = {k: without_data(v) if v.has_data else v for k, v in self._snapshots.items()}
             self._snapshots[result.step] = self._take_snapshot()
+            with_data = sorted(k for k, v in self._snapshots.items() if v.has_data)
+            for k in with_data[: max(0, len(with_data) - self.data_snapshots)]:
+                self._snapshots[k] = without_data(self._snapshots[k])
             self._thin_snapshots()
 
     def _thin_snapshots(self) -> None:
@@ -346,5 +357,7 @@ class Timeline:
         neighbours are closest, so they thin out evenly over a long run."""
         while len(self._snapshots) > MAX_SNAPSHOTS:
             steps = sorted(self._snapshots)
-            gaps = [(steps[i + 1] - steps[i - 1], steps[i]) for i in range(1, len(steps) - 1)]
+            # (the newest ones that keep their data stay: a step back restores them)
+            last = len(steps) - max(1, self.data_snapshots)
+            gaps = [(steps[i + 1] - steps[i - 1], steps[i]) for i in range(1, last)]
             del self._snapshots[min(gaps)[1]]
