@@ -599,3 +599,27 @@ def test_after_a_fork_undone_each_line_starts_on_its_own_entry(make_window, qtbo
     boxes = dict(view.entry_rects(seq))
     for logical, start, _ in lines._key[0]:
         assert boxes[logical].translated(at).left() <= start[0] <= boxes[logical].translated(at).right()
+
+
+def test_a_smaller_window_keeps_the_selected_row_in_view(make_window, qtbot):
+    """At 1024 × 700 the selected row (and its lines to the pool) ended below the table's bottom."""
+    window = make_window("default")
+    window.resize(1920, 1080)
+    steps = "".join(f'[[steps]]\nop = "add"\nseq = "s{i}"\ntokens = 3\n' for i in range(24))
+    window.load(parse_scenario("num_blocks = 64\nblock_size = 4\nnum_heads = 2\nhead_dim = 8\n" + steps))
+    wait_idle(qtbot, window)
+    window.actions.scrubber.setValue(24)
+    wait_idle(qtbot, window)
+    view = window.sequence_view
+    last = window.frame.sequences[-1].seq_id
+    window.select_sequence(last)
+    QApplication.processEvents()
+    window.resize(1024, 700)
+    item = view._rows[last]
+
+    def in_view() -> bool:
+        QApplication.processEvents()
+        return view.viewport().rect().intersects(view.visualItemRect(item))
+
+    qtbot.waitUntil(in_view, timeout=5_000)
+    assert view.selected == last

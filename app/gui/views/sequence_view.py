@@ -6,7 +6,7 @@ import math
 
 from pagesim.app.gui.palette import SequenceColours, Theme
 from pagesim.core.view_model import Frame
-from PySide6.QtCore import QEvent, QPoint, QRect, QRectF, QSignalBlocker, QSize, Qt, Signal
+from PySide6.QtCore import QEvent, QPoint, QRect, QRectF, QSignalBlocker, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QFontMetricsF, QIcon, QPainter, QPixmap
 from PySide6.QtWidgets import QAbstractItemView, QStyle, QStyledItemDelegate, QToolTip, QTreeWidget, QTreeWidgetItem
 
@@ -299,6 +299,15 @@ class SequenceView(QTreeWidget):
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
         self.scheduleDelayedItemsLayout()  # the tables fit the width: the rows' heights and boxes follow
+        if event.size().height() < event.oldSize().height() or event.size().width() != event.oldSize().width():
+            QTimer.singleShot(0, self, self._keep_selection_in_view)  # (once the rows are laid out again)
+
+    def _keep_selection_in_view(self) -> None:
+        """A smaller window must not leave the selected row (and its lines to the pool) out of sight."""
+        item = self._rows.get(self.selected) if self.selected else None
+        if item is not None:
+            self.executeDelayedItemsLayout()
+            self.scrollToItem(item, QAbstractItemView.ScrollHint.EnsureVisible)
 
     def viewportEvent(self, event) -> bool:
         if event.type() == QEvent.Type.ToolTip and (tip := self.more_tooltip(event.pos())) is not None:
