@@ -14,7 +14,7 @@ from pagesim.app.gui.views.live_text import LiveText
 from pagesim.core.scenario import examples
 from pagesim.core.view_model import Frame
 from PySide6.QtCore import QPoint, Qt
-from PySide6.QtGui import QAction, QColor, QKeySequence, QPainter, QPolygon
+from PySide6.QtGui import QAction, QActionGroup, QColor, QKeySequence, QPainter, QPolygon
 from PySide6.QtWidgets import QComboBox, QLabel, QSlider, QSpinBox, QStyle, QStyleOptionSlider, QToolBar, QToolButton
 
 STEP_LABEL_CHARS = 50  # "step 120 / 376 · grow r255 by 1 · ✓ kernel = dense"; longer ones end in "…"
@@ -277,14 +277,17 @@ class WindowActions:
         for action in (self.play_action, self.back_action, self.forward_action, self.start_action, self.end_action):
             play_menu.addAction(action)
         view_menu = bar.addMenu("&View")
+        themes = QActionGroup(view_menu)  # one checked: the theme in use
+        self.theme_actions = {}
         for name in THEMES:
-            view_menu.addAction(
-                self._action(
-                    f"{name.title()} theme",
-                    lambda _=False, n=name: w.apply_theme(n),
-                    tip=f"Switch to the {name} theme",
-                )
+            action = self._action(
+                f"{name.title()} theme", lambda _=False, n=name: w.apply_theme(n), tip=f"Switch to the {name} theme"
             )
+            action.setCheckable(True)
+            action.setChecked(w.theme is THEMES[name])
+            themes.addAction(action)
+            view_menu.addAction(action)
+            self.theme_actions[name] = action
         view_menu.addSeparator()
         self.lines_action = self._action(
             "Block-table → pool lines",

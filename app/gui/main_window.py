@@ -439,6 +439,8 @@ class MainWindow(QMainWindow):
         style = resources.files("pagesim.assets") / "styles" / f"{name}.qss"
         self.setStyleSheet(style.read_text(encoding="utf-8") if style.is_file() else "")
         self.settings.setValue("theme", name)
+        if (chosen := getattr(getattr(self, "actions", None), "theme_actions", {}).get(name)) is not None:
+            chosen.setChecked(True)  # (the View menu's, once it exists)
         for view in (
             self.pool_view, self.sequence_view, self.kernel_panel, self.memory_panel, self.waste_panel,
             self.walkthrough, self.token_map, self.scheduler_view, self.token_budget, self.table_lines, self.status,

@@ -7,6 +7,7 @@ import numpy as np
 import pyqtgraph as pg
 import pytest
 from pagesim.app.gui.animation import beats_for
+from pagesim.app.gui.palette import THEMES
 from pagesim.core import events as ev
 from pagesim.core.scenario import load_shipped, shipped_scenarios
 from PySide6.QtCore import QPoint, QRectF, QSizeF, Qt
@@ -873,3 +874,15 @@ def test_an_action_past_the_scripts_end_is_not_said_to_set_later_steps_aside(mak
     button(window, window.actions.grow_action).click()
     wait_idle(qtbot, window)
     assert "branched off the script at step 1: its later steps are set aside" in window.statusBar().currentMessage()
+
+
+def test_the_view_menu_marks_the_theme_in_use(make_window, qtbot):
+    window = make_window("seed_demo")
+    marks = window.actions.theme_actions
+    in_use = next(name for name, theme in THEMES.items() if theme is window.theme)
+    assert marks[in_use].isChecked() and sum(a.isChecked() for a in marks.values()) == 1
+    other = next(name for name in THEMES if name != in_use)
+    marks[other].trigger()
+    assert window.theme is THEMES[other] and marks[other].isChecked() and not marks[in_use].isChecked()
+    window.apply_theme(in_use)  # (from elsewhere, as a saved setting does)
+    assert marks[in_use].isChecked() and not marks[other].isChecked()
