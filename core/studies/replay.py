@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pagesim.core.config import CacheConfig
 from pagesim.core.engine import Simulator
 from pagesim.core.errors import InvalidStudyError, PagesimError
-from pagesim.core.operations import Add, Grow, Operation, Schedule, Submit
+from pagesim.core.operations import CHILD_SEPARATOR, Add, Grow, Operation, Schedule, Submit
 from pagesim.core.scenario import Scenario
 from pagesim.core.studies.workload import RequestSpec
 
@@ -275,8 +275,44 @@ class Replay:
             record.output_tokens = st.num_outputs if self.v1 else st.generated
             if not self.v1 and not st.beam_width:  # (v1 runs the samples as child requests; beams return one text)
                 record.samples = st.n
+        if self.v1:
+            result.requests = _parents(result.requests)
         result.unfinished = sum(1 for r in result.requests.values() if r.finished is None and not r.rejected)
         return result
+
+
+def _parents(records: dict[str, RequestRecord]) -> dict[str, RequestRecord]:
+    """v1's child requests (``r/s0``, ``r/s1`` …: vLLM's parallel sampling) folded into their
+    request, as v0 counts it: its first token the first any child wrote, finished when every
+    child is, its outputs per sample, its samples the children. Variants of one table then
+    count the same requests, whatever their engine."""
+    out: dict[str, RequestRecord] = {}
+    families: dict[str, list[RequestRecord]] = {}
+    for name, record in records.items():
+        parent, sep, _ = name.rpartition(CHILD_SEPARATOR)
+        if sep and parent:
+            families.setdefault(parent, []).append(record)
+            out.setdefault(parent, record)  # (a placeholder, in arrival order)
+        else:
+            out[name] = record
+    for parent, children in families.items():
+        finished = [c.finished for c in children]
+        firsts = [c.first_token for c in children if c.first_token is not None]
+        admitted = [c.admitted for c in children if c.admitted is not None]
+        out[parent] = RequestRecord(
+            parent,
+            children[0].arrival,
+            children[0].prompt_len,
+            admitted=min(admitted, default=None),
+            first_token=min(firsts, default=None),
+            finished=None if None in finished else max(finished),
+            output_tokens=max(c.output_tokens for c in children),
+            samples=len(children),
+            preemptions=sum(c.preemptions for c in children),
+            rejected=all(c.rejected for c in children),
+            rejection=children[0].rejection,
+        )
+    return out
 
 
 def _where(scenario: Scenario, index: int) -> str:

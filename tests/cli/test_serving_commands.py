@@ -288,3 +288,11 @@ def test_a_variant_whose_requests_are_refused_for_one_reason_gives_that_reason(c
     assert main(["sweep", "beam_search", "--set", "scheduler=v1"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("scheduler=v1"))
     assert "1 of 1 requests rejected: the v1 scheduler has no beam search" in row and "never fit" not in row
+
+
+def test_v0_and_v1_variants_count_the_same_requests(capsys):
+    """v1 runs n samples as child requests: its row said 4 done where v0's said 3, and took its
+    means over the children."""
+    assert main(["sweep", "preemption_recompute", "--set", "scheduler=v1", "--json", "-"]) == 0
+    variants = json.loads(capsys.readouterr().out)["variants"]
+    assert [v["finished"] for v in variants] == [3, 3]
