@@ -155,7 +155,11 @@ def test_gui_steps_past_the_end_of_an_emptied_scenario_still_exit(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "argv", [["generate", "hi", "--model", "synthetic"], ["attach", "tcp://127.0.0.1:1", "--tokenizer", "synthetic"]]
+    "argv",
+    [
+        ["generate", "hi", "--model", "synthetic"],
+        ["attach", "tcp://127.0.0.1:1", "--tokenizer", "synthetic", "--duration", "1"],
+    ],
 )
 def test_the_synthetic_model_as_a_model_file_is_refused_without_contradicting_itself(capsys, argv):
     assert main(argv) == 2
