@@ -358,10 +358,9 @@ class RequestPreempted(Event):
             # (released, not freed: a block another sequence shares stays in use)
             held = plural(self.blocks, "block")
             if self.cached:
-                full = "the full one stays" if self.cached == 1 else f"the {self.cached} full ones stay"
                 cost = (
-                    f"{held} released ({full} in the prefix cache for its return, unless evicted first); the rest "
-                    f"of its {plural(self.tokens, 'computed token')} will be computed again"
+                    f"{held} released ({self.cached} kept in the prefix cache for its return, unless evicted); "
+                    f"the rest of its {plural(self.tokens, 'computed token')} computed again then"
                 )
             else:
                 dropped = plural(self.tokens, "computed token")

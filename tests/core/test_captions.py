@@ -191,7 +191,7 @@ def test_a_step_of_decodes_and_prefill_chunks_tells_them_apart_and_what_the_pref
         for name, e in events:
             if name == "RequestPreempted" and e.cached:
                 kept += 1
-                assert f"the {e.cached} full ones stay in the prefix cache" in caption, caption
+                assert f"({e.cached} kept in the prefix cache for its return, unless evicted)" in caption, caption
                 assert "dropped" not in caption
     assert mixed and served and kept  # each case happens in this scenario
 
