@@ -93,6 +93,7 @@ class Timeline:
             self.data_snapshots = DATA_SNAPSHOTS_OF_A_REAL_MODEL
         self.sim.runner.keep_checkpoints(self.data_snapshots)
         self._snapshots = {0: self.sim.snapshot(with_data=False)}  # nothing to rebuild at step 0
+        self._with_data: list[int] = []  # the steps whose snapshots keep their data, oldest taken first
         self._results: dict[int, StepResult] = {}
         self._undo: list[Edit] = []
         self._redo: list[Edit] = []
@@ -180,8 +181,16 @@ class Timeline:
             # Older snapshots keep no attention report: landing exactly on one, start from
             # the one before, so the target step's attention is recomputed.
             snaps = self._snapshots
-            base = max(s for s in snaps if s < step or (s == step and (s == 0 or snaps[s].last_attention)))
+
+            def checked(s: int) -> bool:  # (its attention report: the snapshot's, or the step's cached one)
+                cached = self._results.get(s)
+                return s == 0 or snaps[s].last_attention is not None or (cached is not None and cached.attention)
+
+            base = max(s for s in snaps if s < step or (s == step and checked(s)))
             self.sim.restore(snaps[base])
+            if self.sim.last_attention is None and base and (cached := self._results.get(base)) is not None:
+                self.sim.last_attention = cached.attention
+            self._drop_data_after(base)
         while self.position < step:
             self._check_stop()
             # Replayed steps skip attention: only the state matters on the way.
@@ -192,8 +201,11 @@ class Timeline:
             result = self.sim.apply(self.operations[self.position], attend=needs_attention)
             if cached is None or needs_attention:
                 self._record(result)
-            elif last:
-                self.sim.last_attention = cached.attention
+            else:
+                if last:
+                    self.sim.last_attention = cached.attention
+                if step - self.position < self.data_snapshots:  # (the steps a step back may want)
+                    self._snapshot_here()
 
     def push(self, op: Operation) -> StepResult:
         """Apply a user's operation at the current position; the later steps are set aside
@@ -268,6 +280,7 @@ class Timeline:
         self.operations.extend(operations)
         self._branch = _UNKNOWN
         self._snapshots = {k: v for k, v in self._snapshots.items() if k <= at}
+        self._with_data = [k for k in self._with_data if k <= at]
         self._results = {k: v for k, v in self._results.items() if k <= at}
         self._captions = {k: v for k, v in self._captions.items() if k <= at}
         self._caption_log = None
@@ -343,21 +356,41 @@ class Timeline:
         if old is not None and not old.detail_dropped:
             kept = tuple(e for e in old.op_events if not e.detail)
             self._results[old.step] = replace(old, attention=None, op_events=kept, detail_dropped=True)
-        if result.step % self.snapshot_every == 0:
-            # Only the newest snapshots keep the K/V arrays and the attention report; older
-            # ones rebuild them from the tokens when restored.
-            self._snapshots[result.step] = self._take_snapshot()
-            with_data = sorted(k for k, v in self._snapshots.items() if v.has_data)
-            for k in with_data[: max(0, len(with_data) - self.data_snapshots)]:
+        if self.history and result.step % self.snapshot_every == 0:
+            self._snapshot_here()
+
+    def _snapshot_here(self) -> None:
+        """A snapshot of the current step. Only the newest ones taken keep the K/V arrays and
+        the attention report (undo logs: the paged caches keep that many restorable); older
+        ones rebuild them from the tokens when restored."""
+        step = self.position
+        if self.snapshot_every > 1 and step % self.snapshot_every:
+            return
+        self._snapshots[step] = self._take_snapshot()
+        if step in self._with_data:
+            self._with_data.remove(step)
+        self._with_data.append(step)
+        for old in self._with_data[: -self.data_snapshots]:
+            if old in self._snapshots:
+                self._snapshots[old] = without_data(self._snapshots[old])
+        del self._with_data[: -self.data_snapshots]
+        self._thin_snapshots()
+
+    def _drop_data_after(self, base: int) -> None:
+        """A restore to ``base`` ended every checkpoint after it: their snapshots keep no data."""
+        for k in [k for k in self._with_data if k > base]:
+            if k in self._snapshots:
                 self._snapshots[k] = without_data(self._snapshots[k])
-            self._thin_snapshots()
+            self._with_data.remove(k)
 
     def _thin_snapshots(self) -> None:
         """Keep at most MAX_SNAPSHOTS: drop the one (not the first or the newest) whose
-        neighbours are closest, so they thin out evenly over a long run."""
+        neighbours are closest, so they thin out evenly over a long run. Those that keep their
+        data (the newest taken: a step back restores them) stay."""
         while len(self._snapshots) > MAX_SNAPSHOTS:
             steps = sorted(self._snapshots)
-            # (the newest ones that keep their data stay: a step back restores them)
-            last = len(steps) - max(1, self.data_snapshots)
-            gaps = [(steps[i + 1] - steps[i - 1], steps[i]) for i in range(1, last)]
+            kept = set(self._with_data)
+            gaps = [(steps[i + 1] - steps[i - 1], steps[i]) for i in range(1, len(steps) - 1) if steps[i] not in kept]
+            if not gaps:
+                return
             del self._snapshots[min(gaps)[1]]

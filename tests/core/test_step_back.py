@@ -6,11 +6,9 @@ import numpy as np
 import pytest
 from pagesim.core.config import CacheConfig
 from pagesim.core.kv_cache import PagedKVCache
-from pagesim.core.scenario import load_scenario
+from pagesim.core.scenario import parse_scenario
 from pagesim.core.timeline import DATA_SNAPSHOTS_OF_A_REAL_MODEL, Timeline
 from pagesim.kernels.cpu_backend import CpuBackend
-
-from tests.core.helpers import held_kv
 
 
 def _cache(keep: int) -> PagedKVCache:
@@ -57,19 +55,69 @@ def test_only_the_kept_number_of_checkpoints_stays_restorable():
     assert not single.can_restore(old) and single.can_restore(new)  # (the app's synthetic pools: as before)
 
 
-@pytest.mark.timeout(600)
+# A small pool under pressure on the real model: prompts that share prefixes, preemptions,
+# cached blocks evicted and written again within a few steps, so a restore has slots to undo.
+PRESSED = (
+    'model = "smollm2-135m"\nscheduler = "v1"\nnum_blocks = 9\nblock_size = 4\nseed = 3\n'
+    "prefix_caching = true\nmax_num_batched_tokens = 12\n"
+    + "".join(
+        f'[[steps]]\nop = "submit"\nrequest = "q{i}"\nprompt = {prompt}\noutput = {out}\n'
+        for i, (prompt, out) in enumerate(
+            [
+                ([11, 12, 13, 14, 15, 16, 17], 6),
+                ([11, 12, 13, 14, 21, 22], 5),
+                ([31, 32, 33, 34, 35, 36, 37, 38, 39], 4),
+                ([11, 12, 13, 14, 15, 16, 17, 41], 5),
+            ]
+        )
+    )
+    + '[[steps]]\nop = "schedule"\n' * 22
+)
+
+
+def every_layers_kv(sim) -> dict:
+    """The K/V bytes of every held or cached block's filled slots, in every layer of the model."""
+    pool, out = sim.pool, {}
+    for layer, cache in enumerate(sim.runner.paged_caches()):
+        keys, values = np.asarray(cache.key_cache), np.asarray(cache.value_cache)
+        for block in range(pool.num_blocks):
+            if pool.ref_count(block) or pool.is_cached(block):
+                n = sim.block_fill(block)
+                out[layer, block] = (keys[block, :n].tobytes(), values[block, :n].tobytes())
+    return out
+
+
+def _state(sim):
+    return every_layers_kv(sim), {k: tuple(s.token_ids) for k, s in sim.sequences.items()}, sim.pool.snapshot()
+
+
+@pytest.mark.timeout(900)
 def test_stepping_back_on_a_real_model_restores_each_recent_step_to_the_bit(cpu_backend):
-    timeline = Timeline(load_scenario("prefix_caching_v1"), cpu_backend)
-    states = {}
-    while not timeline.at_end:
-        timeline.forward()
-        sim = timeline.sim
-        states[timeline.position] = (held_kv(sim), {k: tuple(s.token_ids) for k, s in sim.sequences.items()})
-    end = timeline.position
-    for step in range(end - 1, end - DATA_SNAPSHOTS_OF_A_REAL_MODEL, -1):
-        timeline.seek(step)
-        sim = timeline.sim
-        assert (held_kv(sim), {k: tuple(s.token_ids) for k, s in sim.sequences.items()}) == states[step]
-        assert sim.last_attention is not None and sim.last_attention.passed
-    timeline.seek(end)  # and forward again, to the same state
-    assert held_kv(timeline.sim) == states[end][0]
+    timeline = Timeline(parse_scenario(PRESSED, "pressed.toml"), cpu_backend)
+    states, restored = {}, 0
+    calls = []
+    real = PagedKVCache.restore
+
+    def counted(cache, checkpoint):
+        calls.append(checkpoint)
+        return real(cache, checkpoint)
+
+    PagedKVCache.restore = counted
+    try:
+        while not timeline.at_end:
+            timeline.forward()
+            states[timeline.position] = _state(timeline.sim)
+            here = timeline.position
+            if here % 3 or here < DATA_SNAPSHOTS_OF_A_REAL_MODEL:
+                continue
+            for step in (here - 1, here - 3, here - 2, here):  # back, further back, forward, forward again
+                calls.clear()
+                timeline.seek(step)
+                restored += bool(calls)
+                assert _state(timeline.sim) == states[step], f"at step {step}, back from {here}"
+                if timeline.sim.sequences:  # (a step before any is admitted has nothing to check)
+                    assert timeline.sim.last_attention is not None and timeline.sim.last_attention.passed
+    finally:
+        PagedKVCache.restore = real
+    assert restored >= 10  # (the states came from undo logs, not from replays from further back)
+    assert timeline.sim.scheduler.stats.preemptions and timeline.sim.scheduler.stats.finished == 4
