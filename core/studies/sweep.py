@@ -257,7 +257,7 @@ def variant_config(source: Source, changes: dict[str, object], hardware: Hardwar
     if base.max_model_len == min(2048, base.num_slots):  # the default: follow the new pool
         fields.setdefault("max_model_len", None)
     config = replace(base, **fields)
-    if hardware is not None and ("num_blocks" in changes or "block_size" in changes):
+    if hardware is not None:
         _check_fits(config, hardware)
     return config
 
@@ -333,7 +333,12 @@ def sweep(
     progress: Callable[[int, int, VariantResult], None] | None = None,
 ) -> SweepResult:
     """The original and every point of the grid, each replayed; ``progress(i, n, result)``
-    after each."""
+    after each. With ``hardware``, an original whose pool the GPU cannot hold (or whose
+    weights leave no room) is refused before anything runs: an InvalidStudyError."""
+    if hardware is not None:
+        config = source.config
+        if problem := pool_fit_problem(config.num_blocks, config.block_size, hardware.shape, hardware.gpu):
+            raise InvalidStudyError(f"{source.name}'s pool: {problem}")
     grid = [{}] + [c for c in expand(settings) if c]
     variants = []
     for index, changes in enumerate(grid, start=1):

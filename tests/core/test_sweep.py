@@ -132,3 +132,10 @@ def test_with_a_model_shape_and_a_gpu_a_pool_past_the_memory_after_the_weights_c
         f"{room + 1} blocks of {size} tokens take" in too_big.reason and f"at most {room} such blocks" in too_big.reason
     )
     assert result.original.status == "ok"  # (the scenario's own pool is not the variant's)
+
+
+def test_a_sweep_on_a_gpu_that_cannot_hold_the_model_is_refused_before_anything_runs():
+    """The app's What-if panel calls sweep() itself: it gave a 70B model's timings on a 40 GB A100."""
+    with pytest.raises(InvalidStudyError, match=r"Llama-3-70B's weights .* do not fit"):
+        sweep(_source("preemption_recompute"), [parse_setting("prefix_caching=true")],
+              Hardware(model_shape("llama-3-70b"), gpu("a100-40gb")))  # fmt: skip
