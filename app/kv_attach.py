@@ -267,7 +267,13 @@ class PrefixCacheView:
         roots = [k for k, n in self.nodes.items() if n.parent not in self.nodes]
         stack = [(k, 0) for k in reversed(roots)]
         seen: set = set()  # (each block once, whatever the stream said of its parents)
-        while stack:
+        unreached = iter(self.nodes)  # blocks whose parents' chain loops back to them: roots too, last
+        while True:
+            if not stack:
+                key = next((k for k in unreached if k not in seen), None)
+                if key is None:
+                    return
+                stack.append((key, 0))
             key, depth = stack.pop()
             if key in seen:
                 continue

@@ -357,3 +357,12 @@ def test_a_publishing_endpoint_zeromq_would_bend_or_no_one_could_reach_is_refuse
     assert cli_main(["run", "seed_demo", "--quiet", "--kv-events", "tcp://127.0.0.1:*", "--kv-events-topic",
                      "\udcff"]) == 2  # fmt: skip
     assert "--kv-events-topic is not valid UTF-8" in capsys.readouterr().err
+
+
+def test_blocks_whose_parents_loop_back_are_still_drawn():
+    """Store 1→2, remove 1, store 1 again under 2: both cached, neither reached from a root."""
+    view = PrefixCacheView()
+    view.apply(0, 0.0, [_stored([1, 2], None, [1, 2, 3, 4, 5, 6, 7, 8])])
+    view.apply(1, 0.0, [{"type": "BlockRemoved", "block_hashes": [1]}, _stored([1], 2, [1, 2, 3, 4])])
+    runs = list(view.runs())
+    assert view.cached_blocks == 2 and sorted(h for run in runs for h in run.hashes) == [1, 2]
