@@ -98,6 +98,11 @@ class RequestRecord:
     preemptions: int = 0
     rejected: bool = False
     rejection: str | None = None  # why, when it was refused as it was submitted
+    outputs: int | None = None  # every sample's output tokens together, where they differ (None: the product)
+
+    @property
+    def total_outputs(self) -> int:
+        return self.output_tokens * self.samples if self.outputs is None else self.outputs
 
 
 @dataclass
@@ -308,6 +313,7 @@ def _parents(records: dict[str, RequestRecord]) -> dict[str, RequestRecord]:
             finished=None if None in finished else max(finished),
             output_tokens=max(c.output_tokens for c in children),
             samples=len(children),
+            outputs=sum(c.output_tokens for c in children),
             preemptions=sum(c.preemptions for c in children),
             rejected=all(c.rejected for c in children),
             rejection=children[0].rejection,

@@ -27,9 +27,10 @@ class RequestLatency:
     queue: float  # arrival to first admission
     ttft: float  # arrival to the end of the iteration that produced its first output token
     tpot: float  # (finish − first token) / (outputs − 1)
-    output_tokens: int
+    output_tokens: int  # per sample
     preemptions: int
     state: str  # "finished", "rejected" or "unfinished"
+    samples: int = 1  # n parallel samples, each writing output_tokens
 
 
 def request_latencies(result: ReplayResult) -> tuple[RequestLatency, ...]:
@@ -40,7 +41,7 @@ def request_latencies(result: ReplayResult) -> tuple[RequestLatency, ...]:
         timed = r.finished is not None and r.first_token is not None and r.output_tokens > 1
         tpot = (r.finished - r.first_token) / (r.output_tokens - 1) if timed else math.nan
         state = "rejected" if r.rejected else "finished" if r.finished is not None else "unfinished"
-        rows.append(RequestLatency(r.request, queue, ttft, tpot, r.output_tokens, r.preemptions, state))
+        rows.append(RequestLatency(r.request, queue, ttft, tpot, r.output_tokens, r.preemptions, state, r.samples))
     return tuple(rows)
 
 

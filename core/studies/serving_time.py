@@ -334,7 +334,7 @@ def latency(result: ReplayResult) -> LatencySummary:
     ttft = [r.first_token - r.arrival for r in done]
     tpot = [(r.finished - r.first_token) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
     normalized = [(r.finished - r.arrival) / r.output_tokens for r in done if r.output_tokens]
-    outputs = sum(r.output_tokens * r.samples for r in result.requests.values())
+    outputs = sum(r.total_outputs for r in result.requests.values())
     seconds = result.clock
     return LatencySummary(
         len(done),

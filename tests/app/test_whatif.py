@@ -253,3 +253,20 @@ def test_latency_of_a_shipped_v1_scenario_on_the_h200(make_window, qtbot):
     assert "TTFT" in panel.figures.text() and "H200" in panel.summary.full_text
     if window.frame.config.model != "synthetic":  # replayed on the synthetic model in its place, and said
         assert "stood in for by the synthetic model" in panel.summary.full_text
+
+
+def test_the_latency_panel_shows_a_v1_requests_samples_as_one_row(make_window, qtbot):
+    """v1 runs n samples as child requests: the panel showed r3's as one row of 16 outputs while
+    its throughput counted both samples; now the row says 16 × 2, as the command line does."""
+    window = make_window("preemption_v1", real=True)
+    panel = window.studies.latency
+    with qtbot.waitSignal(window.controller.latencyReady, timeout=60_000) as blocker:
+        panel.run_button.click()
+    wait_idle(qtbot, window)
+    study = blocker.args[0]
+    names = [panel.table.item(row, 0).text() for row in range(panel.table.rowCount())]
+    assert names == [r.request for r in study.requests] and not any("/" in name for name in names)
+    sampled = [r for r in study.requests if r.samples > 1]
+    assert sampled
+    row = names.index(sampled[0].request)
+    assert panel.table.item(row, 5).text() == f"{sampled[0].output_tokens} × {sampled[0].samples}"

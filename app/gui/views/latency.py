@@ -25,12 +25,12 @@ from PySide6.QtWidgets import (
 )
 
 COLUMNS = (
-    ("request", "The request's name in the scenario (n samples of one request are n rows under v1)"),
+    ("request", "The request's name in the scenario (n parallel samples of one request are one row)"),
     ("state", "finished, rejected (longer than the pool or max_model_len) or unfinished (the scheduler stalled)"),
     ("queue ms", "Arrival to first admission"),
     ("TTFT ms", "Time to first token: arrival to the end of the step that produced it"),
     ("TPOT ms", "Time per output token after the first: (finish − first token) / (outputs − 1)"),
-    ("outputs", "Output tokens the request produced"),
+    ("outputs", "Output tokens the request produced (n samples: per sample × n)"),
     ("preemptions", "Times the request was preempted (its work recomputed or its blocks swapped)"),
 )
 PROMPT = (
@@ -167,7 +167,7 @@ class LatencyPanel(QWidget):
                 _ms(r.queue),
                 _ms(r.ttft),
                 _ms(r.tpot),
-                str(r.output_tokens),
+                str(r.output_tokens) if r.samples == 1 else f"{r.output_tokens} × {r.samples}",
                 str(r.preemptions),
             )
             for column, text in enumerate(cells):
