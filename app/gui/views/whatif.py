@@ -40,7 +40,8 @@ KNOB_TIPS = {
     "swap its blocks to a CPU pool (one as large as the GPU pool is added if the scenario has none)",
     "watermark": "Share of the pool kept free when admitting requests, so running ones can grow (a fraction in [0, 1))",
     "max_num_seqs": "At most this many sequences run in one step",
-    "max_num_batched_tokens": "The tokens one step may compute (vLLM v1's budget; chunked prefill)",
+    "max_num_batched_tokens": "The tokens one step may compute (vLLM v1's budget; chunked prefill). v1 only: on a v0 "
+    "scenario, add scheduler = v1 to the grid too",
     "scheduler": "v0 (whole prompts, vLLM v0) or v1 (one token budget a step, chunked prefill; no swap)",
 }
 # (header, tooltip) per column; a refused variant's reason spans the columns after its status.
