@@ -447,7 +447,10 @@ class Scheduler:
 
     # -- preemption ------------------------------------------------------------------
     def _swap_time(self, blocks: int) -> float:
-        return blocks * self.config.block_bytes / (self.config.swap_bandwidth_gbs * 1e9)
+        """The transfer of ``blocks`` blocks' K/V in every layer of the model (a block id names
+        the same slots in each layer's cache)."""
+        layers = self.registry.runner.num_layers
+        return blocks * layers * self.config.block_bytes / (self.config.swap_bandwidth_gbs * 1e9)
 
     def _group(self, state: RequestState) -> list[Sequence]:
         return [self.registry.sequence(s) for s in state.seqs]

@@ -267,3 +267,20 @@ def test_a_run_that_keeps_no_events_reaches_the_same_state(cpu_backend, mode, re
     assert {
         k: (tuple(q.token_ids), tuple(q.block_table), tuple(q.block_hashes)) for k, q in bare.sequences.items()
     } == {k: (tuple(q.token_ids), tuple(q.block_table), tuple(q.block_hashes)) for k, q in recorded.sequences.items()}
+
+
+def test_a_swap_on_a_real_model_moves_every_layers_k_and_v(cpu_backend):
+    """The transfer time counted one layer's K/V while the caption said all 30 layers move (30× too cheap)."""
+    from pagesim.core.scenario import load_scenario
+    from pagesim.core.timeline import Timeline
+
+    timeline = Timeline(load_scenario("preemption_swap"), cpu_backend, snapshot_data=False, history=False)
+    swaps = []
+    while not timeline.at_end and not swaps:
+        swaps = [e for e in timeline.forward().events if type(e).__name__ == "RequestPreempted" and e.mode == "swap"]
+    (swap,) = swaps
+    config, layers = timeline.sim.config, timeline.sim.runner.num_layers
+    assert layers == 30  # SmolLM2-135M
+    assert swap.swap_seconds == pytest.approx(
+        swap.blocks * layers * config.block_bytes / (config.swap_bandwidth_gbs * 1e9)
+    )
