@@ -28,7 +28,7 @@ SNAPSHOT_EVERY = 16
 # A real model's step costs a forward of every layer: its timeline takes a snapshot each step
 # and keeps the newest few restorable with their data (undo logs), so a step back is a restore,
 # not a replay from a snapshot up to sixteen steps before.
-DATA_SNAPSHOTS_OF_A_REAL_MODEL = 4
+DATA_SNAPSHOTS_OF_A_REAL_MODEL = 12  # (about 5 MB each on the shipped real-model scenarios)
 KEEP_ATTENTION = 4  # steps whose kernel and dense outputs stay cached; older ones recompute on a seek
 _UNKNOWN = object()
 MAX_SNAPSHOTS = 8  # beyond this, the snapshot closest to its neighbours goes: memory stays flat
