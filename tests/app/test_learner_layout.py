@@ -623,3 +623,35 @@ def test_a_smaller_window_keeps_the_selected_row_in_view(make_window, qtbot):
 
     qtbot.waitUntil(in_view, timeout=5_000)
     assert view.selected == last
+
+
+def test_a_selection_passed_on_by_a_free_or_a_seek_is_brought_into_view(make_window, qtbot):
+    """At 1024 × 700 the row that took a freed selection's place was highlighted off screen."""
+    window = make_window("default")
+    window.resize(1024, 700)
+    steps = "".join(f'[[steps]]\nop = "add"\nseq = "s{i}"\ntokens = 60\n' for i in range(24))
+    steps += '[[steps]]\nop = "free"\nseq = "s22"\n'
+    window.load(parse_scenario("num_blocks = 400\nblock_size = 4\nnum_heads = 2\nhead_dim = 8\n" + steps))
+    wait_idle(qtbot, window)
+    window.actions.scrubber.setValue(24)
+    wait_idle(qtbot, window)
+    view = window.sequence_view
+    window.select_sequence("s22")
+    QApplication.processEvents()
+    view.verticalScrollBar().setValue(0)  # the user scrolled back to the top
+    window.controller.forward()  # s22 is freed: s23 takes the selection
+    wait_idle(qtbot, window)
+    item = view._rows["s23"]
+
+    def in_view() -> bool:
+        QApplication.processEvents()
+        return view.selected == "s23" and view.viewport().rect().contains(view.visualItemRect(item).center())
+
+    qtbot.waitUntil(in_view, timeout=5_000)
+    window.select_sequence("s0")  # the first row, then rows come and go below and above it: it stays in view
+    window.controller.seek(24)
+    wait_idle(qtbot, window)
+    window.controller.seek(25)
+    wait_idle(qtbot, window)
+    top = view._rows["s0"]
+    qtbot.waitUntil(lambda: view.viewport().rect().contains(view.visualItemRect(top).center()), timeout=5_000)

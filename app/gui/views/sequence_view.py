@@ -133,6 +133,8 @@ class SequenceView(QTreeWidget):
         self._shown: dict[str, tuple] = {}  # per row: (tokens, table, ref counts) it shows
         self._updating = False
         self._hovered_entry: tuple[str, int] | None = None
+        self._kept_in_view: str | None = None  # the selection last brought into view
+        self._rows_changed = False  # the last frame added or removed rows (the selected one may have moved)
         self.viewport().setMouseTracking(True)  # hovering an entry lights its tile and line
 
     def set_theme(self, theme: Theme) -> None:
@@ -159,7 +161,13 @@ class SequenceView(QTreeWidget):
 
     def _on_frame(self, frame: Frame) -> None:
         self.show_frame(frame)
-        self.select(self._selection.current)
+        current = self._selection.current
+        self.select(current)
+        # A selection that moved (the selected sequence freed on the way) or a jump (a seek, an
+        # undo): its row is brought into view once the rows are laid out.
+        if current != self._kept_in_view or frame.touched_sequences is None or self._rows_changed:
+            self._kept_in_view = current
+            QTimer.singleShot(0, self, self._keep_selection_in_view)
 
     def show_frame(self, frame: Frame) -> None:
         self._updating = True
@@ -185,6 +193,7 @@ class SequenceView(QTreeWidget):
                 elif touched is not None and seq.seq_id not in touched:
                     continue  # this step left the row as it was
                 self._fill_row(item, seq, frame)
+            self._rows_changed = added or removed
             if added or removed or touched is None:
                 self._follow_order(frame)
             widened = self._show_phases(frame)
