@@ -126,3 +126,17 @@ def test_the_token_map_scrolls_to_every_token_and_keeps_a_block_to_a_row(make_wi
     row = (count - 1) // token_map._columns()
     top = row * token_map.cell[1] - area.verticalScrollBar().value()
     assert 0 <= top < area.viewport().height()  # the newest token is in view
+
+
+def test_a_block_wider_than_the_token_map_is_split_into_equal_rows(qtbot):
+    """Blocks of 16 text cells on a narrow map were cut after 12: a block began mid-row."""
+    from pagesim.app.gui.palette import THEMES
+    from pagesim.app.gui.views.token_map import TokenMap
+
+    token_map = TokenMap(next(iter(THEMES.values())))
+    qtbot.addWidget(token_map)
+    token_map.show_sequence("doc", [3, 5], 20, 16, pieces=tuple("x" * 20))
+    for width in (380, 300, 200, 90):
+        columns = token_map._columns(width)
+        assert 16 % columns == 0 and columns * token_map.cell_at(width)[0] <= width
+    assert token_map._columns(380) == 8

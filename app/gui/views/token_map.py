@@ -140,11 +140,15 @@ class TokenMap(QWidget):
         return self.cell_at()
 
     def _columns(self, width: int | None = None) -> int:
-        # Whole blocks per row, so a row break never splits a block (unless one block is wider).
+        # Whole blocks per row, so a row break never splits a block; where one block is wider
+        # than a row, an equal share of it (half, a quarter …), so that a block starts a row.
         width = self.width() if width is None else width
         cell_w, size = self.cell_at(width)[0], max(1, self.block_size)
         blocks = width // (cell_w * size)
-        return blocks * size if blocks else max(1, width // cell_w)
+        if blocks:
+            return blocks * size
+        fits = max(1, width // cell_w)
+        return max(d for d in range(1, min(fits, size) + 1) if size % d == 0)
 
     def sizeHint(self) -> QSize:
         return QSize(200, self.heightForWidth(max(200, self.width())))
