@@ -48,8 +48,9 @@ is by recompute only, frees the newest running request (maybe the one asking) an
 nobody that step. n samples are child requests (r/s0, r/s1 …); beam search is not in the
 engine. Block 0 is the <b>null block</b>, a placeholder vLLM never hands out: it counts as
 used but holds no sequence's slots.</p>
-<p><b>Waste vs contiguous</b> replays a workload on this pool through paging and through
-Orca-style contiguous reservations. <b>What-if</b> replays the scenario with one setting
+<p><b>Waste vs contiguous</b> replays a workload through paging and through Orca-style
+contiguous reservations, on a serving-sized pool of its own (a model shape on a GPU, or a
+block count you choose), not on the scenario's. <b>What-if</b> replays the scenario with one setting
 changed (block size, pool, token budget, engine …), memory only, a curve per variant over
 the scheduler's iterations (a submit is not one), and <b>Latency</b> times it on a model
 shape and a GPU (roofline estimates).</p>
@@ -103,12 +104,18 @@ mark the current step.</p>
 <tr><td>Space</td><td>play / pause</td></tr>
 <tr><td>→ / ←</td><td>step forward / back</td></tr>
 <tr><td>Home / End</td><td>first / last step</td></tr>
-<tr><td>A</td><td>add a sequence (prompt length from the toolbar)</td></tr>
+<tr><td>A</td><td>add a sequence (on a real model a dialog asks for its prompt, or submits a request;
+on the synthetic model the prompt length comes from the toolbar)</td></tr>
 <tr><td>G / Shift+G</td><td>grow the selected sequence by 1 / by N tokens</td></tr>
 <tr><td>F</td><td>fork the selected sequence</td></tr>
 <tr><td>Delete</td><td>free the selected sequence</td></tr>
+<tr><td>S</td><td>one scheduler step for the submitted requests</td></tr>
+<tr><td>L</td><td>block-table → pool lines on / off</td></tr>
+<tr><td>Ctrl+Z / Ctrl+Shift+Z</td><td>undo / redo your own actions</td></tr>
+<tr><td>Ctrl+R</td><td>reload the scenario (start over)</td></tr>
+<tr><td>F1</td><td>this guide</td></tr>
 <tr><td>Ctrl + / Ctrl − / Ctrl 0</td><td>zoom the pool in / out / fit</td></tr>
 </table>
-<p>Your own actions branch the timeline at the current step: later scenario steps are
-dropped, and File → Save scenario keeps what you did.</p>
+<p>Your own actions branch the timeline at the current step: the scenario's later steps are
+set aside (Edit → Undo brings them back), and File → Save scenario keeps what you did.</p>
 """

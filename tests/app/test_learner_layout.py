@@ -655,3 +655,14 @@ def test_a_selection_passed_on_by_a_free_or_a_seek_is_brought_into_view(make_win
     wait_idle(qtbot, window)
     top = view._rows["s0"]
     qtbot.waitUntil(lambda: view.viewport().rect().contains(view.visualItemRect(top).center()), timeout=5_000)
+
+
+def test_the_guide_says_what_the_app_does(window, qtbot):
+    """It said a branch drops the later steps (undo brings them back), that the waste study runs
+    on this pool (it has its own), and its keys left out S, L, undo and redo, reload and F1."""
+    window.show_guide()
+    text = window.guide.toPlainText()
+    assert "set aside (Edit → Undo brings them back)" in text and "steps are\ndropped" not in text
+    assert "not on the scenario's" in text
+    for key in ("S", "L", "Ctrl+Z / Ctrl+Shift+Z", "Ctrl+R", "F1"):
+        assert f"\n{key}\t" in text or f"{key} " in text or f"{key}\n" in text, key
