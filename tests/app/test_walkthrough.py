@@ -2,6 +2,7 @@
 by stage, v2's partitions on the long-context scenario."""
 
 import pytest
+from pagesim.core.scenario import load_shipped
 from PySide6.QtCore import QRect
 
 from tests.app.conftest import wait_idle
@@ -248,3 +249,19 @@ def test_the_walkthrough_plots_stay_inside_their_widgets_and_their_axis_labels_f
     if size == (1920, 1080):  # room for every label, whole
         assert panel.lane_plot.getPlotItem().getAxis("left").labelText == "lane (warp, group)"
         assert panel.score_plot.getPlotItem().getAxis("right").labelText == "ℓ (running sum)"
+
+
+def test_another_scenario_walks_from_its_first_stage_on_its_worst_layer(make_window, qtbot):
+    """Layer 20 and stage 5 chosen on the tour stayed on long_context, whose Check tab showed its worst."""
+    window = make_window("default", real=True)
+    window.actions.scrubber.setValue(3)
+    wait_idle(qtbot, window, timeout=60_000)
+    panel = open_walkthrough(window, qtbot)
+    panel.layer_box.setCurrentIndex(panel.layer_box.findData(20))
+    qtbot.waitUntil(lambda: panel.walk is not None and panel.walk.layer == 20, timeout=60_000)
+    panel.show_stage(5)
+    window.load(load_shipped("seed_demo"))
+    wait_idle(qtbot, window, timeout=60_000)
+    window.load(load_shipped("default"))
+    wait_idle(qtbot, window, timeout=60_000)
+    assert panel.layer_box.layer() is None and panel.stage == 0

@@ -529,6 +529,17 @@ class WalkThroughTab(QObject):
         controller.traceReady.connect(self.panel.show_walk)
         controller.backendReady.connect(lambda name, _: self.panel.set_default_kernel(name))
         controller.frameChanged.connect(self._on_frame)
+        controller.loaded.connect(lambda _: self._on_loaded())
+
+    def _on_loaded(self) -> None:
+        """Another scenario: its walk starts at the first stage, on its worst layer (the layer
+        and stage chosen on the one before meant nothing to it)."""
+        self.panel.stage = 0
+        box = self.panel.layer_box
+        if box.currentIndex() > 0:
+            box.blockSignals(True)
+            box.setCurrentIndex(0)
+            box.blockSignals(False)
 
     def _on_frame(self, frame: Frame) -> None:
         self._frame = frame
