@@ -34,18 +34,31 @@ class BranchSlider(QSlider):
             self.branch = step
             self.update()
 
+    def _rects(self):
+        option = QStyleOptionSlider()
+        self.initStyleOption(option)
+        style, control = self.style(), QStyle.ComplexControl.CC_Slider
+        groove = style.subControlRect(control, option, QStyle.SubControl.SC_SliderGroove, self)
+        handle = style.subControlRect(control, option, QStyle.SubControl.SC_SliderHandle, self)
+        return groove, handle
+
+    def mousePressEvent(self, event) -> None:
+        """A click on the track goes to the step under the pointer (it moved a page of ten
+        steps toward it), and the handle then follows a drag from there."""
+        if event.button() == Qt.MouseButton.LeftButton and self.maximum() > self.minimum():
+            groove, handle = self._rects()
+            point = event.position().toPoint()
+            if not handle.contains(point):
+                span = max(1, groove.width() - handle.width())
+                x = point.x() - groove.x() - handle.width() // 2
+                self.setValue(QStyle.sliderValueFromPosition(self.minimum(), self.maximum(), x, span))
+        super().mousePressEvent(event)
+
     def paintEvent(self, event) -> None:
         super().paintEvent(event)
         if self.branch is None or self.maximum() <= self.minimum():
             return
-        option = QStyleOptionSlider()
-        self.initStyleOption(option)
-        groove = self.style().subControlRect(
-            QStyle.ComplexControl.CC_Slider, option, QStyle.SubControl.SC_SliderGroove, self
-        )
-        handle = self.style().subControlRect(
-            QStyle.ComplexControl.CC_Slider, option, QStyle.SubControl.SC_SliderHandle, self
-        )
+        groove, handle = self._rects()
         span = groove.width() - handle.width()
         x = (
             groove.x()

@@ -886,3 +886,18 @@ def test_the_view_menu_marks_the_theme_in_use(make_window, qtbot):
     assert window.theme is THEMES[other] and marks[other].isChecked() and not marks[in_use].isChecked()
     window.apply_theme(in_use)  # (from elsewhere, as a saved setting does)
     assert marks[in_use].isChecked() and not marks[other].isChecked()
+
+
+def test_a_click_on_the_scrubbers_track_goes_to_the_step_under_the_pointer(make_window, qtbot):
+    """It moved a page of ten steps toward the click."""
+    from PySide6.QtTest import QTest
+
+    window = make_window("stress")
+    scrubber = window.actions.scrubber
+    assert scrubber.maximum() > 100 and scrubber.value() == 0
+    groove, handle = scrubber._rects()
+    x = groove.x() + handle.width() // 2 + int(0.75 * (groove.width() - handle.width()))
+    QTest.mouseClick(
+        scrubber, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, QPoint(x, groove.center().y())
+    )
+    assert abs(scrubber.value() - 0.75 * scrubber.maximum()) <= 2
