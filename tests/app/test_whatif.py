@@ -270,3 +270,20 @@ def test_the_latency_panel_shows_a_v1_requests_samples_as_one_row(make_window, q
     assert sampled
     row = names.index(sampled[0].request)
     assert panel.table.item(row, 5).text() == f"{sampled[0].output_tokens} × {sampled[0].samples}"
+
+
+def test_the_suggested_values_follow_another_scenario_unless_the_user_typed_some(make_window, qtbot):
+    """After opening a scenario with blocks of 16, the tour's suggestion "4,16" stayed: a variant
+    that re-ran the original's own block size."""
+    window = make_window("default")
+    panel = window.studies.whatif
+    panel.knob_box.setCurrentText("block_size")
+    before = window.frame.config.block_size
+    window.load(load_shipped("long_context"))
+    wait_idle(qtbot, window)
+    size = window.frame.config.block_size
+    assert size != before and panel.values_edit.text() == f"{size // 2},{size * 2}"
+    panel.values_edit.setText("2,32")  # the user's own values stay
+    window.load(load_shipped("default"))
+    wait_idle(qtbot, window)
+    assert panel.values_edit.text() == "2,32"

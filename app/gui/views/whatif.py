@@ -86,6 +86,7 @@ class WhatIfPanel(QWidget):
         self.theme = theme
         self.run_sweep, self.cancel_sweep = run_sweep, cancel_sweep
         self.config: CacheConfig | None = None  # the current scenario's: the suggested values follow it
+        self._suggested = ""  # the values last suggested (replaced on another scenario unless edited)
         self.settings: list[tuple[str, tuple]] = []  # the grid: (config field, values) per knob added
         self.variants: list[VariantResult] = []  # as they arrive, the original first
         self.result: SweepResult | None = None
@@ -195,14 +196,15 @@ class WhatIfPanel(QWidget):
 
     def follow_scenario(self, frame) -> None:
         if frame.config != self.config:
-            first = self.config is None
             self.config = frame.config
-            if first or not self.values_edit.text():
+            text = self.values_edit.text()
+            if not text or text == self._suggested:  # (values the user typed stay; ours follow the scenario)
                 self._suggest(self.knob_box.currentText())
 
     def _suggest(self, knob: str) -> None:
         if self.config is not None:
-            self.values_edit.setText(suggested_values(knob, self.config))
+            self._suggested = suggested_values(knob, self.config)
+            self.values_edit.setText(self._suggested)
 
     # -- the grid --------------------------------------------------------------------
     def _parsed(self) -> tuple[str, tuple] | None:
