@@ -321,7 +321,8 @@ class RequestSubmitted(Event):
     num_seqs: int
 
     def describe(self) -> str:
-        return f"request {self.request} queued: {self.prompt_len} prompt tokens, {self.output_len} to generate"
+        samples = f", {self.num_seqs} sequences side by side (samples or beams)" if self.num_seqs > 1 else ""
+        return f"request {self.request} queued: {self.prompt_len} prompt tokens, {self.output_len} to generate{samples}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,7 +332,10 @@ class RequestAdmitted(Event):
     resumed: bool  # after a preemption by recompute
 
     def describe(self) -> str:
-        return f"request {self.request} " + ("resumed" if self.resumed else "admitted") + f" as {', '.join(self.seqs)}"
+        what = "resumed" if self.resumed else "admitted"
+        if self.seqs == (self.request,):  # (one sequence of its own name: nothing more to say)
+            return f"request {self.request} {what}"
+        return f"request {self.request} {what} as {', '.join(self.seqs)}"
 
 
 @dataclass(frozen=True, slots=True)

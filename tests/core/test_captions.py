@@ -206,3 +206,14 @@ def test_a_swap_is_told_once_by_its_request(cpu_backend):
     assert out and back
     assert not any("swapped out to the CPU pool" in c for c in out)
     assert not any("swapped back in from the CPU pool" in c for c in back)
+
+
+def test_a_request_is_not_said_to_be_admitted_as_itself_and_its_samples_are_counted():
+    from pagesim.core import events as ev
+
+    assert ev.RequestAdmitted("r1", ("r1",), False).describe() == "request r1 admitted"
+    assert ev.RequestAdmitted("r3", ("r3/s0", "r3/s1"), True).describe() == "request r3 resumed as r3/s0, r3/s1"
+    assert ev.RequestSubmitted("s1", 5, 16, 2).describe() == (
+        "request s1 queued: 5 prompt tokens, 16 to generate, 2 sequences side by side (samples or beams)"
+    )
+    assert ev.RequestSubmitted("s1", 5, 16, 1).describe().endswith("16 to generate")
