@@ -18,6 +18,7 @@ class StatusReporter:
         self.last_error: str | None = None
         self._fresh = True  # no frame of the loaded scenario yet
         self._announced_branch: int | None = None
+        self._branch_said = ""  # the branch message shown (cleared when an undo takes the branch away)
         self.backend_label = QLabel("backend: starting…")
         self.backend_label.setToolTip("Kernel backend and device (compiled at start-up, off the GUI thread)")
         bar.addPermanentWidget(self.backend_label)
@@ -51,6 +52,7 @@ class StatusReporter:
     def _loaded(self) -> None:
         self._fresh = True
         self._announced_branch = None
+        self._branch_said = ""
 
     def show_frame(self, frame: Frame) -> None:
         first, self._fresh = self._fresh, False
@@ -63,18 +65,23 @@ class StatusReporter:
             self.say(f"{frame.scenario_name}: {frame.length} steps · Space plays, → steps, A adds a sequence", 10_000)
         branched = frame.branch_step is not None
         if branched and frame.branch_step != self._announced_branch and frame.can_undo:
+            # (short: a 1024 px window's status bar cuts a longer line mid-word)
             if frame.branch_step >= frame.script_length:  # past the script's end: nothing was set aside
-                self.say(
-                    f"Your action went on past the script's last step ({frame.script_length}). Edit → Undo (Ctrl+Z) "
-                    "takes it back; File → Reload starts over.",
-                    15_000,
+                said = (
+                    f"Your action went on past the script's last step ({frame.script_length}): Undo (Ctrl+Z) takes it "
+                    "back, Ctrl+R starts over"
                 )
             else:
-                self.say(
-                    f"Your action branched off the script at step {frame.branch_step}: its later steps are set "
-                    "aside. Edit → Undo (Ctrl+Z) brings them back; File → Reload starts over.",
-                    15_000,
+                said = (
+                    f"You branched off the script at step {frame.branch_step}: its later steps are set aside "
+                    "(Undo, Ctrl+Z, brings them back)"
                 )
+            self.say(said, 15_000)
+            self._branch_said = said
+        elif not branched and self._branch_said and self.bar.currentMessage() == self._branch_said:
+            self.bar.clearMessage()  # undone: the branch it spoke of is gone
+        if not branched:
+            self._branch_said = ""
         self._announced_branch = frame.branch_step
         if frame.status_notes:  # preemptions and rejections say what they cost
             self.say(" · ".join(frame.status_notes), 8000)

@@ -874,6 +874,9 @@ def test_an_action_past_the_scripts_end_is_not_said_to_set_later_steps_aside(mak
     button(window, window.actions.grow_action).click()
     wait_idle(qtbot, window)
     assert "branched off the script at step 1: its later steps are set aside" in window.statusBar().currentMessage()
+    window.controller.undo()  # the branch is taken back: so is the message about it
+    wait_idle(qtbot, window)
+    assert "branched" not in window.statusBar().currentMessage()
 
 
 def test_the_view_menu_marks_the_theme_in_use(make_window, qtbot):
