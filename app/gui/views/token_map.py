@@ -17,6 +17,7 @@ CELL = 14
 # A real model's tokens show their text: wider cells, a long token elided ("…"); narrower,
 # down to the least, where that lets a whole block fit a row.
 TEXT_CELL_W, TEXT_CELL_H, MIN_TEXT_CELL_W = 48, 18, 30
+KV = "K\u2060/\u2060V"  # (word joiners: a narrow dock must not break it into "K/" and "V")
 GENERIC_TIP = "The selected sequence's tokens: hover one to see where its K/V lives"
 
 
@@ -79,7 +80,7 @@ class TokenMap(QWidget):
             state.seq_id, state.block_table, state.num_tokens, size, weights, self._colours(state.seq_id), state.pieces
         )
         self.caption.setText(
-            f"Tokens of {state.seq_id}: {state.num_tokens}, a shade per block (hover one: where its K/V lives)"
+            f"Tokens of {state.seq_id}: {state.num_tokens}, a shade per block (hover one: where its {KV} lives)"
         )
         spaces = "\nEach cell shows its token's text: · a space, ↵ a newline" if state.pieces is not None else ""
         self.caption.setToolTip(
