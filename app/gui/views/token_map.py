@@ -134,7 +134,11 @@ class TokenMap(QWidget):
         size = max(1, self.block_size)
         if width >= TEXT_CELL_W * size:
             return TEXT_CELL_W, TEXT_CELL_H
-        return max(MIN_TEXT_CELL_W, width // size), TEXT_CELL_H
+        if width // size >= MIN_TEXT_CELL_W:  # a whole block to a row, in narrower cells
+            return width // size, TEXT_CELL_H
+        # An equal share of a block to a row (half, a quarter …), its cells as wide as the row allows.
+        share = max([d for d in range(1, size + 1) if size % d == 0 and d * MIN_TEXT_CELL_W <= width], default=1)
+        return max(MIN_TEXT_CELL_W, min(TEXT_CELL_W, width // share)), TEXT_CELL_H
 
     @property
     def cell(self) -> tuple[int, int]:
