@@ -904,3 +904,17 @@ def test_a_click_on_the_scrubbers_track_goes_to_the_step_under_the_pointer(make_
         scrubber, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, QPoint(x, groove.center().y())
     )
     assert abs(scrubber.value() - 0.75 * scrubber.maximum()) <= 2
+
+
+def test_the_step_logs_long_lines_end_in_an_ellipsis_not_behind_a_scroll_bar(window, qtbot):
+    """Once a sideways scroll bar appeared, long lines were cut without a mark and the current
+    line sat half behind the bar."""
+    log = window.step_log
+    assert log.horizontalScrollBarPolicy() == Qt.ScrollBarPolicy.ScrollBarAlwaysOff
+    assert log.textElideMode() == Qt.TextElideMode.ElideRight
+    window.actions.scrubber.setValue(7)
+    wait_idle(qtbot, window)
+    window.step_log_dock.raise_()
+    window.step_log_dock.show()
+    log.catch_up()
+    assert log.count() and log.item(0).toolTip() == log.item(0).text()  # the whole line, on hover

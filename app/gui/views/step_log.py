@@ -4,7 +4,7 @@ the current step is selected, and clicking a line seeks there."""
 from __future__ import annotations
 
 from pagesim.core.view_model import Frame
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QAbstractItemView, QListWidget, QListWidgetItem
 
 
@@ -15,6 +15,10 @@ class StepLog(QListWidget):
         super().__init__(parent)
         self.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.setWordWrap(False)
+        # A long line ends in "…" at the log's width (its tooltip has it whole): a sideways scroll
+        # bar cut lines without a mark and hid the current one behind it.
+        self.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setUniformItemSizes(True)
         self.setToolTip("Every step of the timeline; click one to go there")
         self._lines: tuple[str, ...] = ()
