@@ -27,7 +27,7 @@ from pagesim.core.studies.serving_time import (
     latency,
     model_shape,
     pool_blocks,
-    pool_fit_problem,
+    require_pool_fits,
 )
 from pagesim.core.studies.stand_in import memory_only
 from pagesim.core.studies.sweep import KNOBS, Hardware, Source, SweepResult, parse_setting, sweep
@@ -111,10 +111,8 @@ def _hardware(args) -> Hardware | None:
 
 
 def _check_fits(blocks: int, block_size: int, hardware: Hardware | None, what: str, hint: str = "") -> None:
-    """A pool of ``blocks`` (``what`` names where it came from) must fit the GPU's memory after
-    the model's weights: timings of a pool the GPU cannot hold would mean nothing."""
-    if hardware is not None and (problem := pool_fit_problem(blocks, block_size, hardware.shape, hardware.gpu)):
-        raise InvalidStudyError(f"{what}: {problem}{hint}")
+    if hardware is not None:
+        require_pool_fits(blocks, block_size, hardware.shape, hardware.gpu, what, hint)
 
 
 def _source(args, hardware: Hardware | None) -> Source:

@@ -9,10 +9,17 @@ import math
 from dataclasses import dataclass
 
 from pagesim.core.config import CacheConfig
-from pagesim.core.errors import InvalidStudyError
 from pagesim.core.scenario import Scenario
 from pagesim.core.studies.replay import ReplayResult, replay_scenario
-from pagesim.core.studies.serving_time import GIB, LatencySummary, Roofline, gpu, latency, model_shape, pool_fit_problem
+from pagesim.core.studies.serving_time import (
+    GIB,
+    LatencySummary,
+    Roofline,
+    gpu,
+    latency,
+    model_shape,
+    require_pool_fits,
+)
 from pagesim.core.studies.stand_in import memory_only
 
 DEFAULT_MODEL_SHAPE = "llama-3-8b"
@@ -75,8 +82,7 @@ def scenario_latency(
     shape, spec = model_shape(shape_name), gpu(gpu_name)
     scenario, note = memory_only(scenario)
     roofline = Roofline(shape, spec, scenario.config.block_size)
-    if problem := pool_fit_problem(scenario.config.num_blocks, scenario.config.block_size, shape, spec):
-        raise InvalidStudyError(f"{scenario.name}'s pool: {problem}")
+    require_pool_fits(scenario.config.num_blocks, scenario.config.block_size, shape, spec, f"{scenario.name}'s pool")
     result = replay_scenario(scenario, scenario.config, roofline)
     return ScenarioLatency(
         scenario.name,

@@ -232,19 +232,22 @@ def pool_bytes(shape: ModelShape, spec: GpuSpec, utilization: float = GPU_MEMORY
     return left
 
 
-def pool_fit_problem(num_blocks: int, block_size: int, shape: ModelShape, spec: GpuSpec) -> str | None:
-    """Why a pool of ``num_blocks`` blocks of ``block_size`` tokens does not fit in ``spec``'s
-    memory after ``shape``'s weights, in words (None: it fits). Weights that leave no room at
-    all raise :class:`InvalidStudyError`."""
-    block_bytes = Roofline(shape, spec, block_size).block_bytes()
+def require_pool_fits(
+    num_blocks: int, block_size: int, shape: ModelShape, spec: GpuSpec, what: str = "", hint: str = ""
+) -> None:
+    """Refuse (:class:`InvalidStudyError`) a pool of ``num_blocks`` blocks of ``block_size``
+    tokens that does not fit in ``spec``'s memory after ``shape``'s weights, or weights that
+    leave no room at all: timings of a pool the GPU cannot hold would mean nothing. ``what``
+    names where the pool came from, ``hint`` what to do."""
+    block_bytes = block_size * shape.kv_bytes_per_token
     room = pool_bytes(shape, spec)
     need = num_blocks * block_bytes
-    if need <= room:
-        return None
-    return (
-        f"{num_blocks} blocks of {block_size} tokens take {need / GIB:.2f} GiB of KV cache; {shape.name} on "
-        f"{spec.name} leaves {room / GIB:.2f} GiB after its weights: at most {room // block_bytes} such blocks"
-    )
+    if need > room:
+        problem = (
+            f"{num_blocks} blocks of {block_size} tokens take {need / GIB:.2f} GiB of KV cache; {shape.name} on "
+            f"{spec.name} leaves {room / GIB:.2f} GiB after its weights: at most {room // block_bytes} such blocks"
+        )
+        raise InvalidStudyError((f"{what}: " if what else "") + problem + hint)
 
 
 def pool_blocks(shape: ModelShape, spec: GpuSpec, block_size: int) -> int:

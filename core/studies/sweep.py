@@ -30,7 +30,7 @@ from pagesim.core.studies.serving_time import (
     Roofline,
     latency,
     pool_blocks,
-    pool_fit_problem,
+    require_pool_fits,
 )
 from pagesim.core.studies.workload import RequestSpec
 
@@ -258,14 +258,8 @@ def variant_config(source: Source, changes: dict[str, object], hardware: Hardwar
         fields.setdefault("max_model_len", None)
     config = replace(base, **fields)
     if hardware is not None:
-        _check_fits(config, hardware)
+        require_pool_fits(config.num_blocks, config.block_size, hardware.shape, hardware.gpu)
     return config
-
-
-def _check_fits(config: CacheConfig, hardware: Hardware) -> None:
-    """A pool the variant sets must fit in the GPU's memory after the weights (a ValueError says by how much not)."""
-    if problem := pool_fit_problem(config.num_blocks, config.block_size, hardware.shape, hardware.gpu):
-        raise ValueError(problem)
 
 
 def _replay(source: Source, config: CacheConfig, hardware: Hardware | None) -> ReplayResult:
@@ -337,8 +331,7 @@ def sweep(
     weights leave no room) is refused before anything runs: an InvalidStudyError."""
     if hardware is not None:
         config = source.config
-        if problem := pool_fit_problem(config.num_blocks, config.block_size, hardware.shape, hardware.gpu):
-            raise InvalidStudyError(f"{source.name}'s pool: {problem}")
+        require_pool_fits(config.num_blocks, config.block_size, hardware.shape, hardware.gpu, f"{source.name}'s pool")
     grid = [{}] + [c for c in expand(settings) if c]
     variants = []
     for index, changes in enumerate(grid, start=1):
