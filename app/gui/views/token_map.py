@@ -21,6 +21,12 @@ KV = "K\u2060/\u2060V"  # (word joiners: a narrow dock must not break it into "K
 GENERIC_TIP = "The selected sequence's tokens: hover one to see where its K/V lives"
 
 
+def _share_of_block(block_size: int, fits: int) -> int:
+    """The most cells of a block a row of ``fits`` cells holds in equal shares (a divisor of
+    the block size: each block starts a row), at least one."""
+    return max(d for d in range(1, max(1, min(fits, block_size)) + 1) if block_size % d == 0)
+
+
 class TokenMap(QWidget):
     """One cell per token, coloured by the physical block holding it. Hover a token for its
     path (token → logical block, offset → physical block, slot) and its attention weight;
@@ -137,7 +143,7 @@ class TokenMap(QWidget):
         if width // size >= MIN_TEXT_CELL_W:  # a whole block to a row, in narrower cells
             return width // size, TEXT_CELL_H
         # An equal share of a block to a row (half, a quarter …), its cells as wide as the row allows.
-        share = max([d for d in range(1, size + 1) if size % d == 0 and d * MIN_TEXT_CELL_W <= width], default=1)
+        share = _share_of_block(size, width // MIN_TEXT_CELL_W)
         return max(MIN_TEXT_CELL_W, min(TEXT_CELL_W, width // share)), TEXT_CELL_H
 
     @property
@@ -152,8 +158,7 @@ class TokenMap(QWidget):
         blocks = width // (cell_w * size)
         if blocks:
             return blocks * size
-        fits = max(1, width // cell_w)
-        return max(d for d in range(1, min(fits, size) + 1) if size % d == 0)
+        return _share_of_block(size, width // cell_w)
 
     def sizeHint(self) -> QSize:
         return QSize(200, self.heightForWidth(max(200, self.width())))
