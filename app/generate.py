@@ -14,6 +14,7 @@ import statistics
 import sys
 
 from pagesim.app.options import writable_problem
+from pagesim.core.checks import utf8_error
 from pagesim.core.engine import Simulator
 from pagesim.core.errors import InvalidOperationError
 from pagesim.core.models.catalog import config_for_model, load_model
@@ -47,10 +48,8 @@ def cmd_generate(args: argparse.Namespace, write_output) -> int:
     if args.json is not None and (reason := writable_problem(args.json, "--json")):
         print(f"error: {reason}", file=sys.stderr)
         return 2
-    try:
-        args.prompt.encode("utf-8")
-    except UnicodeEncodeError as exc:  # (bytes the terminal could not decode, passed on as surrogates)
-        raise InvalidOperationError(f"the prompt is not valid UTF-8 text (at character {exc.start})") from None
+    if (at := utf8_error(args.prompt)) is not None:
+        raise InvalidOperationError(f"the prompt is not valid UTF-8 text (at character {at})")
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed, args.max_tokens)
     stream = args.json is None or str(args.json) != "-"
     if args.dtype is not None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import msgspec
 import zmq
 from pagesim.core import kv_events as kv
+from pagesim.core.checks import is_count, is_int, utf8_error
 from pagesim.core.errors import PagesimError
 
 # Each KV event's fields in wire order (an array-shaped event lists them after its tag).
@@ -76,7 +77,7 @@ def _event(raw) -> dict | None:
 
 
 def _is_hash(value) -> bool:
-    return isinstance(value, int | bytes) and not isinstance(value, bool)
+    return is_int(value) or isinstance(value, bytes)
 
 
 def _check_event(event: dict) -> None:
@@ -92,9 +93,9 @@ def _check_event(event: dict) -> None:
         parent, tokens, size = event.get("parent_block_hash"), event.get("token_ids"), event.get("block_size")
         if parent is not None and not _is_hash(parent):
             raise ValueError("BlockStored: parent_block_hash is not a hash")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        if not isinstance(tokens, list) or not all(map(is_int, tokens)):
             raise ValueError("BlockStored: token_ids is not a list of token ids")
-        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+        if size is not None and not is_count(size):
             raise ValueError("BlockStored: block_size is not a positive integer")
 
 
@@ -480,10 +481,8 @@ def load_tokenizer(name: str) -> Callable[[list[int]], str]:
 def cmd_attach(args) -> int:
     if args.duration is None and args.max_events is None:
         raise AttachError("attach needs a bound: --duration or --max-events")
-    try:
-        args.topic.encode("utf-8")
-    except UnicodeEncodeError:
-        raise AttachError("--topic is not valid UTF-8 text") from None
+    if utf8_error(args.topic) is not None:
+        raise AttachError("--topic is not valid UTF-8 text")
     if args.duration is not None and not 0 < args.duration <= 86_400:
         raise AttachError(f"--duration must be between 0 and 86400 seconds; got {args.duration}")
     if args.max_events is not None and args.max_events < 1:

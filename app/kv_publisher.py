@@ -25,6 +25,7 @@ import queue
 import threading
 
 import zmq
+from pagesim.core.checks import utf8_error
 from pagesim.core.errors import PagesimError
 from pagesim.core.kv_events import KVEventBatch, KVEventConverter, encode_batch, make_batch
 
@@ -208,10 +209,8 @@ def open_step_publisher(args, sim, say) -> StepPublisher | None:
     for endpoint, option in ((args.kv_events, "--kv-events"), (args.kv_events_replay, "--kv-events-replay")):
         if endpoint is not None and (problem := bind_problem(endpoint, option)):
             raise PublisherError(problem)
-    try:
-        args.kv_events_topic.encode("utf-8")
-    except UnicodeEncodeError:
-        raise PublisherError("--kv-events-topic is not valid UTF-8 text") from None
+    if utf8_error(args.kv_events_topic) is not None:
+        raise PublisherError("--kv-events-topic is not valid UTF-8 text")
     publisher = KVEventPublisher(args.kv_events, args.kv_events_replay, topic=args.kv_events_topic)
     replay = f" · replay {publisher.replay_endpoint}" if publisher.replay_endpoint else ""
     say(f"KV events: {publisher.endpoint}{replay}")

@@ -16,3 +16,13 @@ def is_count(value: object, minimum: int = 1) -> bool:
 def all_ints(values) -> bool:
     """Every value an integer (exact type: a bool is not a token id; the fast test for long lists)."""
     return all(type(v) is int for v in values)
+
+
+def utf8_error(text: str) -> int | None:
+    """Where ``text`` stops being UTF-8 (a surrogate standing for bytes a terminal could not
+    decode, as Python passes them on in ``sys.argv``), or None when all of it is."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None

@@ -11,6 +11,7 @@ import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from pagesim.core.checks import utf8_error
 from pagesim.core.errors import InvalidOperationError
 
 PieceOf = Callable[[Sequence[int], int], str]  # (a sequence's ids, index) -> that token's text
@@ -89,12 +90,8 @@ def prompt_ids(model, text: str, as_chat: bool = False) -> list[int]:
         raise InvalidOperationError("this model has no tokenizer: give the prompt as a number of tokens", "prompt")
     if not text:
         raise InvalidOperationError("the prompt is empty: type some text", "prompt")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:  # (bytes a terminal could not decode, passed on as surrogates)
-        raise InvalidOperationError(
-            f"the prompt is not valid UTF-8 text (at character {exc.start})", "prompt"
-        ) from None
+    if (at := utf8_error(text)) is not None:
+        raise InvalidOperationError(f"the prompt is not valid UTF-8 text (at character {at})", "prompt")
     ids = tokenizer.encode_chat([{"role": "user", "content": text}]) if as_chat else tokenizer.encode(text)
     if not ids:
         raise InvalidOperationError("the prompt has no tokens", "prompt")
