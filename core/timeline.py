@@ -356,15 +356,14 @@ class Timeline:
         if old is not None and not old.detail_dropped:
             kept = tuple(e for e in old.op_events if not e.detail)
             self._results[old.step] = replace(old, attention=None, op_events=kept, detail_dropped=True)
-        if self.history and result.step % self.snapshot_every == 0:
-            self._snapshot_here()
+        self._snapshot_here()
 
     def _snapshot_here(self) -> None:
-        """A snapshot of the current step. Only the newest ones taken keep the K/V arrays and
-        the attention report (undo logs: the paged caches keep that many restorable); older
-        ones rebuild them from the tokens when restored."""
+        """A snapshot of the current step, every ``snapshot_every`` steps. Only the newest ones
+        taken keep the K/V arrays and the attention report (undo logs: the paged caches keep
+        that many restorable); older ones rebuild them from the tokens when restored."""
         step = self.position
-        if self.snapshot_every > 1 and step % self.snapshot_every:
+        if step % self.snapshot_every:
             return
         self._snapshots[step] = self._take_snapshot()
         if step in self._with_data:
