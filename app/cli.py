@@ -533,11 +533,30 @@ class StdoutError(Exception):
         self.errno = cause.errno
 
 
+class _ClosedStream:
+    """Standard output when the shell closed it (``>&-``): Python has None there, and every
+    write fails as a write to a closed descriptor does."""
+
+    encoding = "utf-8"
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, "it is closed")
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        raise OSError(errno.EBADF, "it is closed")
+
+
 class _GuardedStdout:
     """Standard output, whose write failures are told apart from an output file's."""
 
     def __init__(self, stream) -> None:
-        self._stream = stream
+        self._stream = stream if stream is not None else _ClosedStream()
 
     def write(self, text: str) -> int:
         try:

@@ -153,6 +153,14 @@ def test_a_closed_pipe_ends_quietly():
     assert err == "" and code == 141
 
 
+@pytest.mark.parametrize("argv", [["scenarios"], ["backends"], ["run", "seed_demo", "--backend", "cpu"]])
+def test_a_closed_stdout_is_one_line(argv):
+    # (a shell's ">&-": Python's sys.stdout is None)
+    done = _run(*argv, stdout=None, pass_fds=(), preexec_fn=lambda: os.close(1))
+    assert done.returncode == 1
+    assert "standard output" in _one_line_error(done.stderr) and "closed" in done.stderr
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_a_full_stdout_is_one_line():
     with open("/dev/full", "w") as full:
