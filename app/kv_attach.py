@@ -459,6 +459,9 @@ def attach(
 
 
 # -- the command ---------------------------------------------------------------------------
+MAX_TREE_LINES = 1_000_000  # --lines: a tree longer than this is no longer read
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("attach", help="show a vLLM server's prefix cache live from its KV events (ZeroMQ)")
     p.add_argument("endpoint", help=f"the server's KV-event publisher, e.g. {DEFAULT_ENDPOINT}")
@@ -487,6 +490,8 @@ def cmd_attach(args) -> int:
         raise AttachError(f"--duration must be between 0 and 86400 seconds; got {args.duration}")
     if args.max_events is not None and args.max_events < 1:
         raise AttachError(f"--max-events must be a positive integer; got {args.max_events}")
+    if not 0 <= args.lines <= MAX_TREE_LINES:
+        raise AttachError(f"--lines must be from 0 to {MAX_TREE_LINES:,}; got {args.lines}")
     for endpoint, what in ((args.endpoint, "endpoint"), (args.replay, "replay endpoint")):
         if endpoint is not None and (problem := endpoint_problem(endpoint, what)):
             raise AttachError(problem)

@@ -319,6 +319,10 @@ def test_attach_without_a_bound_is_refused_before_it_prints_anything(capsys):
     assert "attach needs a bound: --duration or --max-events" in out.err and out.out == ""
     assert cli_main(["attach", DEFAULT_ENDPOINT, "--duration", "1", "--topic", "\udcff"]) == 2
     assert "--topic is not valid UTF-8" in capsys.readouterr().err
+    for lines in ("-2", "100000000000000000000"):  # (checked at the end, after the session)
+        assert cli_main(["attach", DEFAULT_ENDPOINT, "--duration", "1", "--lines", lines]) == 2
+        out = capsys.readouterr()
+        assert f"--lines must be from 0 to 1,000,000; got {lines}" in out.err and out.out == ""
 
 
 def test_ctrl_c_during_attach_still_prints_what_was_received():
