@@ -7,7 +7,6 @@ import codecs
 import contextlib
 import errno
 import importlib.util
-import json
 import math
 import os
 import shutil
@@ -18,7 +17,13 @@ from pagesim.app.kv_attach import add_parser as add_attach_parser
 from pagesim.app.kv_attach import cmd_attach
 from pagesim.app.kv_publisher import add_run_options as add_kv_event_options
 from pagesim.app.kv_publisher import open_step_publisher
-from pagesim.app.options import add_backend_option, add_bench_options, add_dtype_option, writable_problem
+from pagesim.app.options import (
+    add_backend_option,
+    add_bench_options,
+    add_dtype_option,
+    json_text,
+    writable_problem,
+)
 from pagesim.app.report import (
     TABLE_HEADER,
     dump_step,
@@ -402,7 +407,7 @@ def cmd_waste(args: argparse.Namespace) -> int:
     if args.json:
         allocators = [r.as_dict() | ({"per_step": r.per_step} if args.per_step else {}) for r in reports]
         report = {"workload": vars(args) | {"json": str(args.json)}, "pool": pool.describe(), "allocators": allocators}
-        write_output(args.json, json.dumps(report, indent=2, default=str) + "\n", "--json")
+        write_output(args.json, json_text(report), "--json")
     return 0
 
 

@@ -8,12 +8,11 @@ Imported only by that command (it loads torch and the model)."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 
-from pagesim.app.options import writable_problem
+from pagesim.app.options import json_text, writable_problem
 from pagesim.core.checks import utf8_error
 from pagesim.core.engine import Simulator
 from pagesim.core.errors import InvalidOperationError
@@ -130,5 +129,5 @@ def cmd_generate(args: argparse.Namespace, write_output) -> int:
             "decode_ms": {"paged": paged_ms, "dense": dense_ms},
             "steps": steps,
         }
-        write_output(args.json, json.dumps(report, indent=2) + "\n", "--json")
+        write_output(args.json, json_text(report), "--json")
     return 0 if passed else 1

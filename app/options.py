@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 from pathlib import Path
 
@@ -14,6 +16,24 @@ DEFAULT_GUI_BENCH_JSON = Path("bench-results/gui-bench.json")
 DEFAULT_MODEL_BENCH_JSON = Path("bench-results/model-bench.json")
 # core.models.precision's choices (importing that package would load torch, which most commands never need)
 DTYPE_CHOICES = ["auto", "fp32", "bf16"]
+
+
+def finite(value):
+    """``value`` with each NaN or infinity as None: JSON has no NaN, and a strict reader
+    rejects the whole file (a mean over no finished request is NaN; the JSON says null)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(item) for item in value]
+    return value
+
+
+def json_text(doc, indent: int | None = 2) -> str:
+    """A report as strict JSON: each NaN or infinity as null (see :func:`finite`), what JSON
+    cannot name as its text."""
+    return json.dumps(finite(doc), indent=indent, allow_nan=False, default=str) + "\n"
 
 
 def add_backend_option(parser: argparse.ArgumentParser) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
+from pagesim.app.options import json_text
 from pagesim.core.engine import StepResult
 from pagesim.core.events import TokenWritten
 from pagesim.core.operations import Grow
@@ -164,7 +165,7 @@ def write_json(
         "stalled": stalled,
         "passed": error is None and stalled is None and all(s["passed"] for s in steps),
     }
-    text = json.dumps(report, indent=2, allow_nan=False) + "\n"
+    text = json_text(report)
     if str(path) == "-":
         sys.stdout.write(text)
         return

@@ -7,13 +7,12 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from pagesim.app.options import writable_problem
+from pagesim.app.options import json_text, writable_problem
 from pagesim.app.sweep_plot import render_png
 from pagesim.core.config import CacheConfig
 from pagesim.core.errors import InvalidStudyError
@@ -163,18 +162,6 @@ def _source(args, hardware: Hardware | None) -> Source:
     return Source(name, config, workload=specs, pool_from_hardware=from_hardware)
 
 
-def finite(value):
-    """``value`` with each NaN or infinity as None: JSON has no NaN, and a strict reader
-    rejects the whole file (a mean over no finished request is NaN; the JSON says null)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: finite(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite(item) for item in value]
-    return value
-
-
 def _check_outputs(*pairs) -> str | None:
     for path, option in pairs:
         if path is not None and (reason := writable_problem(path, option)):
@@ -255,7 +242,7 @@ def cmd_latency(args: argparse.Namespace, write_output: Writer) -> int:
             "summary": summary.as_dict(),
             "requests": [r.__dict__ for r in records],
         }
-        write_output(args.json, json.dumps(finite(doc), indent=2, default=str) + "\n", "--json")
+        write_output(args.json, json_text(doc), "--json")
     return 0
 
 
@@ -304,7 +291,7 @@ def to_json(result: SweepResult) -> str:
         "gpu": None if hardware is None else hardware.gpu.name,
         "variants": [v.as_dict() for v in result.variants],
     }
-    return json.dumps(finite(doc), indent=1, default=str) + "\n"
+    return json_text(doc, indent=1)
 
 
 def cmd_sweep(args: argparse.Namespace, write_output: Writer) -> int:

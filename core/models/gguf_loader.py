@@ -23,6 +23,7 @@ import contextlib
 import contextvars
 import hashlib
 import json
+import math
 import os
 import stat
 import time
@@ -213,36 +214,65 @@ def _config(reader, path: Path, tensor_names: set[str]) -> LlamaConfig:
     if arch not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedModelError(path, arch)
 
-    def need(key: str):
-        value = _value(reader, f"{arch}.{key}")
+    def whole(key: str, default=None, least: int = 1) -> int:
+        """``{arch}.key``, an integer of at least ``least`` (``default`` when absent; None: it must be there)."""
+        value = _value(reader, f"{arch}.{key}", default)
         if value is None:
             raise ModelFileError(f"{path}: the metadata key {arch}.{key} is missing")
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            kind = "a positive integer" if least == 1 else f"an integer of at least {least}"
+            raise ModelFileError(f"{path}: the metadata key {arch}.{key} must be {kind}; got {value!r}")
         return value
 
-    if int(_value(reader, f"{arch}.expert_count", 0) or 0) > 0:
+    def positive(key: str, default: float) -> float:
+        """``{arch}.key``, a positive finite number (``default`` when absent)."""
+        value = _value(reader, f"{arch}.{key}", default)
+        if not isinstance(value, int | float) or isinstance(value, bool) or not (math.isfinite(value) and value > 0):
+            raise ModelFileError(f"{path}: the metadata key {arch}.{key} must be a positive number; got {value!r}")
+        return float(value)
+
+    if whole("expert_count", 0, least=0) > 0:
         raise ModelFileError(f"{path}: a mixture-of-experts Llama; pagesim's Llama has one dense MLP per layer")
     scaling = str(_value(reader, f"{arch}.rope.scaling.type", "none"))
     if scaling not in ("none", "linear"):
         raise ModelFileError(f"{path}: RoPE scaling {scaling!r} is not supported (none, linear)")
-    rope_scale = float(_value(reader, f"{arch}.rope.scaling.factor", 1.0) or 1.0) if scaling == "linear" else 1.0
-    hidden = int(need("embedding_length"))
-    heads = int(need("attention.head_count"))
+    rope_scale = positive("rope.scaling.factor", 1.0) if scaling == "linear" else 1.0
+    hidden = whole("embedding_length")
+    heads = whole("attention.head_count")
+    kv_heads = whole("attention.head_count_kv", heads)
+    if heads % kv_heads:
+        raise ModelFileError(
+            f"{path}: {heads} attention heads cannot share {kv_heads} K/V heads evenly "
+            f"({arch}.attention.head_count_kv must divide {arch}.attention.head_count)"
+        )
+    head_dim = whole("attention.key_length", 0, least=0) or hidden // heads
+    if not head_dim:
+        raise ModelFileError(f"{path}: {heads} attention heads leave no dimensions of the {hidden} each")
     tokens = _value(reader, "tokenizer.ggml.tokens", [])
-    bos, eos = _value(reader, "tokenizer.ggml.bos_token_id"), _value(reader, "tokenizer.ggml.eos_token_id")
+    vocab_size = whole("vocab_size", 0, least=0) or len(tokens)
+    if not vocab_size:
+        raise ModelFileError(f"{path}: no vocabulary: neither {arch}.vocab_size nor tokenizer.ggml.tokens")
+    special = {}
+    for name in ("bos", "eos"):
+        key = f"tokenizer.ggml.{name}_token_id"
+        value = _value(reader, key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < vocab_size):
+            raise ModelFileError(f"{path}: the metadata key {key} must be a token id below {vocab_size}; got {value!r}")
+        special[name] = value
     return LlamaConfig(
-        num_layers=int(need("block_count")),
+        num_layers=whole("block_count"),
         hidden_size=hidden,
         num_heads=heads,
-        num_kv_heads=int(_value(reader, f"{arch}.attention.head_count_kv", heads)),
-        head_dim=int(_value(reader, f"{arch}.attention.key_length", 0) or hidden // heads),
-        ffn_size=int(need("feed_forward_length")),
-        rope_theta=float(_value(reader, f"{arch}.rope.freq_base", 10000.0)),
-        rms_eps=float(_value(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        vocab_size=int(_value(reader, f"{arch}.vocab_size", 0) or len(tokens)),
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        ffn_size=whole("feed_forward_length"),
+        rope_theta=positive("rope.freq_base", 10000.0),
+        rms_eps=positive("attention.layer_norm_rms_epsilon", 1e-5),
+        vocab_size=vocab_size,
         tie_embeddings="output.weight" not in tensor_names,
-        bos_id=None if bos is None else int(bos),
-        eos_id=None if eos is None else int(eos),
-        context_length=int(_value(reader, f"{arch}.context_length", 2048)),
+        bos_id=special["bos"],
+        eos_id=special["eos"],
+        context_length=whole("context_length", 2048),
         rope_scale=rope_scale,
         name=str(_value(reader, "general.name", path.stem)),
     )

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from pagesim.app import benchmarks
 from pagesim.app.cli import main
+from pagesim.app.options import json_text
 from pagesim.kernels import atomic_write as aw
 
 HEADER = "num_blocks = 8\nblock_size = 4\nnum_heads = 2\nhead_dim = 8\n"
@@ -367,3 +368,11 @@ def test_ctrl_c_in_a_dumping_run_says_which_step_files_it_left(tmp_path, capsys,
     written = sorted(p.name for p in dumps.iterdir())
     assert written == ["step_0001.npz"] and "holds the step files of this unfinished run (step_0001.npz … " in err
     assert "nothing more was written" not in err
+
+
+def test_json_reports_say_null_for_what_json_cannot_name():
+    # (a model whose logits overflow: its error is NaN; json.dumps would write NaN, which no
+    # strict reader takes, or raise with allow_nan=False)
+    text = json_text({"max_abs_logit_diff": float("nan"), "steps": [{"error": float("inf")}], "ok": 1.5})
+    assert json.loads(text) == {"max_abs_logit_diff": None, "steps": [{"error": None}], "ok": 1.5}
+    assert "NaN" not in text and "Infinity" not in text

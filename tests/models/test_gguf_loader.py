@@ -141,6 +141,33 @@ def test_not_a_gguf_file_is_refused(fresh_cache, tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("llama.attention.head_count", 0, "llama.attention.head_count must be a positive integer; got 0"),
+        ("llama.attention.head_count", "two", "llama.attention.head_count must be a positive integer; got 'two'"),
+        ("llama.attention.head_count", [4, 4], r"head_count must be a positive integer; got \[4, 4\]"),
+        ("llama.attention.head_count_kv", 3, "4 attention heads cannot share 3 K/V heads evenly"),
+        ("llama.block_count", None, "the metadata key llama.block_count is missing"),
+        ("llama.context_length", 0, "llama.context_length must be a positive integer; got 0"),
+        ("llama.expert_count", "8", "llama.expert_count must be an integer of at least 0; got '8'"),
+        ("llama.rope.freq_base", float("nan"), "llama.rope.freq_base must be a positive number; got nan"),
+        ("llama.rope.freq_base", 0.0, "llama.rope.freq_base must be a positive number; got 0.0"),
+        ("llama.attention.layer_norm_rms_epsilon", -1e-5, "layer_norm_rms_epsilon must be a positive number"),
+        ("llama.rope.scaling.factor", "2", "llama.rope.scaling.factor must be a positive number; got '2'"),
+        ("tokenizer.ggml.eos_token_id", 100_000, "tokenizer.ggml.eos_token_id must be a token id below"),
+    ],
+)
+def test_metadata_of_the_wrong_kind_is_refused_by_its_key(fresh_cache, tmp_path, key, value, message):
+    path = tmp_path / "odd.gguf"
+    metadata = {key: value}
+    if key == "llama.rope.scaling.factor":
+        metadata["llama.rope.scaling.type"] = "linear"
+    tiny_gguf.write_llama(path, metadata=metadata)
+    with pytest.raises(ModelFileError, match=message):
+        load_gguf(path)
+
+
+@pytest.mark.parametrize(
     ("spoil", "message"),
     [
         ({"ffn_metadata": 48}, r"tensor blk.0.ffn_gate.weight is \(64, 32\); the metadata's sizes make it \(48, 32\)"),

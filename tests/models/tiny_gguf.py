@@ -78,10 +78,12 @@ def write_llama(
     ffn_metadata: int = FFN,
     drop: str = "",
     extra=None,
+    metadata=None,
 ) -> dict[str, np.ndarray]:
     """Write a tiny Llama GGUF; return what a loader should read back (fp32, HF layout).
     To spoil it: another FFN size in the metadata, a tensor left out (``drop``), more
-    tensors (``extra``, a dict)."""
+    tensors (``extra``, a dict), metadata values of another kind (``metadata``: key →
+    value, written in place of the default one; a value of None leaves the key out)."""
     if tokenizer == "gpt2":
         tokens, types, merges = byte_level_vocab()
         scores = None
@@ -92,14 +94,28 @@ def write_llama(
     hf.pop(drop, None)
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name("tiny test llama")
-    writer.add_block_count(LAYERS)
-    writer.add_context_length(256)
-    writer.add_embedding_length(HIDDEN)
-    writer.add_feed_forward_length(ffn_metadata)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(KV_HEADS)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
+    metadata = metadata or {}
+    for key, value in {
+        "block_count": LAYERS,
+        "context_length": 256,
+        "embedding_length": HIDDEN,
+        "feed_forward_length": ffn_metadata,
+        "attention.head_count": HEADS,
+        "attention.head_count_kv": KV_HEADS,
+        "rope.freq_base": 10000.0,
+        "attention.layer_norm_rms_epsilon": 1e-5,
+    }.items():
+        metadata.setdefault(f"{arch}.{key}", value)
+    for key, value in metadata.items():
+        if value is None:
+            continue
+        kind = gguf.GGUFValueType.get_type(value)
+        if kind == gguf.GGUFValueType.INT32 and value < 0:
+            kind = gguf.GGUFValueType.INT64
+        elif kind == gguf.GGUFValueType.INT32:
+            kind = gguf.GGUFValueType.UINT32  # (as llama.cpp's converter writes counts)
+        sub = gguf.GGUFValueType.get_type(value[0]) if kind == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, value, kind, sub)
     writer.add_tokenizer_model(tokenizer)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
@@ -109,8 +125,10 @@ def write_llama(
     if scores is not None:
         writer.add_token_scores(scores)
         writer.add_unk_token_id(0)
-    writer.add_bos_token_id(1 if tokenizer == "llama" else 0)
-    writer.add_eos_token_id(2 if tokenizer == "llama" else 1)
+    if "tokenizer.ggml.bos_token_id" not in metadata:
+        writer.add_bos_token_id(1 if tokenizer == "llama" else 0)
+    if "tokenizer.ggml.eos_token_id" not in metadata:
+        writer.add_eos_token_id(2 if tokenizer == "llama" else 1)
     expected = {}
     for name, w in hf.items():
         stored = w
