@@ -42,7 +42,7 @@ from pagesim.core.errors import PagesimError
 from pagesim.core.events import RequestRejected
 from pagesim.core.language_model import BUNDLED_MODEL
 from pagesim.core.scenario import DEFAULT_SCENARIO, examples, load_scenario, scenario_file, scenario_model
-from pagesim.core.studies.waste import CATEGORIES, CATEGORY_LABELS, check_bounded, compare
+from pagesim.core.studies.waste import CATEGORIES, CATEGORY_LABELS, ReplayTooLongError, check_bounded, compare
 from pagesim.core.studies.workload import DISTRIBUTIONS, generate
 from pagesim.core.timeline import Timeline
 from pagesim.core.trace import dumps_trace, load_workload, run_workload
@@ -374,8 +374,9 @@ def cmd_waste(args: argparse.Namespace) -> int:
     workload = generate(args.workload, args.requests, rate=args.rate, seed=args.seed, max_len=args.max_len)
     try:
         check_bounded(workload)
-    except ValueError as exc:
-        print(f"error: --rate {args.rate:g}: {exc}", file=sys.stderr)
+    except ReplayTooLongError as exc:
+        option = f"--rate {args.rate:g}" if exc.cause == "arrivals" else f"--requests {args.requests}"
+        print(f"error: {option}: {exc}", file=sys.stderr)
         return 2
     reports = compare(workload, args.slots, block_size=args.block_size, max_len=args.max_len, keep_steps=args.per_step)
     to_stdout = args.json is not None and str(args.json) == "-"

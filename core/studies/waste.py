@@ -53,16 +53,36 @@ def steps_bound(workload: list[RequestSpec]) -> int:
     return int(last / STEP_SECONDS) + 1 + 2 * sum(s.output_len + 1 for s in workload)
 
 
+class ReplayTooLongError(InvalidStudyError):
+    """A workload whose replay would take too many steps; ``cause``: "arrivals" (spread
+    over too long a time) or "outputs" (too many tokens to decode)."""
+
+    def __init__(self, message: str, cause: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
 def check_bounded(workload: list[RequestSpec]) -> None:
     """Refuse a workload whose replay would take more than :data:`MAX_STEPS` steps (a
-    vanishing arrival rate spreads a few requests over years of simulated time)."""
+    vanishing arrival rate spreads a few requests over years of simulated time; many long
+    outputs take as long to decode), naming whichever of the two it is."""
     bound = steps_bound(workload)
-    if bound > MAX_STEPS:
-        last = max(s.arrival for s in workload)
-        raise InvalidStudyError(
+    if bound <= MAX_STEPS:
+        return
+    last = max(s.arrival for s in workload)
+    arriving = int(last / STEP_SECONDS) + 1
+    if arriving >= bound - arriving:
+        raise ReplayTooLongError(
             f"the requests arrive over {last:.3g} s: about {bound:.3g} steps of {STEP_SECONDS * 1e3:.0f} ms to "
-            f"replay (at most {MAX_STEPS}); raise the arrival rate or send fewer requests"
+            f"replay (at most {MAX_STEPS:,}); raise the arrival rate or send fewer requests",
+            "arrivals",
         )
+    tokens = sum(s.output_len for s in workload)
+    raise ReplayTooLongError(
+        f"{len(workload):,} requests decode {tokens:,} tokens: up to about {bound:.3g} steps to replay (at most "
+        f"{MAX_STEPS:,}); send fewer requests or shorter outputs",
+        "outputs",
+    )
 
 
 def next_pow2(x: int) -> int:

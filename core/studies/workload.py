@@ -22,6 +22,9 @@ LENGTH_MODELS = {
     "alpaca": ((19.31, 0.6), (58.45, 0.6)),
 }
 DISTRIBUTIONS = ("sharegpt", "alpaca", "uniform", "zipf")
+# A million requests replay in tens of minutes on one core; more would fill memory with their
+# specs before the first step (a billion took a GB in seconds, saying nothing).
+MAX_REQUESTS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,8 @@ def generate(
     """``count`` requests with Poisson arrivals at ``rate`` per second; prompt + output ≤ max_len."""
     if not is_count(count, 0):
         raise InvalidStudyError(f"count must be a non-negative integer; got {count!r}")
+    if count > MAX_REQUESTS:
+        raise InvalidStudyError(f"{count:,} requests is more than a workload may hold ({MAX_REQUESTS:,})")
     if not (isinstance(rate, int | float) and math.isfinite(rate) and rate > 0):
         raise InvalidStudyError(f"rate must be a positive, finite number of arrivals per second; got {rate!r}")
     if not is_count(max_len):

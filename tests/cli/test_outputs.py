@@ -120,6 +120,8 @@ def test_waste_max_len_one_is_an_argument_error():
         (["--block-size", "4096", "--slots", "2048", "--max-len", "2048"], ["--block-size", "--slots"]),
         (["--block-size", "64", "--slots", "100", "--max-len", "100"], ["--max-len", "blocks"]),
         (["--rate", "1e-300"], ["--rate", "raise the arrival rate"]),
+        # (arriving at once, they take as long to decode: the rate is not to blame)
+        (["--requests", "100000", "--rate", "1000000"], ["--requests 100000", "send fewer requests or shorter"]),
     ],
 )
 def test_waste_that_could_never_end_is_refused_at_once(argv, words):

@@ -5,10 +5,10 @@ import threading
 import time
 
 import pytest
-from pagesim.core.errors import ScenarioError
+from pagesim.core.errors import InvalidStudyError, ScenarioError
 from pagesim.core.scenario import MAX_SCENARIO_BYTES, load_scenario, parse_scenario
 from pagesim.core.studies.waste import MAX_STEPS, check_bounded, simulate
-from pagesim.core.studies.workload import RequestSpec, generate
+from pagesim.core.studies.workload import MAX_REQUESTS, RequestSpec, generate
 
 HEADER = "num_blocks = 8\nblock_size = 4\nnum_heads = 2\nhead_dim = 8\n"
 
@@ -113,3 +113,9 @@ def test_an_ordinary_workload_is_well_inside_the_bound():
     workload = generate("sharegpt", 1000, rate=2000.0, seed=0)
     check_bounded(workload)
     assert simulate("paged", workload, 32768).steps < MAX_STEPS
+
+
+def test_a_workload_of_more_requests_than_a_replay_could_take_is_refused_before_it_is_made():
+    # (a billion filled a GB of specs in seconds, saying nothing, before any check ran)
+    with pytest.raises(InvalidStudyError, match=r"1,000,001 requests is more than a workload may hold \(1,000,000\)"):
+        _quick(lambda: generate("sharegpt", MAX_REQUESTS + 1, rate=2000.0))
