@@ -30,6 +30,7 @@ from pagesim.core.token_model import VOCAB_SIZE
 
 CONFIG_KEYS = ("num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching")
 DEFAULT_MAX_STEPS = 10_000
+MAX_STEPS = 100_000  # a step a record: a longer trace is gigabytes, past reading or comparing
 
 
 class WorkloadError(PagesimError):
@@ -101,8 +102,8 @@ def parse_workload(doc, source: str = "<memory>") -> Workload:
             kind = "true or false" if key == "enable_prefix_caching" else "a positive integer"
             raise WorkloadError(source, f"config.{key} must be {kind}; got {value!r}")
     max_steps = doc.get("max_steps", DEFAULT_MAX_STEPS)
-    if not is_count(max_steps):
-        raise WorkloadError(source, f"max_steps must be a positive integer; got {max_steps!r}")
+    if not is_count(max_steps) or max_steps > MAX_STEPS:
+        raise WorkloadError(source, f"max_steps must be an integer from 1 to {MAX_STEPS:,}; got {max_steps!r}")
     requests, seen = [], set()
     for i, raw in enumerate(doc["requests"]):
         where = f"requests[{i}]"
@@ -119,8 +120,11 @@ def parse_workload(doc, source: str = "<memory>") -> Workload:
         count, arrival = raw.get("max_new_tokens"), raw.get("arrival_step", 0)
         if not is_count(count):
             raise WorkloadError(source, f"{where}.max_new_tokens must be a positive integer; got {count!r}")
-        if not is_int(arrival) or arrival < 0:
-            raise WorkloadError(source, f"{where}.arrival_step must be an integer ≥ 0; got {arrival!r}")
+        if not is_int(arrival) or not 0 <= arrival < max_steps:
+            raise WorkloadError(
+                source,
+                f"{where}.arrival_step must be an integer from 0 to max_steps − 1 ({max_steps - 1}); got {arrival!r}",
+            )
         output = _token_list(raw.get("output"), f"{where}.output", source)
         if len(output) < count:
             raise WorkloadError(source, f"{where}.output holds {len(output)} tokens; max_new_tokens is {count}")
