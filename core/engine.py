@@ -54,6 +54,9 @@ class StepResult:
     attention: AttentionReport | None
     detail_dropped: bool = False  # an old step: its attention and detail events recompute on a seek
     recorded: bool = True  # False: a run that keeps no events (apply's record=False)
+    # A real model's forwards in the step, ("prefill" | "decode", tokens, seconds) each: kept
+    # with it, since a step back restores the state without running them again.
+    forwards: tuple[tuple[str, int, float], ...] = ()
 
     def __init__(
         self,
@@ -64,12 +67,13 @@ class StepResult:
         attention: AttentionReport | None,
         detail_dropped: bool = False,
         recorded: bool = True,
+        forwards: tuple[tuple[str, int, float], ...] = (),
     ) -> None:
         # Every step of every run makes one: a frozen dataclass's own __init__ sets each field
         # through object.__setattr__, two and a half times the time of one update of its dict.
         self.__dict__.update(
             step=step, op=op, op_events=op_events, metrics=metrics, attention=attention,
-            detail_dropped=detail_dropped, recorded=recorded,
+            detail_dropped=detail_dropped, recorded=recorded, forwards=forwards,
         )  # fmt: skip
 
     @functools.cached_property
@@ -235,7 +239,10 @@ class Simulator:
             raise
         self.step += 1
         self.last_attention = self.runner.attend(list(self.sequences.values())) if attend else None
-        return StepResult(self.step, op, self.events.take(), self.metrics(), self.last_attention, recorded=record)
+        forwards = tuple(self.registry.forwards)
+        return StepResult(
+            self.step, op, self.events.take(), self.metrics(), self.last_attention, recorded=record, forwards=forwards
+        )
 
     def execute(self, op: Operation) -> None:
         """Validate and apply one operation (its events go to the log); no attention, no step."""

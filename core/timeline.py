@@ -182,9 +182,15 @@ class Timeline:
             # the one before, so the target step's attention is recomputed.
             snaps = self._snapshots
 
-            def checked(s: int) -> bool:  # (its attention report: the snapshot's, or the step's cached one)
+            def checked(s: int) -> bool:
+                """Its attention report is at hand (the snapshot's, or the step's cached one), and
+                so are its detail events (what it wrote: a frame's step work is read off them)."""
                 cached = self._results.get(s)
-                return s == 0 or snaps[s].last_attention is not None or (cached is not None and cached.attention)
+                if s == 0:
+                    return True
+                if cached is not None and cached.detail_dropped:
+                    return False
+                return snaps[s].last_attention is not None or (cached is not None and cached.attention is not None)
 
             base = max(s for s in snaps if s < step or (s == step and checked(s)))
             self.sim.restore(snaps[base])
@@ -200,6 +206,8 @@ class Timeline:
             needs_attention = last and (cached is None or cached.attention is None)
             result = self.sim.apply(self.operations[self.position], attend=needs_attention)
             if cached is None or needs_attention:
+                if cached is not None and cached.forwards:  # the same forwards, timed when first run: a
+                    result = replace(result, forwards=cached.forwards)  # step shows one time, both ways
                 self._record(result)
             else:
                 if last:

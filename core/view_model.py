@@ -364,7 +364,7 @@ def build_frame(
             current.op_events,
             sim.config.block_size,
             max((s.num_tokens for s in sequences), default=0),
-            sim.registry.forwards if hasattr(sim.runner, "paged_seconds") else None,
+            current.forwards if hasattr(sim.runner, "paged_seconds") else None,
         ),
         beam_trees=timeline_beam_trees(timeline),
         num_layers=sim.runner.num_layers,

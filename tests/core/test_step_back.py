@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from pagesim.core.config import CacheConfig
 from pagesim.core.kv_cache import PagedKVCache
-from pagesim.core.scenario import parse_scenario
+from pagesim.core.scenario import load_scenario, parse_scenario
 from pagesim.core.timeline import DATA_SNAPSHOTS_OF_A_REAL_MODEL, Timeline
+from pagesim.core.view_model import build_frame
 from pagesim.kernels.cpu_backend import CpuBackend
 
 
@@ -121,3 +122,26 @@ def test_stepping_back_on_a_real_model_restores_each_recent_step_to_the_bit(cpu_
         PagedKVCache.restore = real
     assert restored >= 10  # (the states came from undo logs, not from replays from further back)
     assert timeline.sim.scheduler.stats.preemptions and timeline.sim.scheduler.stats.finished == 4
+
+
+def _work(timeline):
+    work = build_frame(timeline, None).step_work
+    if work is None:
+        return None
+    return work.summary(), work.timing(), tuple((w.seq, w.kind, w.tokens, w.cached) for w in work.sequences)
+
+
+@pytest.mark.timeout(600)
+def test_a_step_seen_again_going_back_says_what_it_computed_and_its_time_as_it_did_going_forward(cpu_backend):
+    # (going back restored the state but read the work off the last forward run, and off an
+    # old step's events with its writes dropped: a decode showed as a prefill of 0 ms, or as
+    # "no token computed", and a step showed the time of the step after it)
+    timeline = Timeline(load_scenario("default"), cpu_backend)
+    seen = {}
+    while not timeline.at_end:
+        timeline.forward()
+        seen[timeline.position] = _work(timeline)
+    assert sum(work is not None and "decode" in work[0] for work in seen.values()) >= 5
+    for step in range(timeline.position - 1, 0, -1):
+        timeline.seek(step)
+        assert _work(timeline) == seen[step], f"step {step}, seen again going back"
