@@ -150,9 +150,12 @@ class BlockManager:
         self.events = events
         self.pool = BlockPool(config.num_blocks)
         self.reserved_blocks = 0  # held from the start, by no sequence
-        if config.scheduler == "v1":
-            # vLLM v1: block 0 is the null block, never handed out; freed unhashed blocks are reused first.
+        if config.scheduler == "v1" or config.prefix_caching:
+            # Freed unhashed blocks are reused first, cached ones only once none is left: vLLM
+            # v1's free queue, and v0's prefix-caching allocator (a hashless block, else it
+            # evicts the least recently used cached one).
             self.pool.uncached_first = True
+        if config.scheduler == "v1":  # vLLM v1: block 0 is the null block, never handed out
             self.pool.allocate_specific([NULL_BLOCK])
             self.reserved_blocks = 1
         self.cpu = CpuBlocks(config.num_cpu_blocks)

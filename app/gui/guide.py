@@ -21,9 +21,10 @@ original drops. Full shared blocks stay shared for ever.</p>
 block is hashed together with the hash of the block before it, so a hash names a whole
 prefix. A new prompt that starts with cached blocks takes them (a green flash) instead
 of allocating and computing them — only the block of its last token is always
-computed. A freed block keeps its tokens and hash (dashed outline, grey cells) until
-allocation reaches it at the head of the free queue, which is least recently used
-first; that eviction flashes red. The hash is SHA-256 with a root that is random for each
+computed. A freed block keeps its tokens and hash (dashed outline, grey cells) until an
+allocation evicts it: free blocks that hold no cached prefix are taken first, and cached
+ones only once those run out, least recently used first (as vLLM does); that eviction
+flashes red. The hash is SHA-256 with a root that is random for each
 run, as vLLM's: an ordinary hash can be made to collide on purpose, and a crafted prompt
 would then be served another user's cached prefix (CVE-2025-25183); a hit compares the
 tokens too. Two blocks holding the same prefix both stay cached, so evicting one leaves

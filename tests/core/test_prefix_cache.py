@@ -148,3 +148,20 @@ def test_a_prompt_given_as_an_array_of_any_item_type_matches_as_its_ids(sim):
     assert len(expected) == 3
     assert sim.blocks.prefix.match(array("q", (*SYSTEM, 7))) == expected
     assert sim.blocks.prefix.match(array("i", (*SYSTEM, 7))) == expected
+
+
+def test_a_cached_block_is_evicted_only_once_no_free_block_without_a_prefix_is_left(sim):
+    # (the free queue's head was its oldest free block, cached or not: a cached prefix was
+    # thrown away while empty blocks waited behind it; vLLM v0's allocator takes a hashless
+    # block first, and evicts the least recently used cached one only when none is left)
+    sim.apply(Add("a", prompt=SYSTEM))  # blocks 0-2, cached
+    sim.apply(Add("b", prompt=(1, 2, 3)))  # block 3, a partial block: no hash
+    sim.apply(Add("c", num_tokens=32))  # blocks 4-11: the pool is full
+    sim.apply(Free("a"))  # 2, 1, 0 join the free queue, cached
+    sim.apply(Free("b"))  # 3 joins it after them, uncached
+    taken = of(sim.apply(Add("d", prompt=(9, 9))), ev.BlockAllocated)
+    assert [e.block for e in taken] == [3]
+    assert {0, 1, 2} <= set(sim.pool.cached_blocks())
+    evicted = sim.apply(Add("e", prompt=(8, 8)))
+    assert [e.block for e in of(evicted, ev.BlockEvicted)] == [2]  # then the least recently used
+    check_invariants(sim)
