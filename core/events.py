@@ -16,6 +16,12 @@ from dataclasses import dataclass
 from pagesim.core.token_text import quoted
 
 
+def said(name: str, kind: str = "sequence") -> str:
+    """A sequence's (or request's) name in a sentence: a bare number would read as a count
+    ("1 took 2 blocks"), so it is called "sequence 1"."""
+    return f"{kind} {name}" if name.isdigit() else name
+
+
 def plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
@@ -80,11 +86,11 @@ class SequenceAdded(Event):
     def describe(self) -> str:
         prompt = self.prompt_len
         if prompt is None:
-            return f"{self.seq} arrived with {plural(self.num_tokens, 'prompt token')}"
+            return f"{said(self.seq)} arrived with {plural(self.num_tokens, 'prompt token')}"
         if self.num_tokens <= prompt:
-            return f"{self.seq} arrived with the first {self.num_tokens} of its {plural(prompt, 'prompt token')}"
+            return f"{said(self.seq)} arrived with the first {self.num_tokens} of its {plural(prompt, 'prompt token')}"
         return (
-            f"{self.seq} came back with {plural(self.num_tokens, 'token')} ({prompt} prompt + "
+            f"{said(self.seq)} came back with {plural(self.num_tokens, 'token')} ({prompt} prompt + "
             f"{self.num_tokens - prompt} it had generated)"
         )
 
@@ -97,7 +103,9 @@ class SequenceForked(Event):
     changes_pool = True
 
     def describe(self) -> str:
-        return f"{self.child} forked from {self.parent}: it shares every block of {self.parent}'s table"
+        return (
+            f"{said(self.child)} forked from {said(self.parent)}: it shares every block of {said(self.parent)}'s table"
+        )
 
     @classmethod
     def summarize(cls, events: Sequence[SequenceForked]) -> str:
@@ -111,7 +119,7 @@ class SequenceFreed(Event):
     changes_pool = True
 
     def describe(self) -> str:
-        return f"{self.seq} was freed"
+        return f"{said(self.seq)} was freed"
 
     @classmethod
     def summarize(cls, events: Sequence[SequenceFreed]) -> str:
@@ -129,7 +137,7 @@ class BlockAllocated(Event):
     changes_pool = True
 
     def describe(self) -> str:
-        return f"block {self.block} left the free queue to hold {self.seq}'s logical block {self.logical_index}"
+        return f"block {self.block} left the free queue to hold {said(self.seq)}'s logical block {self.logical_index}"
 
     @classmethod
     def summarize(cls, events: Sequence[BlockAllocated]) -> str:
@@ -137,14 +145,16 @@ class BlockAllocated(Event):
         for e in events:
             by_seq.setdefault(e.seq, []).append(e)
         if len(by_seq) > 2:  # a decode step of many: one line for all
-            mapping = ", ".join(f"{seq} L{t[0].logical_index} → #{t[0].block}" for seq, t in list(by_seq.items())[:3])
+            mapping = ", ".join(
+                f"{said(seq)} L{t[0].logical_index} → #{t[0].block}" for seq, t in list(by_seq.items())[:3]
+            )
             return f"{len(by_seq)} sequences took new blocks from the free queue ({mapping} …)"
         lines = []
         for seq, taken in by_seq.items():
             mapping = ", ".join(f"L{e.logical_index} → #{e.block}" for e in taken[:4]) + (
                 " …" if len(taken) > 4 else ""
             )
-            lines.append(f"{seq} took {plural(len(taken), 'block')} from the free queue ({mapping})")
+            lines.append(f"{said(seq)} took {plural(len(taken), 'block')} from the free queue ({mapping})")
         return "; ".join(lines)
 
 
@@ -160,7 +170,10 @@ class BlockShared(Event):
     changes_pool = True
 
     def describe(self) -> str:
-        return f"{self.seq}'s logical block {self.logical_index} is block {self.block} too (ref count {self.ref_count})"
+        return (
+            f"{said(self.seq)}'s logical block {self.logical_index} is block {self.block} too "
+            f"(ref count {self.ref_count})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +187,7 @@ class BlockReleased(Event):
     changes_pool = True
 
     def describe(self) -> str:
-        return f"{self.seq} let go of block {self.block}; others still hold it (ref count {self.ref_count})"
+        return f"{said(self.seq)} let go of block {self.block}; others still hold it (ref count {self.ref_count})"
 
     @classmethod
     def summarize(cls, events: Sequence[BlockReleased]) -> str:
@@ -192,7 +205,7 @@ class BlockFreed(Event):
     changes_pool = True
 
     def describe(self) -> str:
-        return f"block {self.block}'s last holder {self.seq} let go; it joined the free queue"
+        return f"block {self.block}'s last holder {said(self.seq)} let go; it joined the free queue"
 
     @classmethod
     def summarize(cls, events: Sequence[BlockFreed]) -> str:
@@ -213,7 +226,7 @@ class BlockCopied(Event):
 
     def describe(self) -> str:
         copy = f"copy-on-write gave it block {self.dst} (a copy of its K/V)"
-        return f"{self.seq} wrote into shared block {self.src} → {copy}"
+        return f"{said(self.seq)} wrote into shared block {self.src} → {copy}"
 
     @classmethod
     def summarize(cls, events: Sequence[BlockCopied]) -> str:
@@ -235,8 +248,9 @@ class BlockReused(Event):
     changes_pool = True
 
     def describe(self) -> str:
-        return f"prefix-cache hit: {self.seq}'s logical block {self.logical_index} is cached block {self.block}" + (
-            " (taken back from the free queue)" if self.was_free else f" (ref count {self.ref_count})"
+        return (
+            f"prefix-cache hit: {said(self.seq)}'s logical block {self.logical_index} is cached block {self.block}"
+            + (" (taken back from the free queue)" if self.was_free else f" (ref count {self.ref_count})")
         )
 
     @classmethod
@@ -369,7 +383,7 @@ class RequestPreempted(Event):
             else:
                 dropped = plural(self.tokens, "computed token")
                 cost = f"{held} released, the K/V of its {dropped} dropped (computed again on its return)"
-        return f"{self.request} preempted by {self.mode}: {cost}"
+        return f"{said(self.request, 'request')} preempted by {self.mode}: {cost}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,7 +396,7 @@ class RequestSwappedIn(Event):
         return self.status_note()
 
     def status_note(self) -> str | None:
-        return f"{self.request} swapped back in: {self.blocks} blocks"
+        return f"{said(self.request, 'request')} swapped back in: {self.blocks} blocks"
 
 
 @dataclass(frozen=True, slots=True)
@@ -425,7 +439,7 @@ class RequestRejected(Event):
         return self.status_note()
 
     def status_note(self) -> str | None:
-        return f"{self.request} rejected: {self.reason}"
+        return f"{said(self.request, 'request')} rejected: {self.reason}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,7 +454,7 @@ class TokenWritten(Event):
     changes_pool = True
 
     def describe(self) -> str:
-        return f"{self.seq}'s token {self.position} went into block {self.block}, slot {self.slot}"
+        return f"{said(self.seq)}'s token {self.position} went into block {self.block}, slot {self.slot}"
 
     @classmethod
     def summarize(
@@ -467,7 +481,7 @@ class TokenWritten(Event):
                 where += f" … block {last.block}, slot {last.slot}"
             which = f"token {first.position}" if len(mine) == 1 else f"tokens {first.position}–{last.position}"
             room = "" if room_unknown is None or seq in room_unknown else " (room in its last block: no new block)"
-            lines.append(f"{seq}'s {which} went into {where}{room}")
+            lines.append(f"{said(seq)}'s {which} went into {where}{room}")
         return "; ".join(lines)
 
 
@@ -480,7 +494,9 @@ def _summarize_many(tokens: dict[str, list[TokenWritten]], name: Callable[[str, 
     parts = []
     if decoded:
         said = ", ".join(name(seq, mine) for seq, mine in decoded[:4]) + (", …" if len(decoded) > 4 else "")
-        each = "one token each into their last blocks" if len(decoded) > 1 else "one token into its last block"
+        each = (
+            "one token's K/V each into their last blocks" if len(decoded) > 1 else "one token's K/V into its last block"
+        )
         parts.append(f"{plural(len(decoded), 'sequence')} wrote {each} ({said})")
     for seq, mine in chunks[:3]:
         first, last = mine[0], mine[-1]
@@ -497,9 +513,12 @@ def _summarize_many(tokens: dict[str, list[TokenWritten]], name: Callable[[str, 
 def _summarize_text(
     tokens: dict[str, list[TokenWritten]], room_unknown: Iterable[str] | None, text_of: Callable[[Sequence[int]], str]
 ) -> str:
-    """What each sequence wrote, in words: ``A wrote " Paris" into block 5, slot 3``."""
+    """What each sequence wrote, in words: ``A wrote the K/V of " Paris" into block 5, slot 3``
+    (the K/V, not the text: a prompt's tokens are written too, and not generated)."""
     if len(tokens) > 2:
-        return _summarize_many(tokens, lambda seq, mine: f"{seq} {quoted(text_of([e.token_id for e in mine]), 16)}")
+        return _summarize_many(
+            tokens, lambda seq, mine: f"{said(seq)} {quoted(text_of([e.token_id for e in mine]), 16)}"
+        )
     lines = []
     for seq, mine in tokens.items():
         first, last = mine[0], mine[-1]
@@ -507,7 +526,7 @@ def _summarize_text(
         if last.block != first.block or last.slot != first.slot:
             where += f" … block {last.block}, slot {last.slot}"
         room = "" if room_unknown is None or seq in room_unknown else " (room in its last block: no new block)"
-        lines.append(f"{seq} wrote {quoted(text_of([e.token_id for e in mine]))} into {where}{room}")
+        lines.append(f"{said(seq)} wrote the K/V of {quoted(text_of([e.token_id for e in mine]))} into {where}{room}")
     return "; ".join(lines)
 
 
@@ -527,7 +546,7 @@ class LookupPerformed(Event):
         return self.blocks
 
     def describe(self) -> str:
-        return f"the kernel read {self.seq}'s {self.context_len} tokens through blocks {list(self.blocks)}"
+        return f"the kernel read {said(self.seq)}'s {self.context_len} tokens through blocks {list(self.blocks)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -552,7 +571,7 @@ class AttentionComputed(Event):
 
     def describe(self) -> str:
         return (
-            f"{self.seq}: kernel vs dense max |err| {self.max_abs_error:.1e} "
+            f"{said(self.seq)}: kernel vs dense max |err| {self.max_abs_error:.1e} "
             + ("within" if self.passed else "beyond")
             + f" {self.tolerance:.1e}"
         )

@@ -123,3 +123,14 @@ def test_the_current_step_is_a_dot_on_each_curve_even_before_there_is_a_line(qtb
     panel.show_frame(frames[0])  # back to the start: nothing to mark
     panel.flush()
     assert panel.blocks_now.getData()[0] is None or len(panel.blocks_now.getData()[0]) == 0
+
+
+def test_the_scheduler_line_counts_one_preemption_in_the_singular(qtbot):
+    panel = MemoryPanel(next(iter(THEMES.values())))
+    qtbot.addWidget(panel)
+    timeline = Timeline(load_scenario(synthetic("preemption_recompute")), CpuBackend())
+    frame = build_frame(timeline, None, None, None)
+    while frame.scheduler_counts is None or frame.scheduler_counts["preemptions"] != 1:
+        frame = build_frame(timeline, None, timeline.forward(), frame)
+    panel.show_frame(frame)
+    assert "· 1 preemption ·" in panel.summary.text()  # (it said "1 preemptions")

@@ -51,7 +51,7 @@ def test_a_real_models_tokens_show_their_text_in_the_map_the_pool_the_text_view_
     written = [e for e in frame.events if isinstance(e, ev.TokenWritten) and e.seq == "A"]
     assert written
     said = "".join(state.pieces[e.position] for e in written)
-    assert f'A wrote "{said}" into block {written[0].block}, slot {written[0].slot}' in frame.caption
+    assert f'A wrote the K/V of "{said}" into block {written[0].block}, slot {written[0].slot}' in frame.caption
     assert visible(said) == token_map.token_text(written[0].position)
 
 

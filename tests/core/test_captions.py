@@ -180,7 +180,7 @@ def test_a_step_of_decodes_and_prefill_chunks_tells_them_apart_and_what_the_pref
         chunks = {seq: n for seq, n in written.items() if n > 1}
         if len(written) > 2 and chunks:
             mixed += 1
-            assert not caption.startswith("a decode step") and "one token each" in caption, caption
+            assert not caption.startswith("a decode step") and "one token's K/V each" in caption, caption
             for seq, n in chunks.items():
                 assert f"{seq} " in caption and f"a prefill chunk of {n} tokens" in caption, caption
         for seq, e in added.items():
@@ -217,3 +217,11 @@ def test_a_request_is_not_said_to_be_admitted_as_itself_and_its_samples_are_coun
         "request s1 queued: 5 prompt tokens, 16 to generate, 2 sequences side by side (samples or beams)"
     )
     assert ev.RequestSubmitted("s1", 5, 16, 1).describe().endswith("16 to generate")
+
+
+def test_a_sequence_named_by_a_number_is_called_a_sequence_not_read_as_a_count(cpu_backend):
+    # (the seed article's sequences 0 and 1: "1 arrived with 7 prompt tokens; 1 took 2 blocks")
+    timeline = Timeline(load_scenario("seed_demo"), cpu_backend)
+    timeline.run_to_end()
+    second = timeline.caption(2)
+    assert second.startswith("sequence 1 arrived with 7 prompt tokens; sequence 1 took 2 blocks"), second

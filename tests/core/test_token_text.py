@@ -42,7 +42,9 @@ def test_a_caption_says_what_was_written_only_with_a_tokenizer():
     plain = ev.TokenWritten.summarize(written)
     assert plain == "A's tokens 5–6 went into block 1, slot 1 … block 1, slot 2 (room in its last block: no new block)"
     said = ev.TokenWritten.summarize(written, text_of=_Bytes().decode)
-    assert said == 'A wrote "P!" into block 1, slot 1 … block 1, slot 2 (room in its last block: no new block)'
+    assert (
+        said == 'A wrote the K/V of "P!" into block 1, slot 1 … block 1, slot 2 (room in its last block: no new block)'
+    )
 
 
 def test_divergence_names_the_shared_blocks_and_the_first_differing_token():

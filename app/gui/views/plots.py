@@ -11,6 +11,7 @@ from pagesim.app.gui.palette import Theme
 from pagesim.app.gui.views.layer_box import LayerBox
 from pagesim.app.gui.views.live_text import LiveText
 from pagesim.app.gui.views.presets import gpu_box, model_shape_box
+from pagesim.core.events import plural
 from pagesim.core.studies.waste import CATEGORY_LABELS as WASTE_LABELS
 from pagesim.core.studies.waste import WasteStudy
 from pagesim.core.studies.workload import DISTRIBUTIONS
@@ -641,7 +642,7 @@ class MemoryPanel(QWidget):
             q, c = frame.queues, frame.scheduler_counts
             prefix += (
                 f"<br>scheduler · running {_names(q['running'])} · waiting {_names(q['waiting'])}"
-                f" · swapped {_names(q['swapped'])} · {c['preemptions']} preemptions · "
+                f" · swapped {_names(q['swapped'])} · {plural(c['preemptions'], 'preemption')} · "
                 f"{c['finished']} finished · {c['rejected']} rejected"
             )
         null = " (one the null block)" if frame.config.scheduler == "v1" else ""
