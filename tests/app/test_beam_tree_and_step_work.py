@@ -125,6 +125,12 @@ def test_the_beam_tree_follows_the_real_search_and_survives_a_step_back(qtbot, s
         assert live[seq.seq_id].continuation == tokenizer.decode(seq.token_ids[seq.prompt_len :])
     canvas = window.beam_tree.canvas
     assert window.beam_tree_dock.isVisible() and len(canvas.boxes) == len(tree.nodes)
+    # Spaces read as "·", as in the token map and the Guide; the prompt's box fits its label.
+    spaced = next(n for n in tree.nodes if n.parent is not None and n.text.startswith(" "))
+    assert canvas._label(spaced, tree).startswith("·") and "␣" not in canvas._label(spaced, tree)
+    rect, _, prompt = canvas.boxes[0]
+    assert prompt.parent is None
+    assert rect.width() >= canvas.fontMetrics().horizontalAdvance(canvas._label(prompt, tree)) + 8
     rect, _, node = next(b for b in canvas.boxes if b[2].state == PRUNED)
     assert "pruned" in canvas.tooltip_at(rect.center()) and node.text.strip() in canvas.tooltip_at(rect.center())
     # A live beam's box selects its sequence (a pruned one's does nothing).

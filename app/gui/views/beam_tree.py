@@ -8,6 +8,7 @@ from __future__ import annotations
 from pagesim.app.gui.palette import SequenceColours, Theme, readable_on
 from pagesim.app.gui.views.tooltips import answer_tooltip
 from pagesim.core.beam_tree import FINAL, LIVE, PRUNED, BeamNode, BeamTree
+from pagesim.core.token_text import visible
 from pagesim.core.view_model import Frame
 from PySide6.QtCore import QPointF, QRectF, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QPainter, QPainterPath, QPen
@@ -26,11 +27,6 @@ DEFAULT_TIP = (
 )
 
 
-def visible_whitespace(text: str) -> str:
-    """Spaces and line breaks made visible: a token is often just a space and a word."""
-    return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥")
-
-
 def node_tip(tree: BeamTree, node: BeamNode) -> str:
     if node.parent is None:
         return f"{tree.request}'s prompt ({tree.prompt_len} tokens): every beam starts from it and shares its blocks"
@@ -43,7 +39,7 @@ def node_tip(tree: BeamTree, node: BeamNode) -> str:
         else "pruned: no longer among the best; its blocks were freed",
     }.get(node.state, "kept: a live beam or a final hypothesis grew from it (they share its blocks)")
     return (
-        f"Step {node.step}, {node.beam}: token {node.token} “{visible_whitespace(node.text)}”\n"
+        f"Step {node.step}, {node.beam}: token {node.token} “{visible(node.text)}”\n"
         f"cumulative log-probability {node.logprob:.3f}\n{state}\n"
         f"text so far: “{node.continuation}”"
     )
@@ -107,7 +103,7 @@ class BeamTreeCanvas(QWidget):
     def _label(self, node: BeamNode, tree: BeamTree) -> str:
         if node.parent is None:
             return f"prompt ({tree.prompt_len} tokens)"
-        return visible_whitespace(node.text) or "∅"
+        return visible(node.text) or "∅"
 
     def _layout(self) -> None:
         self.boxes, self.finals = [], []
@@ -117,7 +113,10 @@ class BeamTreeCanvas(QWidget):
             rows = layout_tree(tree)
             depth_w: dict[int, float] = {}
             for node in tree.nodes:
-                text_w = min(MAX_TEXT_W, metrics.horizontalAdvance(self._label(node, tree)))
+                # (a token's text is elided past MAX_TEXT_W; the prompt's box, which has no score, fits its label)
+                text_w = metrics.horizontalAdvance(self._label(node, tree)) + 8 * (node.parent is None)
+                if node.parent is not None:
+                    text_w = min(MAX_TEXT_W, text_w)
                 score_w = metrics.horizontalAdvance(f"b00 #0 {node.logprob:.2f}")
                 depth_w[node.depth] = max(depth_w.get(node.depth, 0), text_w + 12, score_w + 12)
             lefts, x = {}, MARGIN
@@ -240,9 +239,10 @@ class BeamTreeCanvas(QWidget):
         painter.setPen(text_colour)
         metrics = painter.fontMetrics()
         label = metrics.elidedText(self._label(node, tree), Qt.TextElideMode.ElideRight, int(rect.width()) - 6)
-        painter.drawText(rect.adjusted(3, 1, -3, -rect.height() / 2), Qt.AlignmentFlag.AlignCenter, label)
-        if node.parent is None:
+        if node.parent is None:  # the prompt: no score under it, its label in the middle
+            painter.drawText(rect.adjusted(3, 1, -3, -1), Qt.AlignmentFlag.AlignCenter, label)
             return
+        painter.drawText(rect.adjusted(3, 1, -3, -rect.height() / 2), Qt.AlignmentFlag.AlignCenter, label)
         small = QFont(painter.font())
         small.setPointSizeF(max(6.0, small.pointSizeF() * 0.85))
         painter.setFont(small)
