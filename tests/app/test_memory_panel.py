@@ -9,6 +9,7 @@ from pagesim.core.scenario import load_scenario
 from pagesim.core.timeline import Timeline
 from pagesim.core.view_model import build_frame
 from pagesim.kernels.cpu_backend import CpuBackend
+from PySide6.QtGui import QImage, QPainter
 
 from tests.scenarios import synthetic
 
@@ -72,6 +73,9 @@ def test_before_any_frame_the_axes_are_readable_and_no_pool_is_drawn(qtbot):
     peak = max(pool, *(m.contiguous_blocks for m in frame.history))
     assert panel.pool_line.isVisible() and panel.pool_line.value() == pytest.approx(np.log10(pool))
     assert panel.blocks_plot.viewRange()[1][1] == pytest.approx(np.log10(peak * 1.6))
+    # Named on the right axis, beside the curves' ends rather than on them.
+    (named,) = panel.blocks_plot.getAxis("right")._tickLevels[0]
+    assert named == (pytest.approx(np.log10(pool)), f"pool {pool}")
 
 
 def test_one_step_over_the_pool_is_drawn_from_where_the_line_crosses_it():
@@ -134,3 +138,28 @@ def test_the_scheduler_line_counts_one_preemption_in_the_singular(qtbot):
         frame = build_frame(timeline, None, timeline.forward(), frame)
     panel.show_frame(frame)
     assert "· 1 preemption ·" in panel.summary.text()  # (it said "1 preemptions")
+
+
+def test_the_slots_plot_labels_the_last_step_as_the_blocks_plot_does(qtbot):
+    # (its last tick label, reaching past the plot's edge, was dropped: 27 of 30 steps)
+    panel = MemoryPanel(next(iter(THEMES.values())))
+    qtbot.addWidget(panel)
+    panel.resize(1000, 220)
+    panel.show()
+    timeline = Timeline(load_scenario(synthetic("preemption_swap")), CpuBackend())
+    timeline.run_to_end()
+    panel.show_frame(build_frame(timeline, None))
+    panel.flush()
+    qtbot.wait(50)
+
+    def labels(plot) -> list[str]:
+        image = QImage(10, 10, QImage.Format.Format_ARGB32)
+        painter = QPainter(image)
+        try:
+            _, _, texts = plot.getAxis("bottom").generateDrawSpecs(painter)
+        finally:
+            painter.end()
+        return [text for _, _, text in texts]
+
+    last = str(timeline.length)
+    assert last in labels(panel.blocks_plot) and last in labels(panel.util_plot)

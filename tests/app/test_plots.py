@@ -6,7 +6,7 @@ here, so that a pyqtgraph release that changes it fails a test rather than a pic
 import pyqtgraph as pg
 import pytest
 from pagesim.app.gui.palette import THEMES
-from pagesim.app.gui.views.plots import Plot, _label_length, _style_plot, add_plot, set_side_label
+from pagesim.app.gui.views.plots import MemoryPanel, Plot, _label_length, _style_plot, add_plot, set_side_label
 from PySide6.QtCore import Qt
 
 LONG_TITLE = "Scores · running max m (red, ▲ rescale) · sum ℓ (right), and then some more words"
@@ -67,3 +67,18 @@ def test_a_side_label_is_measured_as_its_axis_draws_it_and_cut_to_what_fits(qtbo
         # The probe measures what the axis draws: same rich text, same font.
         assert axis.label.boundingRect().width() == pytest.approx(_label_length(shown_text, colour))
         assert axis.label.boundingRect().width() <= plot.getViewBox().height() + 0.5
+
+
+def test_the_blocks_plot_on_a_short_axis_still_says_it_is_logarithmic(qtbot):
+    # (cut to the part before "(", "blocks (log)" read "blocks" beside ticks 1, 10, 100)
+    view = pg.PlotWidget(plotItem=Plot())
+    qtbot.addWidget(view)
+    plot = view.getPlotItem()
+    set_side_label(plot, "left", "blocks (log)", "#8a8a8a", short="log")
+    shown(qtbot, view, 300, 70)
+    assert plot.shown_side_labels["left"] == "log"
+    shown(qtbot, view, 300, 300)
+    assert plot.shown_side_labels["left"] == "blocks (log)"
+    panel = MemoryPanel(THEMES["dark"])
+    qtbot.addWidget(panel)
+    assert panel.blocks_plot.side_labels["left"][0] == ("blocks (log)", "log")

@@ -78,7 +78,9 @@ class Plot(pg.PlotItem):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.side_labels: dict[str, tuple[str, str]] = {}  # side -> (whole text, colour)
+        self.side_labels: dict[
+            str, tuple[tuple[str, ...], str]
+        ] = {}  # side -> (the whole text, then shorter ones; colour)
         self.shown_side_labels: dict[str, str] = {}  # side -> the part shown ("" for none)
         # PlotItem's own title (hidden from here on) moves to the empty corner cell, at no size
         # (taken out of the layout alone, it crashed at exit): this one takes its place.
@@ -115,8 +117,7 @@ class Plot(pg.PlotItem):
 
     def fit_side_labels(self, *_) -> None:
         room = self.getViewBox().height()
-        for side, (text, color) in self.side_labels.items():
-            candidates = (text, text.split(" (")[0])
+        for side, (candidates, color) in self.side_labels.items():
             fitting = next((c for c in candidates if _label_length(c, color) <= room), "")
             if fitting == self.shown_side_labels.get(side, ""):
                 continue
@@ -133,12 +134,13 @@ def add_plot(view: pg.GraphicsLayoutWidget, row: int, col: int) -> Plot:
     return plot
 
 
-def set_side_label(plot: Plot, side: str, text: str, color: str) -> None:
-    """A vertical axis's label, cut to what fits beside the plot: the whole text, else the
-    part before its parenthesis, else none. A rotated label longer than a short plot ran
-    over the plot above it (the walk-through at 1024 × 700); the axis's tooltip keeps it whole."""
+def set_side_label(plot: Plot, side: str, text: str, color: str, short: str | None = None) -> None:
+    """A vertical axis's label, cut to what fits beside the plot: the whole text, else
+    ``short`` (by default the part before its parenthesis), else none. A rotated label longer
+    than a short plot ran over the plot above it (the walk-through at 1024 × 700); the axis's
+    tooltip keeps it whole."""
     plot.getAxis(side).setToolTip(text)
-    plot.side_labels[side] = (text, color)
+    plot.side_labels[side] = ((text, text.split(" (")[0] if short is None else short), color)
     plot.fit_side_labels()
 
 
@@ -155,9 +157,11 @@ def _label_length(text: str, color: str) -> float:
     return probe.boundingRect().width()
 
 
-def _style_plot(plot: Plot, theme: Theme, title: str, left: str, bottom: str, grid: bool = True) -> None:
+def _style_plot(
+    plot: Plot, theme: Theme, title: str, left: str, bottom: str, grid: bool = True, left_short: str | None = None
+) -> None:
     plot.setTitle(title, color=theme.text, size="9pt")
-    set_side_label(plot, "left", left, theme.muted)
+    set_side_label(plot, "left", left, theme.muted, left_short)
     plot.setLabel("bottom", bottom, color=theme.muted)
     plot.showGrid(x=grid, y=grid, alpha=0.15)
     for axis in ("left", "bottom"):
@@ -454,8 +458,13 @@ class MemoryPanel(QWidget):
         self.overflow_curve = self.blocks_plot.plot(name="contiguous: more than the pool", connect="finite")
         # Log scale: a contiguous reservation can be 100× the paged line; both stay readable.
         self.blocks_plot.setLogMode(y=True)
-        self.pool_line = pg.InfiniteLine(angle=0, movable=False, label="pool size", labelOpts={"position": 0.95})
+        # Named by a tick on the right axis, outside the curves: a label on the line itself lay
+        # where the used curve climbs to the pool, or over the curves' first steps.
+        self.pool_line = pg.InfiniteLine(angle=0, movable=False)
         self.blocks_plot.addItem(self.pool_line)
+        self.blocks_plot.showAxis("right")
+        self.blocks_plot.getAxis("right").setTicks([[]])
+        self._pool_tick: int | None = None  # the pool the right axis names
         self.util_curve = self.util_plot.plot(name="utilisation (% of allocated slots)", connect="finite")
         self.frag_curve = self.util_plot.plot(name="internal fragmentation (% of slots)", connect="finite")
         # With prefix caching on only (a flat 0 % says nothing): % of the prompt blocks looked up so far.
@@ -464,6 +473,9 @@ class MemoryPanel(QWidget):
         # ones) draws no line, and the dots say where "now" is on a replay seen from its end.
         self.blocks_now = self.blocks_plot.plot(pen=None, symbol="o", symbolSize=7)
         self.util_now = self.util_plot.plot(pen=None, symbol="o", symbolSize=7)
+        # The last step's tick label may reach past the plot's edge, into the margin: it was
+        # dropped (the slots plot stopped at 27 of 30 steps, the blocks plot beside it did not).
+        self.util_plot.getAxis("bottom").setStyle(hideOverlappingLabels=12)
         self.shows_hits = False
         self._view: tuple[int, int] | None = None
         self.plotted: Frame | None = None  # the frame the curves show (drawn ≤ HISTORY_REDRAW_MS late)
@@ -504,12 +516,15 @@ class MemoryPanel(QWidget):
             "blocks (log)",
             "step",
             grid=False,  # redrawn every step; a grid costs more than the curves
+            left_short="log",  # (the title says blocks; the scale is what a short axis must still say)
         )
         self._style_util_plot()
         self.used_curve.setPen(pg.mkPen(KERNEL_COLOUR, width=2))
         self.contiguous_curve.setPen(pg.mkPen(DENSE_COLOUR, width=2, style=Qt.PenStyle.DashLine))
         self.overflow_curve.setPen(pg.mkPen(theme.bad, width=4))
         self.pool_line.setPen(pg.mkPen(theme.muted, width=1, style=Qt.PenStyle.DotLine))
+        self.blocks_plot.getAxis("right").setTextPen(theme.muted)
+        self.blocks_plot.getAxis("right").setPen(theme.muted)
         self.util_curve.setPen(pg.mkPen(UTIL_COLOUR, width=2))
         self.frag_curve.setPen(pg.mkPen(FRAG_COLOUR, width=2))
         self.hit_curve.setPen(pg.mkPen(HIT_COLOUR, width=2))
@@ -566,6 +581,9 @@ class MemoryPanel(QWidget):
         self.overflow_curve.setData(*over_the_line(steps, [m.contiguous_blocks for m in history], pool))
         self.pool_line.setValue(np.log10(pool))  # the plot is in log10 units
         self.pool_line.show()
+        if pool != self._pool_tick:  # (a new tick lays the axis out again: once a scenario)
+            self._pool_tick = pool
+            self.blocks_plot.getAxis("right").setTicks([[(np.log10(pool), f"pool {pool:,}")], []])
         # Fixed ranges: axes re-layout only when the scenario or the peak changes.
         peak = max([frame.config.num_blocks, *(m.contiguous_blocks for m in history)])
         self._set_view(max(1, frame.length), peak)
