@@ -245,10 +245,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                 kv_events.step(result)
             if args.json:
                 reports.append(step_report(result))
+            for passed, inner_error in result.inner_checks:  # a schedule's engine steps before its last
+                checked += 1
+                worst = max(worst, inner_error)
+                if not passed and result.step not in failed:
+                    failed.append(result.step)
             if result.attention is not None:
                 checked += 1
                 worst = max(worst, result.attention.max_abs_error)
-                if not result.attention.passed:
+                if not result.attention.passed and result.step not in failed:
                     failed.append(result.step)
                 if result.attention.layers is not None:
                     layer_steps += 1
@@ -315,10 +320,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     for note in rejected:  # vLLM's answer to a request that can never fit: said, not hidden
         print(f"REJECTED: {note}", file=out)
     if not checked:
-        what = "the scenario has no steps" if steps == 0 else "no step ran attention (no sequence was live)"
+        what = "the scenario has no steps" if steps == 0 else "no sequence was live when a step ended"
         print(f"NOTHING CHECKED: {steps} steps, {what}: the kernel was never compared with dense attention", file=out)
         return 0
-    print(f"PASS: {steps} steps, kernel matches dense attention (max |err| {worst:.2e})", file=out)
+    inside = f", {checked} engine steps checked (each of a schedule's):" if checked > steps else ","
+    print(f"PASS: {steps} steps{inside} kernel matches dense attention (max |err| {worst:.2e})", file=out)
     if layer_steps:
         print(
             f"PASS: {layer_steps} steps ran the model: every layer's paged attention within its bound, logits "

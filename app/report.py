@@ -131,6 +131,11 @@ def step_report(result: StepResult) -> dict:
                 "logits_max_abs_diff": layers.logits_diff,
                 "same_next_tokens": layers.tokens_agree,
             }
+    if result.inner_checks:  # a schedule's engine steps before its last, each checked as it ended
+        out["engine_steps_before"] = [
+            {"passed": passed, "max_abs_error": error} for passed, error in result.inner_checks
+        ]
+        out["passed"] = out["passed"] and all(passed for passed, _ in result.inner_checks)
     return out
 
 

@@ -57,6 +57,9 @@ class StepResult:
     # A real model's forwards in the step, ("prefill" | "decode", tokens, seconds) each: kept
     # with it, since a step back restores the state without running them again.
     forwards: tuple[tuple[str, int, float], ...] = ()
+    # A schedule of several steps: each engine step's check but the last (whose is
+    # ``attention``), as (passed, max |error|), for the steps that had a live sequence.
+    inner_checks: tuple[tuple[bool, float], ...] = ()
 
     def __init__(
         self,
@@ -68,12 +71,13 @@ class StepResult:
         detail_dropped: bool = False,
         recorded: bool = True,
         forwards: tuple[tuple[str, int, float], ...] = (),
+        inner_checks: tuple[tuple[bool, float], ...] = (),
     ) -> None:
         # Every step of every run makes one: a frozen dataclass's own __init__ sets each field
         # through object.__setattr__, two and a half times the time of one update of its dict.
         self.__dict__.update(
             step=step, op=op, op_events=op_events, metrics=metrics, attention=attention,
-            detail_dropped=detail_dropped, recorded=recorded, forwards=forwards,
+            detail_dropped=detail_dropped, recorded=recorded, forwards=forwards, inner_checks=inner_checks,
         )  # fmt: skip
 
     @functools.cached_property
@@ -232,16 +236,35 @@ class Simulator:
         self.events.enabled = record
         self.events.clear()
         self.registry.forwards.clear()
+        # A schedule of several engine steps: each one's attention is checked as it ends, not
+        # only the last (a request could run and finish between two checks, never compared).
+        inner: list[AttentionReport | None] = []
+        if attend and isinstance(op, Schedule) and op.steps > 1:
+            self.scheduler.after_step = lambda: inner.append(self.runner.attend(list(self.sequences.values())))
         try:
             self.execute(op)
         except Exception:
             self.events.clear()
             raise
+        finally:
+            self.scheduler.after_step = None
         self.step += 1
-        self.last_attention = self.runner.attend(list(self.sequences.values())) if attend else None
-        forwards = tuple(self.registry.forwards)
+        if not attend:
+            self.last_attention = None
+        elif inner:  # (the last step's check is the state's now)
+            self.last_attention = inner[-1]
+        else:
+            self.last_attention = self.runner.attend(list(self.sequences.values()))
+        checks = tuple((r.passed, r.max_abs_error) for r in inner[:-1] if r is not None)
         return StepResult(
-            self.step, op, self.events.take(), self.metrics(), self.last_attention, recorded=record, forwards=forwards
+            self.step,
+            op,
+            self.events.take(),
+            self.metrics(),
+            self.last_attention,
+            recorded=record,
+            forwards=tuple(self.registry.forwards),
+            inner_checks=checks,
         )
 
     def execute(self, op: Operation) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import zlib
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -349,6 +350,7 @@ class Scheduler:
         self.running: list[str] = []
         self.swapped: deque[str] = deque()
         self.stats = SchedulerStats()
+        self.after_step: Callable[[], None] | None = None  # called after each step of a schedule
         self.prompts = PromptSource(model)
         self.eos_id = model.eos_id if model.samples_from_logits else None  # None: no early finish
         # The running groups' sequences and their names, in running order (None: to be rebuilt).
@@ -365,6 +367,8 @@ class Scheduler:
                 if not (self.running or self.waiting or self.swapped) or self.stalled():
                     break  # idle or stalled: no later step changes anything (steps may be 2**31)
                 self.step()
+                if self.after_step is not None:
+                    self.after_step()
         else:
             raise InvalidOperationError(f"not a scheduler operation: {op!r}")
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from itertools import repeat
@@ -211,6 +212,7 @@ class SchedulerV1:
         self.record_tables = False  # keep each step's block tables in last_step (a trace)
         self.last_step: StepV1 | None = None
         self.replaying = False  # some request samples prescribed tokens (a replayed trace)
+        self.after_step: Callable[[], None] | None = None  # called after each step of a schedule
 
     # -- operations ---------------------------------------------------------------------
     def execute(self, op) -> None:
@@ -223,6 +225,8 @@ class SchedulerV1:
                 if not (self.running or self.waiting) or self.stalled():
                     break
                 self.step()
+                if self.after_step is not None:
+                    self.after_step()
         else:
             raise InvalidOperationError(f"not a scheduler operation: {op!r}")
 

@@ -272,3 +272,31 @@ def test_waste_on_a_pool_never_full_says_so_instead_of_zero_shares(capsys):
     paged = next(line for line in out.splitlines() if line.startswith("paged"))
     assert "0.0%" not in paged and "—" in paged
     assert "no request ever waited for memory under paged" in out
+
+
+ONE_SCHEDULE = (
+    'num_blocks = 16\nblock_size = 4\nnum_heads = 2\nhead_dim = 8\nscheduler = "{engine}"\n'
+    '[[steps]]\nop = "submit"\nrequest = "r1"\ntokens = 10\noutput = 5\n'
+    '[[steps]]\nop = "schedule"\nsteps = 20\n'
+)
+
+
+@pytest.mark.parametrize(("engine", "checks"), [("v0", 5), ("v1", 4)])  # (v1 never computes the last token)
+def test_each_engine_step_of_one_schedule_is_checked(tmp_path, capsys, monkeypatch, engine, checks):
+    # (r1 ran and finished inside the schedule, checked only at its end: "NOTHING CHECKED:
+    # no sequence was live", and a passed JSON report)
+    path = tmp_path / "one_schedule.toml"
+    path.write_text(ONE_SCHEDULE.format(engine=engine))
+    report_path = tmp_path / "report.json"
+    assert main(["run", str(path), "--backend", "cpu", "--json", str(report_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"PASS: 2 steps, {checks} engine steps checked (each of a schedule's): kernel matches dense" in out
+    (_, schedule) = json.loads(report_path.read_text())["steps"]
+    assert [check["passed"] for check in schedule["engine_steps_before"]] == [True] * checks
+    # A check that fails inside the schedule fails the run.
+    from pagesim.core.model_runner import AttentionReport
+
+    monkeypatch.setattr(AttentionReport, "passed", property(lambda report: report.context_lens.max() < 12))
+    assert main(["run", str(path), "--backend", "cpu", "--json", str(report_path)]) == 1
+    assert "FAIL: kernel and dense attention differ beyond rounding at steps [2]" in capsys.readouterr().err
+    assert json.loads(report_path.read_text())["passed"] is False
