@@ -599,12 +599,21 @@ class Scheduler:
 
     def _abort(self, request: str, reason: str) -> None:
         state = self.requests[request]
+        mine = len(distinct_blocks(self.registry.sequence(s) for s in state.seqs))
+        used = self.config.num_blocks - self.blocks.num_free - self.blocks.reserved_blocks
         for seq_id in state.seqs:
             self.registry.free(seq_id)
         state.seqs = []
         self.running.remove(request)
         self._batch = None
-        self._reject(state, f"{reason} ({self.config.num_blocks} blocks)")
+        if others := used - mine:  # sequences added by hand: the scheduler cannot preempt them
+            reason += (
+                f" beside the sequences the scheduler does not run, which hold {others} of its "
+                f"{self.config.num_blocks} blocks"
+            )
+        else:
+            reason += f" ({self.config.num_blocks} blocks)"
+        self._reject(state, reason)
 
     # -- state ------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:

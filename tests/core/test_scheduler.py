@@ -284,3 +284,20 @@ def test_a_swap_on_a_real_model_moves_every_layers_k_and_v(cpu_backend):
     assert swap.swap_seconds == pytest.approx(
         swap.blocks * layers * config.block_bytes / (config.swap_bandwidth_gbs * 1e9)
     )
+
+
+def test_a_request_that_cannot_grow_beside_hand_added_sequences_says_so(cpu_backend):
+    # (it said "grew past what the pool can hold (8 blocks)" of a request of 4 blocks: the
+    # user's sequence held 5 of them, which the scheduler cannot preempt)
+    from pagesim.core.operations import Add
+
+    config = CacheConfig(num_blocks=8, block_size=4, num_heads=2, head_dim=8)
+    sim = Simulator(config, cpu_backend)
+    sim.apply(Add("user", num_tokens=20))
+    sim.apply(Submit("r1", 2, prompt_len=12))
+    result = sim.apply(Schedule(3))
+    (rejected,) = [e for e in result.events if isinstance(e, ev.RequestRejected)]
+    assert rejected.reason == (
+        "grew past what the pool can hold beside the sequences the scheduler does not run, which hold 5 of its 8 blocks"
+    )
+    check_invariants(sim)
