@@ -61,6 +61,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 0; got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 0; got {value}")
+    return value
+
+
 def _positive_rate(text: str) -> float:
     try:
         value = float(text)
@@ -83,6 +93,8 @@ def _size(text: str) -> tuple[int, int]:
         width, height = (int(v) for v in text.lower().split("x"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT, e.g. 1400x860; got {text!r}") from None
+    if not (1 <= width <= 16384 and 1 <= height <= 16384):
+        raise argparse.ArgumentTypeError(f"expected a width and a height from 1 to 16384 pixels; got {text!r}")
     return width, height
 
 
@@ -151,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     gui = sub.add_parser("gui", help="open the desktop app")
     gui.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO)
     add_backend_option(gui)
-    gui.add_argument("--steps", type=int, default=0, help="run this many steps first")
+    gui.add_argument("--steps", type=_count, default=0, help="run this many steps first")
     gui.add_argument("--screenshot", type=Path, help="save a PNG of the window after --steps, then exit")
     gui.add_argument("--size", type=_size, metavar="WxH", help="window size, e.g. 1400x860")
     gui.add_argument("--theme", choices=["dark", "light"], help="colour theme (default: the last one used)")

@@ -347,11 +347,14 @@ def _real_model(header: dict, source: str):
 MAX_SCENARIO_BYTES = 16 * 2**20  # a scenario is a page or two of TOML; this is far past any real one
 
 
-def read_scenario_text(path: str | Path) -> str:
-    """The text of a scenario file: a regular file of at most :data:`MAX_SCENARIO_BYTES`,
-    in UTF-8. A FIFO, a device (``/dev/zero``, ``/dev/urandom``) or a folder is refused
-    without reading from it (opened non-blocking, so a FIFO with no writer cannot hang)."""
+def read_scenario_text(path: str | Path, what: str = "scenario file", text_format: str = "TOML") -> str:
+    """The text of a scenario file (or another input of the kind ``what`` names, written in
+    ``text_format``): a regular file of at most :data:`MAX_SCENARIO_BYTES`, in UTF-8. A FIFO,
+    a device (``/dev/zero``, ``/dev/urandom``) or a folder is refused without reading from
+    it (opened non-blocking, so a FIFO with no writer cannot hang)."""
     source = str(path)
+    if not source:  # (Path("") is the current folder)
+        raise ScenarioError("''", f"an empty name: give a {what}'s path")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
@@ -359,7 +362,7 @@ def read_scenario_text(path: str | Path) -> str:
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
-            raise ScenarioError(source, "cannot read: it is a folder, not a scenario file")
+            raise ScenarioError(source, f"cannot read: it is a folder, not a {what}")
         if not stat.S_ISREG(st.st_mode):
             raise ScenarioError(source, "cannot read: not a regular file (a pipe, a device or a socket)")
     except BaseException:
@@ -380,7 +383,8 @@ def read_scenario_text(path: str | Path) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ScenarioError(
-            source, f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): is it a TOML file?"
+            source,
+            f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): is it a {text_format} file?",
         ) from None
 
 
@@ -388,6 +392,8 @@ def load_scenario(path: str | Path) -> Scenario:
     """Load a scenario file, or a shipped one by name (``default``, ``seed_demo``, ...).
     A shipped name wins over a local path of that name that is not a regular file (a
     folder called ``default`` in the current directory)."""
+    if not str(path):  # (Path("") is the current folder)
+        raise ScenarioError("''", "an empty name: give a shipped scenario's name (pagesim scenarios) or a file's path")
     path = Path(path)
     if _is_shipped_name(path):
         return load_shipped(str(path))

@@ -140,7 +140,7 @@ def parse_workload(doc, source: str = "<memory>") -> Workload:
 
 def load_workload(path: str | Path) -> Workload:
     source = str(path)
-    text = read_scenario_text(path)  # a regular file of bounded size, in UTF-8
+    text = read_scenario_text(path, "workload file", "JSON")  # a regular file of bounded size, in UTF-8
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError) as exc:  # (JSONDecodeError, or an integer of thousands of digits)

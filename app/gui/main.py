@@ -148,6 +148,13 @@ def main(args: argparse.Namespace) -> int:
             # first frame's contents are smaller), and a 700-px request came out 714 px tall.
             outcome["sized"] = True
             window.resize(*args.size)
+            if (window.width(), window.height()) != tuple(args.size):  # (the layout's minimum won)
+                width, height = args.size
+                print(
+                    f"note: --size {width}x{height}: the window cannot be that small; it is "
+                    f"{window.width()}x{window.height()}",
+                    file=sys.stderr,
+                )
         if os.environ.get("PAGESIM_REPORT_FIRST_FRAME") and not outcome.get("reported"):
             window.repaint()
             outcome["reported"] = True

@@ -231,3 +231,26 @@ def test_a_typed_prompt_that_is_not_utf8_is_refused_by_the_engine_too():
 
     with pytest.raises(InvalidOperationError, match="not valid UTF-8"):
         prompt_ids(load_model("smollm2-135m"), "caf\udce9")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run", ""], "'': an empty name: give a shipped scenario's name"),  # (it read the folder ".")
+        (["trace", "{tmp}", "-o", "{tmp}/out.jsonl"], "cannot read: it is a folder, not a workload file"),
+        (["trace", "{tmp}/latin1.json", "-o", "{tmp}/out.jsonl"], "is it a JSON file?"),
+        (["gui", "seed_demo", "--steps", "-1", "--screenshot", "{tmp}/s.png"], "--steps: expected a whole number ≥ 0"),
+        (["gui", "seed_demo", "--size", "0x0", "--screenshot", "{tmp}/s.png"], "from 1 to 16384 pixels; got '0x0'"),
+    ],
+)
+def test_inputs_that_are_no_such_thing_are_named_for_what_they_should_be(tmp_path, capsys, argv, message):
+    (tmp_path / "latin1.json").write_bytes("{'café'}".encode("latin-1"))
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # (an argument error: argparse's own exit)
+        code = exit_.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "out.jsonl").exists() and not (tmp_path / "s.png").exists()
