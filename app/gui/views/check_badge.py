@@ -13,6 +13,9 @@ from PySide6.QtWidgets import QAbstractButton, QDockWidget, QSizePolicy, QTabWid
 
 FOLD_BELOW = 1400  # px of window width: narrower, the Check panel folds to its badge
 OPEN_WIDTH = 420  # px: about the width the panel opens with
+# Opened in a narrow window: the shares of its width the sequences' column and the panel take
+# (at 1024 px: 266 and 348, leaving the pool about 400).
+NARROW_LEFT_SHARE, NARROW_CHECK_SHARE = 0.26, 0.34
 TEXTS = {
     None: "· kernel check",
     True: "✓ kernel = dense",
@@ -107,11 +110,21 @@ class CheckFold(QObject):
         return not self.dock.isHidden()
 
     def open(self) -> None:
-        """The Check panel, in front."""
+        """The Check panel, in front. In a window narrower than FOLD_BELOW the sequences'
+        column gives up width too: the panel alone took a third of 1024 px from the pool,
+        whose tiles lost their numbers and its legend its words."""
         self.dock.show()
         self.dock.raise_()
         self.tabs.setCurrentWidget(self.check)
         self._follow_dock()
+        width = self.window.width()
+        left = getattr(self.window, "sequences_dock", None)
+        if width < FOLD_BELOW and left is not None and not self.dock.isFloating():
+            self.window.resizeDocks(
+                [left, self.dock],
+                [int(width * NARROW_LEFT_SHARE), int(width * NARROW_CHECK_SHARE)],
+                Qt.Orientation.Horizontal,
+            )
 
     def fold(self) -> None:
         self.dock.hide()
