@@ -10,7 +10,7 @@ from pagesim.app.gui.animation import beats_for
 from pagesim.app.gui.palette import THEMES
 from pagesim.core import events as ev
 from pagesim.core.scenario import load_shipped, shipped_scenarios
-from PySide6.QtCore import QPoint, QRectF, QSizeF, Qt
+from PySide6.QtCore import QPoint, QRect, QRectF, QSizeF, Qt
 from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QToolBar
 
@@ -706,6 +706,13 @@ def test_the_match_per_head_and_every_axis_label_fit_in_a_small_window(make_wind
     top_left = panel.error_view.mapTo(window, QPoint(0, 0))
     assert panel.error_view.isVisible() and top_left.y() >= 0
     assert top_left.y() + panel.error_view.height() <= window.height()
+
+    # …and none of it under the plots below it (their scroll area covered its lower half, the
+    # head numbers with it, at 1024 × 700)
+    def on_window(widget) -> QRect:
+        return QRect(widget.mapTo(window, QPoint(0, 0)), widget.size())
+
+    assert not on_window(panel.error_view).intersects(on_window(panel.plots))
     # No rotated axis label is longer than its axis ("weight" shown as "eight").
     for plot in (panel.error_plot, panel.output_plot, panel.weights_plot):
         axis = plot.getAxis("left")

@@ -38,10 +38,13 @@ BLOCK_COLOURS = ["#88CCEE", "#CC6677", "#DDCC77", "#117733", "#332288", "#AA4499
 
 
 MAX_BLOCK_LABELS = 24
-ERROR_PLOT_HEIGHT = 124  # px: title, bars per head against the bound, head axis (the layer and head menus above)
+ERROR_PLOT_HEIGHT = 150  # px: title, bars per head against the bound, head numbers (the layer and head menus above)
 MAX_TEXT_TICKS = 24  # tokens: past these the weights' axis keeps numbers (the labels would collide)
 TICK_CHARS = 6  # a token's text on that axis, cut with "…"
-ERROR_AXIS_TOP = 3  # log10: decades above an error of 1, room for the bound's label over its line
+ERROR_AXIS_TOP = 2  # log10: decades above an error of 1, room for the bound's label over its line
+ERROR_FLOOR = (
+    1e-10  # the error axis's bottom: an exact zero cannot sit on a log axis, and fp32's errors start near 1e-8
+)
 # The memory history redraws at most this often: five curves and two plots cost a few ms,
 # and a line over the steps gains nothing from 60 redraws a second. A frame that comes
 # after a pause at least this long is drawn at once (stepping by hand, playback).
@@ -222,8 +225,9 @@ class KernelPanel(QWidget):
         self.error_plot.addItem(self.tolerance_line)
         self.error_plot.setLogMode(y=True)
         self.error_plot.getAxis("bottom").setTickSpacing(1, 1)
-        self.error_plot.setYRange(-12, ERROR_AXIS_TOP, padding=0.05)
-        self.error_plot.getAxis("left").setTickSpacing(6, 3)  # 10⁻¹², 10⁻⁶, 1: room for each label
+        self.error_plot.setYRange(np.log10(ERROR_FLOOR) - 1, ERROR_AXIS_TOP, padding=0)  # (room for 10⁻¹⁰'s label)
+        # 10⁻¹⁰, 10⁻⁵, 1: room for each label (the bars ran 15 decades in 45 px, 10⁻¹² unlabelled)
+        self.error_plot.getAxis("left").setTicks([[(-10.0, "10⁻¹⁰"), (-5.0, "10⁻⁵"), (0.0, "1")], []])
         # A fixed pool of block labels, shown and hidden: re-adding TextItems on every
         # frame churns the scene for nothing.
         self._block_labels = [pg.TextItem(anchor=(0, 1)) for _ in range(MAX_BLOCK_LABELS)]
@@ -232,21 +236,28 @@ class KernelPanel(QWidget):
             self.weights_plot.addItem(label)
         self._labelled_top: float | None = None
         self.weights_plot.getViewBox().sigResized.connect(lambda *_: self._fit_weight_range())
-        layout = QVBoxLayout(self)
+        # The whole panel scrolls, the verdict and the match per head first: in a short dock
+        # (1024 × 700) a scroll area of the two larger plots alone was laid over the lower
+        # half of the per-head chart, its head numbers and its 10⁻¹⁰ hidden.
+        content = QWidget()
+        layout = QVBoxLayout(content)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(self.backend_label)
         layout.addLayout(top)
         layout.addWidget(self.verdict)
         layout.addWidget(self.error_view)
-        # Two plots need room: below it they scroll rather than squash to nothing.
+        # Two plots need room: below the fold they scroll rather than squash to nothing.
         self.plots.setMinimumHeight(300)
         self.plots.setMinimumWidth(260)
-        scroll = QScrollArea()
-        scroll.setWidgetResizable(True)
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        scroll.setFrameShape(QFrame.Shape.NoFrame)
-        scroll.setWidget(self.plots)
-        layout.addWidget(scroll, 1)
+        layout.addWidget(self.plots, 1)
+        self.scroll = QScrollArea()
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
+        self.scroll.setWidget(content)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(self.scroll)
         self.set_theme(theme)
 
     def set_theme(self, theme: Theme) -> None:
@@ -268,6 +279,7 @@ class KernelPanel(QWidget):
             "token",
         )
         _style_plot(self.error_plot, theme, "Max |kernel − dense| per head", "error", "head")
+
         self.kernel_curve.setPen(pg.mkPen(KERNEL_COLOUR, width=2))
         self.dense_curve.setSymbolPen(pg.mkPen(DENSE_COLOUR, width=1.5))
         self.dense_curve.setSymbolBrush(None)
@@ -375,7 +387,7 @@ class KernelPanel(QWidget):
             self._labelled_top = None
             self.weights_plot.enableAutoRange(axis="y")
         heads = np.arange(len(focus.head_errors))
-        floor = 1e-12  # exact zeros cannot sit on a log axis
+        floor = ERROR_FLOOR
         self.error_bars.setOpts(
             x=heads,
             height=np.log10(np.maximum(focus.head_errors, floor)) - np.log10(floor),
@@ -383,7 +395,7 @@ class KernelPanel(QWidget):
             brushes=[pg.mkBrush(self.theme.good if ok else self.theme.bad) for ok in focus.head_passed.tolist()],
         )
         self.tolerance_line.setValue(np.log10(float(focus.head_tolerances.min())))
-        self.error_plot.setYRange(np.log10(floor), ERROR_AXIS_TOP, padding=0.02)  # fixed decades: steps compare
+        self.error_plot.setYRange(np.log10(floor) - 1, ERROR_AXIS_TOP, padding=0)  # fixed decades: steps compare
 
     def _pieces(self, seq_id: str) -> tuple[str, ...] | None:
         state = self.frame.sequence(seq_id) if self.frame is not None else None
