@@ -61,6 +61,12 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _path(text: str) -> Path:
+    if not text:  # (Path("") is the current folder)
+        raise argparse.ArgumentTypeError("an empty name: give a file's path")
+    return Path(text)
+
+
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -138,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     trace = sub.add_parser(
         "trace", help="run a workload of the vLLM v1 traces through the v1 scheduler; write its trace (JSON lines)"
     )
-    trace.add_argument("workload", type=Path, help="a workload-N.json (config, requests with their output tokens)")
+    trace.add_argument("workload", type=_path, help="a workload-N.json (config, requests with their output tokens)")
     trace.add_argument("-o", "--output", type=Path, required=True, metavar="OUT", help="the trace ('-': stdout)")
     add_serving_parsers(sub)  # latency, sweep
 
@@ -243,6 +249,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     tokenizer = getattr(timeline.sim.runner.model, "tokenizer", None)  # a real model's: text per step
     say(TABLE_HEADER)
     reports, steps, failed, worst, error, checked, rejected = [], 0, [], 0.0, None, 0, []
+    engine_checked = 0  # of the checks, those at a schedule's engine steps before its last
     layer_steps, logits_gap = 0, 0.0  # a real model's: steps whose every layer was checked
     try:
         while not timeline.at_end:
@@ -259,6 +266,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 reports.append(step_report(result))
             for passed, inner_error in result.inner_checks:  # a schedule's engine steps before its last
                 checked += 1
+                engine_checked += 1
                 worst = max(worst, inner_error)
                 if not passed and result.step not in failed:
                     failed.append(result.step)
@@ -335,7 +343,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         what = "the scenario has no steps" if steps == 0 else "no sequence was live when a step ended"
         print(f"NOTHING CHECKED: {steps} steps, {what}: the kernel was never compared with dense attention", file=out)
         return 0
-    inside = f", {checked} engine steps checked (each of a schedule's):" if checked > steps else ","
+    inside = f", {checked} checks ({engine_checked} at engine steps inside schedules):" if engine_checked else ","
     print(f"PASS: {steps} steps{inside} kernel matches dense attention (max |err| {worst:.2e})", file=out)
     if layer_steps:
         print(

@@ -30,10 +30,10 @@ def finite(value):
     return value
 
 
-def json_text(doc, indent: int | None = 2) -> str:
-    """A report as strict JSON: each NaN or infinity as null (see :func:`finite`), what JSON
-    cannot name as its text."""
-    return json.dumps(finite(doc), indent=indent, allow_nan=False, default=str) + "\n"
+def json_text(doc, indent: int | None = 2, default=str) -> str:
+    """A report as strict JSON: each NaN or infinity as null (see :func:`finite`), and what
+    else JSON cannot name as its text (``default=None``: a TypeError instead)."""
+    return json.dumps(finite(doc), indent=indent, allow_nan=False, default=default) + "\n"
 
 
 def add_backend_option(parser: argparse.ArgumentParser) -> None:

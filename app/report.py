@@ -170,7 +170,7 @@ def write_json(
         "stalled": stalled,
         "passed": error is None and stalled is None and all(s["passed"] for s in steps),
     }
-    text = json_text(report)
+    text = json_text(report, default=None)  # (a value JSON cannot hold is a bug, not text)
     if str(path) == "-":
         sys.stdout.write(text)
         return

@@ -45,6 +45,32 @@ from pagesim.kernels.backend import Backend
 from pagesim.kernels.selection import select_backend
 
 
+class _EngineStepChecks:
+    """The attention check after each engine step of one schedule op: the newest report
+    whole (the op's own, once it ends), each earlier one kept as (passed, max |error|) only,
+    so a schedule of many steps holds one report's arrays, not one per step. An error of
+    the check stops the checks and is raised once the op's step is counted."""
+
+    def __init__(self, sim: Simulator) -> None:
+        self.sim = sim
+        self.newest: AttentionReport | None = None
+        self.ran = False
+        self.before_newest: list[tuple[bool, float]] = []
+        self.error: Exception | None = None
+
+    def check(self) -> None:
+        if self.error is not None:
+            return
+        try:
+            report = self.sim.runner.attend(list(self.sim.sequences.values()))
+        except Exception as exc:  # (a backend's failure: raised after the op, not inside it)
+            self.error = exc
+            return
+        if self.newest is not None:
+            self.before_newest.append((bool(self.newest.passed), float(self.newest.max_abs_error)))
+        self.newest, self.ran = report, True
+
+
 @dataclass(frozen=True, init=False)
 class StepResult:
     step: int  # 1-based: the state after this many operations
@@ -236,11 +262,13 @@ class Simulator:
         self.events.enabled = record
         self.events.clear()
         self.registry.forwards.clear()
-        # A schedule of several engine steps: each one's attention is checked as it ends, not
-        # only the last (a request could run and finish between two checks, never compared).
-        inner: list[AttentionReport | None] = []
-        if attend and isinstance(op, Schedule) and op.steps > 1:
-            self.scheduler.after_step = lambda: inner.append(self.runner.attend(list(self.sequences.values())))
+        # A schedule of several engine steps on the synthetic model: each one's attention is
+        # checked as it ends, not only the last (a request could run and finish between two
+        # checks, never compared). A real model checks every layer in each forward already.
+        engine_steps = None
+        if attend and isinstance(op, Schedule) and op.steps > 1 and self.runner.num_layers == 1:
+            engine_steps = _EngineStepChecks(self)
+            self.scheduler.after_step = engine_steps.check
         try:
             self.execute(op)
         except Exception:
@@ -249,13 +277,15 @@ class Simulator:
         finally:
             self.scheduler.after_step = None
         self.step += 1
+        if engine_steps is not None and engine_steps.error is not None:
+            raise engine_steps.error  # (once the step is counted: the state is the op's, as after attend's error)
         if not attend:
             self.last_attention = None
-        elif inner:  # (the last step's check is the state's now)
-            self.last_attention = inner[-1]
+        elif engine_steps is not None and engine_steps.ran:  # (the last step's check is the state's now)
+            self.last_attention = engine_steps.newest
         else:
             self.last_attention = self.runner.attend(list(self.sequences.values()))
-        checks = tuple((r.passed, r.max_abs_error) for r in inner[:-1] if r is not None)
+        checks = () if engine_steps is None else tuple(engine_steps.before_newest)
         return StepResult(
             self.step,
             op,

@@ -230,7 +230,7 @@ class BlockCopied(Event):
 
     @classmethod
     def summarize(cls, events: Sequence[BlockCopied]) -> str:
-        listed = ", ".join(f"{e.seq} #{e.src} → #{e.dst}" for e in events[:3])
+        listed = ", ".join(f"{said(e.seq)} #{e.src} → #{e.dst}" for e in events[:3])
         return f"{len(events)} writes into shared blocks → copy-on-write gave each writer its own copy ({listed} …)"
 
 
@@ -349,7 +349,7 @@ class RequestAdmitted(Event):
         what = "resumed" if self.resumed else "admitted"
         if self.seqs == (self.request,):  # (one sequence of its own name: nothing more to say)
             return f"request {self.request} {what}"
-        return f"request {self.request} {what} as {', '.join(self.seqs)}"
+        return f"request {self.request} {what} as {', '.join(map(said, self.seqs))}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -472,7 +472,7 @@ class TokenWritten(Event):
         if text_of is not None:
             return _summarize_text(tokens, room_unknown, text_of)
         if len(tokens) > 2:
-            return _summarize_many(tokens, lambda seq, mine: seq)
+            return _summarize_many(tokens, lambda seq, mine: said(seq))
         lines = []
         for seq, mine in tokens.items():
             first, last = mine[0], mine[-1]
@@ -493,11 +493,11 @@ def _summarize_many(tokens: dict[str, list[TokenWritten]], name: Callable[[str, 
     chunks = [(seq, mine) for seq, mine in tokens.items() if len(mine) > 1]
     parts = []
     if decoded:
-        said = ", ".join(name(seq, mine) for seq, mine in decoded[:4]) + (", …" if len(decoded) > 4 else "")
+        names = ", ".join(name(seq, mine) for seq, mine in decoded[:4]) + (", …" if len(decoded) > 4 else "")
         each = (
             "one token's K/V each into their last blocks" if len(decoded) > 1 else "one token's K/V into its last block"
         )
-        parts.append(f"{plural(len(decoded), 'sequence')} wrote {each} ({said})")
+        parts.append(f"{plural(len(decoded), 'sequence')} wrote {each} ({names})")
     for seq, mine in chunks[:3]:
         first, last = mine[0], mine[-1]
         parts.append(

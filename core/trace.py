@@ -121,9 +121,11 @@ def parse_workload(doc, source: str = "<memory>") -> Workload:
         if not is_count(count):
             raise WorkloadError(source, f"{where}.max_new_tokens must be a positive integer; got {count!r}")
         if not is_int(arrival) or not 0 <= arrival < max_steps:
+            told = "" if "max_steps" in doc else f", max_steps being {DEFAULT_MAX_STEPS:,} when not given"
             raise WorkloadError(
                 source,
-                f"{where}.arrival_step must be an integer from 0 to max_steps − 1 ({max_steps - 1}); got {arrival!r}",
+                f"{where}.arrival_step must be an integer from 0 to max_steps − 1 ({max_steps - 1}{told}); "
+                f"got {arrival!r}",
             )
         output = _token_list(raw.get("output"), f"{where}.output", source)
         if len(output) < count:

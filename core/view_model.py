@@ -148,6 +148,9 @@ class Frame:
     has_text: bool = False
     # Any step: what it computed per sequence, prefill or decode, and the prefix hits it skipped.
     step_work: StepWork | None = None
+    # A schedule of several engine steps: how many of the checks before its last failed
+    # (``attention`` is the last one's).
+    engine_steps_failed: int = 0
     beam_trees: tuple[BeamTree, ...] = ()  # a real model's beam searches, up to this step
     # Layers with a paged cache each (a real model's; the synthetic model attends once) and
     # the one with the least margin in this step's check of every layer (None: no forward ran).
@@ -366,6 +369,7 @@ def build_frame(
             max((s.num_tokens for s in sequences), default=0),
             current.forwards if hasattr(sim.runner, "paged_seconds") else None,
         ),
+        engine_steps_failed=0 if current is None else sum(not passed for passed, _ in current.inner_checks),
         beam_trees=timeline_beam_trees(timeline),
         num_layers=sim.runner.num_layers,
         worst_layer=sim.worst_layer(),

@@ -151,8 +151,8 @@ def main(args: argparse.Namespace) -> int:
             if (window.width(), window.height()) != tuple(args.size):  # (the layout's minimum won)
                 width, height = args.size
                 print(
-                    f"note: --size {width}x{height}: the window cannot be that small; it is "
-                    f"{window.width()}x{window.height()}",
+                    f"note: --size {width}x{height}: the window is {window.width()}x{window.height()} (its "
+                    "layout's smallest, or the screen's size)",
                     file=sys.stderr,
                 )
         if os.environ.get("PAGESIM_REPORT_FIRST_FRAME") and not outcome.get("reported"):

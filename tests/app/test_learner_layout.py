@@ -356,9 +356,12 @@ def test_at_1024_the_check_panel_is_a_badge_that_opens_and_gives_the_pool_its_wi
     # …but not all of it: the sequences' column gave some up too (the pool was left 200 px,
     # its tiles without numbers and its legend without words)
     assert opened >= 360 and window.sequences_dock.width() < 300
+    left = window.sequences_dock.width()
     badge.click()
     qtbot.waitUntil(lambda: not dock.isVisible())
     assert not badge.isChecked()
+    qtbot.wait(50)
+    assert window.sequences_dock.width() > left + 60  # (folded, the panel gives its column back)
 
 
 def test_narrowing_a_wide_window_folds_the_open_check_panel(window, qtbot):
@@ -669,3 +672,20 @@ def test_the_guide_says_what_the_app_does(window, qtbot):
     assert "not on the scenario's" in text
     for key in ("S", "L", "Ctrl+Z / Ctrl+Shift+Z", "Ctrl+R", "F1"):
         assert f"\n{key}\t" in text or f"{key} " in text or f"{key}\n" in text, key
+
+
+def test_the_badge_shows_a_failure_at_an_earlier_engine_step_of_the_schedule(qtbot):
+    # (it read only the op's last check: an engine step that failed before it showed ✓)
+    from types import SimpleNamespace
+
+    from pagesim.app.gui.palette import THEMES
+    from pagesim.app.gui.views.check_badge import CheckBadge
+
+    badge = CheckBadge(THEMES["dark"])
+    qtbot.addWidget(badge)
+    badge.show_frame(SimpleNamespace(attention=SimpleNamespace(passed=True), engine_steps_failed=0))
+    assert badge.passed is True and badge.text().startswith("✓")
+    badge.show_frame(SimpleNamespace(attention=SimpleNamespace(passed=True), engine_steps_failed=1))
+    assert badge.passed is False and "earlier engine step" in badge.toolTip()
+    badge.show_frame(SimpleNamespace(attention=None, engine_steps_failed=2))
+    assert badge.passed is False

@@ -237,6 +237,7 @@ def test_a_typed_prompt_that_is_not_utf8_is_refused_by_the_engine_too():
     ("argv", "message"),
     [
         (["run", ""], "'': an empty name: give a shipped scenario's name"),  # (it read the folder ".")
+        (["trace", "", "-o", "{tmp}/out.jsonl"], "argument workload: an empty name: give a file's path"),
         (["trace", "{tmp}", "-o", "{tmp}/out.jsonl"], "cannot read: it is a folder, not a workload file"),
         (["trace", "{tmp}/latin1.json", "-o", "{tmp}/out.jsonl"], "is it a JSON file?"),
         (["gui", "seed_demo", "--steps", "-1", "--screenshot", "{tmp}/s.png"], "--steps: expected a whole number ≥ 0"),

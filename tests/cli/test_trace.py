@@ -67,6 +67,12 @@ def test_trace_to_stdout(capsys):
             '"output": [2], "arrival_step": 600}], "max_steps": 600}',
             "requests[0].arrival_step must be an integer from 0 to max_steps − 1 (599); got 600",
         ),
+        (
+            '{"config": {"num_gpu_blocks": 8, "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 64, '
+            '"enable_prefix_caching": true}, "requests": [{"id": "a", "prompt": [1], "max_new_tokens": 1, '
+            '"output": [2], "arrival_step": 10000}]}',
+            "(9999, max_steps being 10,000 when not given); got 10000",
+        ),
     ],
 )
 def test_a_missing_or_malformed_workload_is_one_line(tmp_path, capsys, content, message):

@@ -223,3 +223,46 @@ def test_decode_block_tables_narrow_when_the_longest_table_shrinks(cpu_backend):
     tables = sim.runner.attention_inputs(list(sim.sequences.values()))[2]
     assert tables.shape == (4, 7)
     assert tables.tolist() == [s.block_table + [0] * (7 - len(s.block_table)) for s in sim.sequences.values()]
+
+
+def _scheduled_sim(cpu_backend):
+    from pagesim.core.operations import Submit
+
+    sim = Simulator(CacheConfig(num_blocks=16, block_size=4, num_heads=2, head_dim=8), cpu_backend)
+    sim.apply(Submit("r1", 5, prompt_len=10))
+    return sim
+
+
+def test_a_schedule_of_many_steps_keeps_one_whole_report_and_each_earlier_check_as_two_numbers(cpu_backend):
+    from pagesim.core.model_runner import AttentionReport
+    from pagesim.core.operations import Schedule
+
+    sim = _scheduled_sim(cpu_backend)
+    reports = []
+    attend = sim.runner.attend
+    sim.runner.attend = lambda seqs: reports.append(attend(seqs)) or reports[-1]
+    result = sim.apply(Schedule(20))
+    live = [r for r in reports if r is not None]
+    # An attend per engine step, none more after the op: five with r1 live, then the step
+    # that finished it, with nothing left to check (the op's own report).
+    assert len(reports) == 6 and len(live) == 5 and reports[-1] is None and result.attention is None
+    assert result.inner_checks == tuple((r.passed, r.max_abs_error) for r in live)
+    assert all(isinstance(c, tuple) and not isinstance(c[1], AttentionReport) for c in result.inner_checks)
+
+
+def test_a_check_that_fails_to_run_inside_a_schedule_is_raised_with_the_op_counted(cpu_backend):
+    from pagesim.core.operations import Schedule
+
+    sim = _scheduled_sim(cpu_backend)
+    calls = []
+
+    def broken(seqs):
+        calls.append(len(seqs))
+        raise RuntimeError("the device went away")
+
+    sim.runner.attend = broken
+    before = sim.step
+    with pytest.raises(RuntimeError, match="the device went away"):
+        sim.apply(Schedule(20))
+    assert sim.step == before + 1 and len(calls) == 1  # (the op ran whole; its step counted once)
+    assert sim.scheduler.after_step is None

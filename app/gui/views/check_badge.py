@@ -27,8 +27,8 @@ TIPS = {
     "bound that rounding explains. The check runs after every step, also one that only moved blocks (a fork, a "
     "free): the kernel reads each live sequence's K/V through its block table as it is now. Click to open the "
     "Check panel (the numbers, per head).",
-    False: "A sequence's paged-attention output differs from dense attention by more than rounding explains. "
-    "Click to open the Check panel.",
+    False: "A sequence's paged-attention output differs from dense attention by more than rounding explains "
+    "(now, or at an earlier engine step of this step's schedule). Click to open the Check panel.",
 }
 
 
@@ -59,6 +59,8 @@ class CheckBadge(QAbstractButton):
 
     def show_frame(self, frame: Frame) -> None:
         passed = None if frame.attention is None else bool(frame.attention.passed)
+        if frame.engine_steps_failed:  # (an earlier engine step of the op's schedule: ✗ all the same)
+            passed = False
         if passed != self.passed:
             self._show(passed)
 
@@ -100,6 +102,7 @@ class CheckFold(QObject):
         super().__init__(window)
         self.window, self.dock, self.tabs, self.check, self.badge = window, dock, tabs, check, badge
         self._wide: bool | None = None  # the window's last side of FOLD_BELOW (None: not seen yet)
+        self._left_width: int | None = None  # the sequences' column's width before a narrow open
         badge.clicked.connect(self._clicked)
         dock.visibilityChanged.connect(lambda _: self._follow_dock())
         window.installEventFilter(self)
@@ -119,7 +122,10 @@ class CheckFold(QObject):
         self._follow_dock()
         width = self.window.width()
         left = getattr(self.window, "sequences_dock", None)
-        if width < FOLD_BELOW and left is not None and not self.dock.isFloating():
+        docked = left is not None and left.isVisible() and not left.isFloating() and not self.dock.isFloating()
+        if width < FOLD_BELOW and docked:
+            if self._left_width is None:
+                self._left_width = left.width()  # (given back when the panel folds)
             self.window.resizeDocks(
                 [left, self.dock],
                 [int(width * NARROW_LEFT_SHARE), int(width * NARROW_CHECK_SHARE)],
@@ -129,6 +135,10 @@ class CheckFold(QObject):
     def fold(self) -> None:
         self.dock.hide()
         self._follow_dock()
+        left = getattr(self.window, "sequences_dock", None)
+        if self._left_width is not None and left is not None and not left.isFloating():
+            self.window.resizeDocks([left], [self._left_width], Qt.Orientation.Horizontal)
+        self._left_width = None
 
     def _clicked(self) -> None:
         if self.is_open and self.tabs.currentWidget() is self.check:
