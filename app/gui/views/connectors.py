@@ -17,6 +17,9 @@ from PySide6.QtWidgets import QWidget
 LINES_ALL_MAX = 6  # entries: up to a handful, a line each; beyond, only the looked-up entry's
 
 
+OVER_TEXT_ALPHA = 0.25  # a line's strength where it crosses text: there, the text comes first
+
+
 class TableToPoolLines(QWidget):
     """Qt repaints this see-through, window-wide widget wherever anything under it repaints
     (the pool every step): so the lines are drawn once into a pixmap when they change, and
@@ -186,10 +189,19 @@ class TableToPoolLines(QWidget):
             if widget.isVisible() and window.isAncestorOf(widget)
         ]
 
+    def _rows_below(self, segments) -> list[QRect]:
+        """The table under the selected row's entries: the lines leave it across the other
+        rows' entries, which they struck through (B's line over A2's "0*")."""
+        port = self.sequence_view.viewport()
+        at = port.mapTo(self.parentWidget(), QPoint(0, 0))
+        top = int(max(start.y() for _, start, _ in segments)) + 4
+        bottom = at.y() + port.height()
+        return [QRect(at.x(), top, port.width(), bottom - top)] if bottom > top else []
+
     def refresh(self, *_) -> None:
         """Redraw the lines into the pixmap if they changed, and repaint where they were and are."""
         segments = self.segments()
-        text = self._text_rects() if segments else []
+        text = self._text_rects() + self._rows_below(segments) if segments else []
         key = (
             tuple((logical, s.toTuple(), e.toTuple()) for logical, s, e in segments),
             self.colour.name(),
@@ -223,7 +235,7 @@ class TableToPoolLines(QWidget):
             for rect in text:
                 over_text += QRegion(rect)
             clear = QRegion(area) - over_text
-            for clip, alpha in ((clear, 1.0), (over_text, 0.35)):
+            for clip, alpha in ((clear, 1.0), (over_text, OVER_TEXT_ALPHA)):
                 if clip.isEmpty():
                     continue
                 painter.setClipRegion(clip)
