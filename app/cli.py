@@ -51,14 +51,19 @@ from pagesim.kernels.backend import BackendUnavailableError
 from pagesim.kernels.selection import available_backends, select_backend
 
 
-def _positive_int(text: str) -> int:
+def _int_from(text: str, least: int, kind: str) -> int:
+    """``text`` as an integer of at least ``least`` (``kind`` names it in the error)."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer; got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer; got {value}")
+        raise argparse.ArgumentTypeError(f"expected {kind}; got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected {kind}; got {value}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _int_from(text, 1, "a positive integer")
 
 
 def _path(text: str) -> Path:
@@ -68,13 +73,7 @@ def _path(text: str) -> Path:
 
 
 def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 0; got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 0; got {value}")
-    return value
+    return _int_from(text, 0, "a whole number ≥ 0")
 
 
 def _positive_rate(text: str) -> float:
