@@ -103,7 +103,13 @@ class MainWindow(QMainWindow):
         self.check_fold = CheckFold(self, self.kernel_dock, self.kernel_tabs, self.kernel_panel, self.check_badge)
         self.table_lines = TableToPoolLines(self, self.sequence_view, self.pool_view)
         self.table_lines.set_text_widgets(
-            [*self.header.widgets, self.step_work_bar, self.header.pool_caption, self.pool_legend]
+            [
+                *self.header.widgets,
+                self.step_work_bar,
+                self.header.pool_caption,
+                self.pool_legend,
+                self.token_map.caption,
+            ]
         )
         self.files = ScenarioFiles(self)
         self.status = StatusReporter(self.statusBar(), self.theme)

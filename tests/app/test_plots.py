@@ -82,3 +82,18 @@ def test_the_blocks_plot_on_a_short_axis_still_says_it_is_logarithmic(qtbot):
     panel = MemoryPanel(THEMES["dark"])
     qtbot.addWidget(panel)
     assert panel.blocks_plot.side_labels["left"][0] == ("blocks (log)", "log")
+
+
+def test_a_title_too_wide_for_its_plot_gives_way_to_a_shorter_one(qtbot):
+    # (centred, the walk-through's title was cut at both ends in a narrow dock: "ores · running max m")
+    from pagesim.app.gui.views.walkthrough import WALK_TITLES
+
+    view = pg.PlotWidget(plotItem=Plot())
+    qtbot.addWidget(view)
+    plot = view.getPlotItem()
+    plot.set_fitting_title(WALK_TITLES, size="9pt")
+    shown(qtbot, view, 280, 200)
+    assert plot.title_item.text in WALK_TITLES[1:]
+    assert plot.title_item.item.boundingRect().width() <= plot.width()
+    shown(qtbot, view, 700, 200)
+    assert plot.title_item.text == WALK_TITLES[0]

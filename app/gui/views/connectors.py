@@ -18,6 +18,7 @@ LINES_ALL_MAX = 6  # entries: up to a handful, a line each; beyond, only the loo
 
 
 OVER_TEXT_ALPHA = 0.25  # a line's strength where it crosses text: there, the text comes first
+ARRIVAL = QRect(-22, -9, 26, 18)  # around a line's end, at its tile's left edge: drawn at full strength
 
 
 class TableToPoolLines(QWidget):
@@ -198,10 +199,16 @@ class TableToPoolLines(QWidget):
         bottom = at.y() + port.height()
         return [QRect(at.x(), top, port.width(), bottom - top)] if bottom > top else []
 
+    def _pool_rect(self) -> list[QRect]:
+        """The pool: a line to a far tile crosses nearer ones (and their ×N badges) on its way;
+        it is drawn faint there but for its arrival (see ARRIVAL)."""
+        port = self.pool_view.viewport()
+        return [QRect(port.mapTo(self.parentWidget(), QPoint(0, 0)), port.size())]
+
     def refresh(self, *_) -> None:
         """Redraw the lines into the pixmap if they changed, and repaint where they were and are."""
         segments = self.segments()
-        text = self._text_rects() + self._rows_below(segments) if segments else []
+        text = self._text_rects() + self._rows_below(segments) + self._pool_rect() if segments else []
         key = (
             tuple((logical, s.toTuple(), e.toTuple()) for logical, s, e in segments),
             self.colour.name(),
@@ -234,6 +241,8 @@ class TableToPoolLines(QWidget):
             over_text = QRegion()
             for rect in text:
                 over_text += QRegion(rect)
+            for _, _, _, end in paths:  # each line reaches its own tile at full strength
+                over_text -= QRegion(ARRIVAL.translated(end.toPoint()))
             clear = QRegion(area) - over_text
             for clip, alpha in ((clear, 1.0), (over_text, OVER_TEXT_ALPHA)):
                 if clip.isEmpty():

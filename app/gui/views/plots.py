@@ -85,6 +85,7 @@ class Plot(pg.PlotItem):
             str, tuple[tuple[str, ...], str]
         ] = {}  # side -> (the whole text, then shorter ones; colour)
         self.shown_side_labels: dict[str, str] = {}  # side -> the part shown ("" for none)
+        self.title_choices: tuple[tuple[str, ...], dict] | None = None  # (longest first, setTitle's args)
         # PlotItem's own title (hidden from here on) moves to the empty corner cell, at no size
         # (taken out of the layout alone, it crashed at exit): this one takes its place.
         grid = QGraphicsWidget.layout(self)
@@ -118,7 +119,23 @@ class Plot(pg.PlotItem):
             self.title_item.setVisible(True)
             self.title_item.setText(title, **args)
 
+    def set_fitting_title(self, choices: tuple[str, ...], **args) -> None:
+        """The first of ``choices`` (longest first) that fits the plot's width as its title:
+        a centred title wider than a narrow dock was cut at both ends ("ores · running max")."""
+        self.title_choices = (choices, args)
+        self.fit_title()
+
+    def fit_title(self) -> None:
+        if self.title_choices is None or self.title_item is None:
+            return
+        choices, args = self.title_choices
+        for text in choices:
+            self.setTitle(text, **args)
+            if self.title_item.item.boundingRect().width() <= self.width() - 4:
+                return
+
     def fit_side_labels(self, *_) -> None:
+        self.fit_title()
         room = self.getViewBox().height()
         for side, (candidates, color) in self.side_labels.items():
             fitting = next((c for c in candidates if _label_length(c, color) <= room), "")

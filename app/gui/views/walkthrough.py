@@ -46,6 +46,14 @@ REAL_PARTITION = 512
 PLAY_MS = 40
 
 
+# The scores plot's title, longest first: the first that fits a narrow dock is shown.
+WALK_TITLES = (
+    "Scores · running max m (red, ▲ rescale) · sum ℓ (right)",
+    "Scores · max m (red, ▲ rescale) · ℓ (right)",
+    "Scores · max m · ℓ (right)",
+)
+
+
 class WalkThroughPanel(QWidget):
     """Asks for a replay (``traceRequested``: kernel, head, partition size) and draws it."""
 
@@ -227,13 +235,8 @@ class WalkThroughPanel(QWidget):
         self.theme = theme
         for plot in (self.score_plot, self.lane_plot):
             plot.setBackground(theme.plot_background)
-        _style_plot(
-            self.score_plot.getPlotItem(),
-            theme,
-            "Scores · running max m (red, ▲ rescale) · sum ℓ (right)",
-            "q·k·scale",
-            "token",
-        )
+        _style_plot(self.score_plot.getPlotItem(), theme, WALK_TITLES[0], "q·k·scale", "token")
+        self.score_plot.getPlotItem().set_fitting_title(WALK_TITLES, color=theme.text, size="9pt")
         right = self.score_plot.getPlotItem().getAxis("right")
         set_side_label(self.score_plot.getPlotItem(), "right", "ℓ (running sum)", KERNEL_COLOUR)
         right.setTextPen(theme.muted)
