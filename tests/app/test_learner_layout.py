@@ -8,7 +8,7 @@ import pytest
 from pagesim.app.gui.palette import OKABE_ITO, THEMES, SequenceColours, contrast, readable_on
 from pagesim.core.scenario import load_shipped, parse_scenario
 from PySide6.QtCore import QEvent, QPoint, QPointF, QRect, QRectF, Qt
-from PySide6.QtGui import QColor, QHelpEvent
+from PySide6.QtGui import QColor, QFontMetrics, QHelpEvent
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QAbstractScrollArea, QApplication, QToolTip
 
@@ -708,3 +708,21 @@ def test_the_badge_shows_a_failure_at_an_earlier_engine_step_of_the_schedule(qtb
     assert badge.passed is False and "earlier engine step" in badge.toolTip()
     badge.show_frame(SimpleNamespace(attention=None, engine_steps_failed=2))
     assert badge.passed is False
+
+
+def test_a_small_shared_tile_keeps_its_ref_count_before_its_hash_sign(make_window, qtbot):
+    # (beam search's 48 small tiles showed "#0" on every shared block, no "×3" anywhere)
+    window = make_window("default")
+    tile = window.pool_view.items[5]
+    tile.ref_count = 3
+    metrics = QFontMetrics(window.font())
+
+    def fits(text: str) -> float:
+        return metrics.horizontalAdvance(text)
+
+    assert tile.compact_label(metrics, fits("#5 ×3")) == "#5 ×3"
+    assert tile.compact_label(metrics, fits("5 ×3")) == "5 ×3"  # the "#" goes first
+    assert tile.compact_label(metrics, fits("#5")) == "#5"
+    assert tile.compact_label(metrics, fits("5")) == "5"
+    tile.ref_count = 1
+    assert tile.compact_label(metrics, fits("5 ×3")) == "#5"

@@ -228,19 +228,24 @@ class BlockItem(QGraphicsItem):
             painter.setPen(QColor(theme.window))
             painter.drawText(badge, Qt.AlignmentFlag.AlignCenter, text)
 
+    def compact_label(self, metrics, width: float) -> str:
+        """A small tile's label, the first of these that fits ``width``: "#5 ×3", "5 ×3",
+        "#5", "5" (none: ""). The sharing goes last: a pool of small tiles showed no
+        sharing at all where "#" alone had taken the room of "×3"."""
+        shared = [f"#{self.block_id} ×{self.ref_count}", f"{self.block_id} ×{self.ref_count}"]
+        for text in [*(shared if self.ref_count > 1 else []), f"#{self.block_id}", str(self.block_id)]:
+            if metrics.horizontalAdvance(text) <= width:
+                return text
+        return ""
+
     def _paint_compact_id(self, painter: QPainter, theme: Theme, detail: float) -> None:
         """The block id over the upper part of a small tile, in a font sized to stay about
-        9 px tall on screen; "#" and the ref-count badge go first when they do not fit."""
+        9 px tall on screen (see :meth:`compact_label`)."""
         font, metrics = self.view.sized_font(label_pixel_size(detail, compact=True))
         painter.setFont(font)
         painter.setPen(QColor(theme.text if self.ref_count else theme.muted))
         area = QRectF(2, 0, BLOCK_W - 4, BLOCK_H * 0.62)
-        text = f"#{self.block_id}"
-        if self.ref_count > 1 and metrics.horizontalAdvance(f"{text} ×{self.ref_count}") <= area.width():
-            text = f"{text} ×{self.ref_count}"
-        elif metrics.horizontalAdvance(text) > area.width():
-            text = str(self.block_id)
-        if metrics.horizontalAdvance(text) <= area.width():
+        if text := self.compact_label(metrics, area.width()):
             painter.drawText(area, Qt.AlignmentFlag.AlignCenter, text)
 
     def mousePressEvent(self, event) -> None:
