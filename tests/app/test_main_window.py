@@ -925,3 +925,13 @@ def test_the_step_logs_long_lines_end_in_an_ellipsis_not_behind_a_scroll_bar(win
     window.step_log_dock.show()
     log.catch_up()
     assert log.count() and log.item(0).toolTip() == log.item(0).text()  # the whole line, on hover
+
+
+def test_on_a_large_screen_the_check_panel_shows_all_of_itself_without_scrolling(make_window, qtbot):
+    # (the plots' own size hint made the panel taller than a 1080-px dock: it scrolled)
+    window = window_at(make_window, qtbot, "default", (1920, 1080), 5)
+    window.check_fold.open()
+    qtbot.wait(100)
+    scroll = window.kernel_panel.scroll
+    assert scroll.verticalScrollBar().maximum() == 0
+    assert scroll.widget().height() <= scroll.viewport().height()

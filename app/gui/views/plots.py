@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QPushButton,
     QScrollArea,
+    QSizePolicy,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -266,6 +267,8 @@ class KernelPanel(QWidget):
         # Two plots need room: below the fold they scroll rather than squash to nothing.
         self.plots.setMinimumHeight(300)
         self.plots.setMinimumWidth(260)
+        # (their own size hint, 480 px, made the panel taller than a 1080-px dock: scrolled)
+        self.plots.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Ignored)
         layout.addWidget(self.plots, 1)
         self.scroll = QScrollArea()
         self.scroll.setWidgetResizable(True)
