@@ -46,7 +46,7 @@ def memory_only(scenario: Scenario) -> tuple[Scenario, str]:
         scenario.notes,
     )
     note = (
-        f"{model} stood in for by the synthetic model (the studies compute no K/V): the same prompts and "
+        f"{model} is played by the synthetic model here (the studies compute no K/V): the same prompts and "
         "lengths, other generated tokens, no end-of-sequence stops"
     )
     return stand_in, note

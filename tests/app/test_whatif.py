@@ -165,6 +165,8 @@ def test_latency_panel_shows_a_v1_scenario_on_the_h200(toy, qtbot):
     assert all(t > 0 for t in ttfts)
     assert "tokens/s" in panel.figures.text() and "TTFT" in panel.figures.text()
     assert "H200" in panel.summary.full_text and "24 blocks of 4 tokens" in panel.summary.full_text
+    # (the scheduler's steps, not the timeline's: "15 steps" read as a miscount of a 16-step scenario)
+    assert f"finished in {study.steps} scheduler steps" in panel.summary.full_text
     # Another GPU: the shown result follows it, slower on an A100's bandwidth.
     with qtbot.waitSignal(window.controller.latencyReady, timeout=30_000) as slower:
         panel.gpu_box.setCurrentIndex(panel.gpu_box.findData("a100-40gb"))
@@ -252,7 +254,7 @@ def test_latency_of_a_shipped_v1_scenario_on_the_h200(make_window, qtbot):
     assert panel.table.rowCount() == len(study.requests) > 0
     assert "TTFT" in panel.figures.text() and "H200" in panel.summary.full_text
     if window.frame.config.model != "synthetic":  # replayed on the synthetic model in its place, and said
-        assert "stood in for by the synthetic model" in panel.summary.full_text
+        assert "is played by the synthetic model here" in panel.summary.full_text
 
 
 def test_the_latency_panel_shows_a_v1_requests_samples_as_one_row(make_window, qtbot):

@@ -141,10 +141,10 @@ def test_latency_and_sweep_run_a_real_models_scenario_on_the_synthetic_model_and
     """As the README shows them: a shipped scenario on SmolLM2, replayed memory only."""
     assert main(["latency", "preemption_recompute", "--model-shape", "llama-3-8b", "--gpu", "h200"]) == 0
     out, err = capsys.readouterr()
-    assert "smollm2-135m stood in for by the synthetic model" in err and "r1 " in out
+    assert "smollm2-135m is played by the synthetic model here" in err and "r1 " in out
     assert main(["sweep", "preemption_recompute", "--set", "block_size=4,8"]) == 0
     out, err = capsys.readouterr()
-    assert "cannot run" not in out and "stood in for" in err
+    assert "cannot run" not in out and "played by the synthetic model" in err
 
 
 def test_json_with_no_finished_request_is_strict_json(tmp_path, capsys):

@@ -85,7 +85,7 @@ def test_a_real_models_scenario_is_replayed_on_the_synthetic_model_and_says_so()
     with pytest.raises(InvalidStudyError, match="real model needs its K/V"):
         replay_scenario(real)  # what the stand-in is for
     stand_in, note = memory_only(real)
-    assert stand_in.config.model == "synthetic" and note.startswith("smollm2-135m stood in for")
+    assert stand_in.config.model == "synthetic" and note.startswith("smollm2-135m is played by the synthetic model")
     assert stand_in.config.num_blocks == 16 and stand_in.config.block_size == 4
     prompts = [op.prompt for op in stand_in.operations if isinstance(op, Submit)]
     assert prompts[0][3] == prompts[1][3] == 40000 % VOCAB_SIZE  # equal ids stay equal

@@ -214,8 +214,8 @@ class LatencyPanel(QWidget):
                 "requests; try Preemption by recompute or any scenario with submit steps"
             )
         else:
-            text = f"{where} · {s.requests} of {len(result.requests)} requests finished in {result.steps} steps, "
-            text += f"{s.seconds * 1e3:.2f} ms simulated"
+            text = f"{where} · {s.requests} of {len(result.requests)} requests finished in "
+            text += f"{result.steps} scheduler steps, {s.seconds * 1e3:.2f} ms simulated"
         warn = bool(result.stalled)
         if result.stalled:
             text += f" · STALLED: {result.stalled}"
