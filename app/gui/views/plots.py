@@ -87,6 +87,7 @@ class Plot(pg.PlotItem):
         ] = {}  # side -> (the whole text, then shorter ones; colour)
         self.shown_side_labels: dict[str, str] = {}  # side -> the part shown ("" for none)
         self.title_choices: tuple[tuple[str, ...], dict] | None = None  # (longest first, setTitle's args)
+        self._title_widths: list[float] = []  # each choice's width as drawn, measured once
         # PlotItem's own title (hidden from here on) moves to the empty corner cell, at no size
         # (taken out of the layout alone, it crashed at exit): this one takes its place.
         grid = QGraphicsWidget.layout(self)
@@ -124,16 +125,22 @@ class Plot(pg.PlotItem):
         """The first of ``choices`` (longest first) that fits the plot's width as its title:
         a centred title wider than a narrow dock was cut at both ends ("ores · running max")."""
         self.title_choices = (choices, args)
+        self._title_widths = []
+        for text in choices:  # (measured as drawn: the title item's own rich text and font)
+            self.setTitle(text, **args)
+            self._title_widths.append(self.title_item.item.boundingRect().width())
         self.fit_title()
 
     def fit_title(self) -> None:
+        """On a resize: the longest choice that fits, set only when it changes (a new title
+        lays the plot out again)."""
         if self.title_choices is None or self.title_item is None:
             return
         choices, args = self.title_choices
-        for text in choices:
+        room = self.width() - 4
+        text = next((t for t, w in zip(choices, self._title_widths, strict=True) if w <= room), choices[-1])
+        if self.title_item.text != text:
             self.setTitle(text, **args)
-            if self.title_item.item.boundingRect().width() <= self.width() - 4:
-                return
 
     def fit_side_labels(self, *_) -> None:
         self.fit_title()
@@ -147,6 +154,16 @@ class Plot(pg.PlotItem):
                 self.setLabel(side, fitting, color=color)
             else:
                 self.setLabel(side, None)
+
+
+def vertical_scroll(widget: QWidget) -> QScrollArea:
+    """``widget`` in a frameless scroll area that scrolls up and down only, fitted to its width."""
+    scroll = QScrollArea()
+    scroll.setWidgetResizable(True)
+    scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+    scroll.setFrameShape(QFrame.Shape.NoFrame)
+    scroll.setWidget(widget)
+    return scroll
 
 
 def add_plot(view: pg.GraphicsLayoutWidget, row: int, col: int) -> Plot:
@@ -270,11 +287,7 @@ class KernelPanel(QWidget):
         # (their own size hint, 480 px, made the panel taller than a 1080-px dock: scrolled)
         self.plots.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Ignored)
         layout.addWidget(self.plots, 1)
-        self.scroll = QScrollArea()
-        self.scroll.setWidgetResizable(True)
-        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.scroll.setFrameShape(QFrame.Shape.NoFrame)
-        self.scroll.setWidget(content)
+        self.scroll = vertical_scroll(content)
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
         outer.addWidget(self.scroll)

@@ -17,6 +17,7 @@ from pagesim.app.gui.views.plots import (
     _key,
     _style_plot,
     set_side_label,
+    vertical_scroll,
 )
 from pagesim.core.view_model import Frame
 from pagesim.core.walkthrough import KERNEL_CHOICES, WalkThrough
@@ -24,11 +25,9 @@ from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QDockWidget,
-    QFrame,
     QHBoxLayout,
     QLabel,
     QPushButton,
-    QScrollArea,
     QSizePolicy,
     QSlider,
     QSpinBox,
@@ -199,11 +198,7 @@ class WalkThroughPanel(QWidget):
         plots_layout.setContentsMargins(0, 0, 0, 0)
         plots_layout.addWidget(self.score_plot, 3)
         plots_layout.addWidget(self.lane_plot, 2)
-        self.plots_scroll = QScrollArea()
-        self.plots_scroll.setWidgetResizable(True)
-        self.plots_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.plots_scroll.setFrameShape(QFrame.Shape.NoFrame)
-        self.plots_scroll.setWidget(plots)
+        self.plots_scroll = vertical_scroll(plots)
         layout.addWidget(self.plots_scroll, 1)
         self._show_kernel_controls()
         self.set_theme(theme)
