@@ -245,7 +245,11 @@ def simulate(
             never = sum(max(0, r[2] - f) for r, f in zip(running, finals, strict=True))
             held = sum(r[2] for r in running)
             free_total = pool_slots - held
-            blocked = bool(waiting) and reservation(allocator, waiting[0], max_len) <= free_total
+            # The head waits on holes only when the batch has room (a full batch is the limit, not
+            # memory) and the free memory as a whole would hold it: admission found no hole for it.
+            blocked = (
+                bool(waiting) and len(running) < max_batch and reservation(allocator, waiting[0], max_len) <= free_total
+            )
             parts = {
                 "token_states": tokens,
                 "reservation": future,

@@ -65,3 +65,27 @@ def test_the_split_sums_to_the_pool_and_each_allocator_wastes_its_own_way():
 def test_unknown_allocator_is_refused():
     with pytest.raises(ValueError, match="unknown allocator"):
         simulate("buddy", [], 16)
+
+
+def test_a_full_batch_is_not_external_fragmentation():
+    # Short requests, many at once: the batch cap of 4 binds long before the pool does, so
+    # the free memory is free, not cut into holes the head of the queue could not use.
+    workload = [RequestSpec(f"r{i}", 0.0, prompt_len=8, output_len=8) for i in range(40)]
+    for allocator in ("orca-oracle", "orca-pow2"):
+        report = simulate(allocator, workload, 4096, max_len=64, max_batch=4, keep_steps=True)
+        assert report.loaded_steps > 0 and report.peak_batch == 4
+        assert all(step["external_fragmentation"] == 0 for step in report.per_step)
+        assert report.shares["free"] > 0.9
+
+
+def test_holes_too_small_for_the_head_are_external_fragmentation():
+    # r0 and r2 (short) hold the pool's two ends around r1; once they finish, 40 slots are
+    # free in two holes of 20 while the 30-slot head waits.
+    workload = [
+        RequestSpec("r0", 0.0, prompt_len=19, output_len=1),
+        RequestSpec("r1", 0.0, prompt_len=30, output_len=30),
+        RequestSpec("r2", 0.0, prompt_len=19, output_len=1),
+        RequestSpec("r3", 0.0, prompt_len=29, output_len=1),
+    ]
+    report = simulate("orca-oracle", workload, 100, max_len=60, block_size=4, keep_steps=True)
+    assert report.per_step[1]["external_fragmentation"] == 40 and report.per_step[1]["free"] == 0
