@@ -213,23 +213,31 @@ def cmd_latency(args: argparse.Namespace, write_output: Writer) -> int:
             if r.finished is not None and r.first_token is not None and r.output_tokens > 1
             else math.nan
         )
-        state = "  rejected" if r.rejected else ""
+        state = "  aborted" if r.aborted else "  rejected" if r.rejected else ""
         # (n samples each write this many: the throughput counts them all)
         outputs = f"{r.output_tokens} × {r.samples}" if r.samples > 1 else f"{r.output_tokens}"
         print(f"{r.request:<14}{_ms(queue):>10}{_ms(ttft):>10}{_ms(tpot):>10}{outputs:>9}{state}", file=out)
     if len(records) > 40:
         print(f"… and {len(records) - 40} more requests", file=out)
-    rejected = sum(r.rejected for r in records)
+    rejected = sum(r.rejected and not r.aborted for r in records)
+    aborted = sum(r.aborted for r in records)
     not_done = f" · {rejected} rejected (never fit the pool or max_model_len)" if rejected else ""
+    if aborted:
+        not_done += f" · {aborted} aborted (outgrew the pool after running)"
     if result.unfinished:
         not_done += f" · {result.unfinished} unfinished"
     print(
         f"{summary.requests} finished{not_done} in {result.iterations} steps, {summary.seconds:.3f} s · mean queue "
         f"{_ms(summary.queue['mean'])} ms · TTFT {_ms(summary.ttft['mean'])} ms (p99 {_ms(summary.ttft['p99'])}) · "
         f"TPOT {_ms(summary.tpot['mean'])} ms (p99 {_ms(summary.tpot['p99'])}) · "
-        f"{'—' if math.isnan(summary.throughput) else f'{summary.throughput:.0f}'} tokens/s",
+        f"{'—' if math.isnan(summary.throughput) else f'{summary.throughput:.0f}'} tokens/s of finished requests",
         file=out,
     )
+    if summary.discarded_tokens:
+        print(
+            f"not counted: {summary.discarded_tokens} output tokens of requests that never finished",
+            file=out,
+        )
     if result.stalled:
         print(f"STALLED: {result.stalled}", file=out)
     if args.json is not None:

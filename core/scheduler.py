@@ -73,6 +73,7 @@ class RequestState:
     beam_scores: dict[str, float] = field(default_factory=dict)
     next_tokens: dict[str, int] | None = None
     hypotheses: list = field(default_factory=list)
+    rejection: str | None = None  # why it was refused, once it is (at submission, or aborted)
 
     @property
     def num_seqs(self) -> int:
@@ -593,7 +594,7 @@ class Scheduler:
             self._swap_in()  # the finished freed blocks: a swapped group returns in this step
 
     def _reject(self, state: RequestState, reason: str) -> None:
-        state.status = RequestStatus.REJECTED
+        state.status, state.rejection = RequestStatus.REJECTED, reason
         self.stats.rejected += 1
         self.events.add(ev.RequestRejected, state.request, reason)
 

@@ -53,6 +53,7 @@ class RequestV1:
     output: tuple[int, ...] | None = None  # prescribed samples (a replayed trace); None: the model's
     sampling: SamplingParams | None = None  # how a real model draws its tokens (child i: index i)
     block_hashes: list[int] = field(default_factory=list)  # of its tokens' full blocks, as found
+    rejection: str | None = None  # why it was refused, once it is
     last_len: int = field(init=False)  # its length when it samples its last token
 
     def __post_init__(self) -> None:
@@ -475,7 +476,7 @@ class SchedulerV1:
         self.events.add(ev.RequestPreempted, request, "recompute", (request,), held, lost, 0.0, cached)
 
     def _reject(self, state: RequestV1, reason: str) -> None:
-        state.status = REJECTED
+        state.status, state.rejection = REJECTED, reason
         self.stats.rejected += 1
         self.events.add(ev.RequestRejected, state.request, reason)
 

@@ -97,7 +97,8 @@ class RequestRecord:
     samples: int = 1  # sequences writing them side by side: v0's parallel samples (n)
     preemptions: int = 0
     rejected: bool = False
-    rejection: str | None = None  # why, when it was refused as it was submitted
+    rejection: str | None = None  # why it was refused: as it was submitted, or after it ran (aborted)
+    aborted: bool = False  # refused after it ran (v0: it outgrew the pool): its outputs are thrown away
     outputs: int | None = None  # every sample's output tokens together, where they differ (None: the product)
 
     @property
@@ -276,6 +277,9 @@ class Replay:
         for name, record in result.requests.items():
             st = s.requests[name]
             record.rejected = st.status == "rejected"
+            if record.rejected:
+                record.rejection = record.rejection or st.rejection
+                record.aborted = record.admitted is not None
             record.preemptions = st.preemptions
             record.output_tokens = st.num_outputs if self.v1 else st.generated
             if not self.v1 and not st.beam_width:  # (v1 runs the samples as child requests; beams return one text)
@@ -317,6 +321,7 @@ def _parents(records: dict[str, RequestRecord]) -> dict[str, RequestRecord]:
             preemptions=sum(c.preemptions for c in children),
             rejected=all(c.rejected for c in children),
             rejection=children[0].rejection,
+            aborted=any(c.aborted for c in children),
         )
     return out
 

@@ -36,7 +36,7 @@ class RequestLatency:
     tpot: float  # (finish − first token) / (outputs − 1)
     output_tokens: int  # per sample
     preemptions: int
-    state: str  # "finished", "rejected" or "unfinished"
+    state: str  # "finished", "rejected" (at submission), "aborted" (after it ran) or "unfinished"
     samples: int = 1  # n parallel samples, each writing output_tokens
 
 
@@ -47,7 +47,15 @@ def request_latencies(result: ReplayResult) -> tuple[RequestLatency, ...]:
         ttft = math.nan if r.first_token is None else r.first_token - r.arrival
         timed = r.finished is not None and r.first_token is not None and r.output_tokens > 1
         tpot = (r.finished - r.first_token) / (r.output_tokens - 1) if timed else math.nan
-        state = "rejected" if r.rejected else "finished" if r.finished is not None else "unfinished"
+        state = (
+            "aborted"
+            if r.aborted
+            else "rejected"
+            if r.rejected
+            else "finished"
+            if r.finished is not None
+            else "unfinished"
+        )
         rows.append(RequestLatency(r.request, queue, ttft, tpot, r.output_tokens, r.preemptions, state, r.samples))
     return tuple(rows)
 

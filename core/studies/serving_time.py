@@ -303,8 +303,9 @@ class LatencySummary:
     tpot: dict[str, float]
     normalized: dict[str, float]  # (finish − arrival) / output tokens: the vLLM paper's s/token
     seconds: float  # the whole run
-    output_tokens: int
-    throughput: float  # output tokens per second of the run
+    output_tokens: int  # of the finished requests (each parallel sample's)
+    throughput: float  # those output tokens per second of the run
+    discarded_tokens: int = 0  # output tokens of requests that never finished (aborted, or cut off)
 
     def as_dict(self) -> dict:
         return {
@@ -316,6 +317,7 @@ class LatencySummary:
             "seconds": self.seconds,
             "output_tokens": self.output_tokens,
             "throughput_tokens_per_s": self.throughput,
+            "discarded_output_tokens": self.discarded_tokens,
         }
 
 
@@ -330,14 +332,16 @@ def _stats(values: list[float]) -> dict[str, float]:
 def latency(result: ReplayResult) -> LatencySummary:
     """Queue time (arrival to first admission), TTFT (arrival to the end of the iteration that
     produced the first output token), TPOT ((finish − first token) / (outputs − 1)) over the
-    finished requests; throughput = every output token produced (each parallel sample's) / the
-    run's seconds."""
+    finished requests; throughput = the finished requests' output tokens (each parallel
+    sample's) / the run's seconds. Tokens of a request that never finished (aborted after it
+    ran, or still running when the replay stopped) are counted apart, not as throughput."""
     done = [r for r in result.requests.values() if r.finished is not None and r.first_token is not None]
     queue = [r.admitted - r.arrival for r in done if r.admitted is not None]
     ttft = [r.first_token - r.arrival for r in done]
     tpot = [(r.finished - r.first_token) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
     normalized = [(r.finished - r.arrival) / r.output_tokens for r in done if r.output_tokens]
-    outputs = sum(r.total_outputs for r in result.requests.values())
+    outputs = sum(r.total_outputs for r in done)
+    discarded = sum(r.total_outputs for r in result.requests.values()) - outputs
     seconds = result.clock
     return LatencySummary(
         len(done),
@@ -348,4 +352,5 @@ def latency(result: ReplayResult) -> LatencySummary:
         seconds,
         outputs,
         outputs / seconds if seconds > 0 else math.nan,
+        discarded,
     )

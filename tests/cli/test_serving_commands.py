@@ -296,3 +296,20 @@ def test_v0_and_v1_variants_count_the_same_requests(capsys):
     assert main(["sweep", "preemption_recompute", "--set", "scheduler=v1", "--json", "-"]) == 0
     variants = json.loads(capsys.readouterr().out)["variants"]
     assert [v["finished"] for v in variants] == [3, 3]
+
+
+def test_latency_tells_aborted_requests_from_rejected_ones_and_leaves_their_tokens_out(tmp_path, capsys):
+    """A 20-block pool: v0 admits ShareGPT requests whose outputs then outgrow it; they were
+    listed as "rejected (never fit …)" and their tokens counted as throughput."""
+    report = tmp_path / "l.json"
+    argv = ["latency", "--workload", "sharegpt", "--requests", "20", "--blocks", "20"]
+    assert main([*argv, "--model-shape", "llama-3-8b", "--gpu", "h200", "--json", str(report)]) == 0
+    out = capsys.readouterr().out
+    doc = json.loads(report.read_text())
+    aborted = [r for r in doc["requests"] if r["aborted"]]
+    finished = [r for r in doc["requests"] if r["finished"] is not None]
+    assert aborted and all(r["rejected"] and r["admitted"] is not None for r in aborted)
+    assert f"{len(aborted)} aborted (outgrew the pool after running)" in out
+    assert doc["summary"]["output_tokens"] == sum(r["output_tokens"] * r["samples"] for r in finished)
+    assert doc["summary"]["discarded_output_tokens"] >= sum(r["output_tokens"] for r in aborted) > 0
+    assert f"not counted: {doc['summary']['discarded_output_tokens']} output tokens" in out

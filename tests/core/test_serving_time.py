@@ -157,3 +157,17 @@ def test_latency_of_nothing_finished_is_nan_not_an_error():
     config = CacheConfig(num_blocks=16, block_size=4, num_heads=1, head_dim=8)
     summary = latency(replay_scenario(_scenario(config)))
     assert summary.requests == 0 and math.isnan(summary.ttft["mean"]) and math.isnan(summary.throughput)
+
+
+def test_a_v0_request_aborted_after_running_counts_apart_from_the_throughput():
+    # b's prompt fits, so v0 admits it; its output outgrows the whole pool and it is aborted.
+    config = CacheConfig(num_blocks=4, block_size=4, num_heads=1, head_dim=8, max_num_seqs=1, watermark=0.0)
+    scenario = _scenario(config, Submit("a", 3, 4), Submit("b", 30, 4), Schedule(60))
+    result = replay_scenario(scenario, seconds=one_second_a_step)
+    a, b = result.requests["a"], result.requests["b"]
+    assert a.finished is not None and not a.rejected
+    assert b.rejected and b.aborted and b.admitted is not None and b.output_tokens > 0
+    assert "grew past what the pool can hold" in b.rejection
+    summary = latency(result)
+    assert summary.output_tokens == 3 and summary.discarded_tokens == b.output_tokens
+    assert summary.throughput == pytest.approx(3 / result.clock)

@@ -26,7 +26,11 @@ from PySide6.QtWidgets import (
 
 COLUMNS = (
     ("request", "The request's name in the scenario (n parallel samples of one request are one row)"),
-    ("state", "finished, rejected (longer than the pool or max_model_len) or unfinished (the scheduler stalled)"),
+    (
+        "state",
+        "finished, rejected (longer than the pool or max_model_len), aborted (v0: outgrew the pool after it ran; "
+        "its tokens are not counted) or unfinished (the scheduler stalled)",
+    ),
     ("queue ms", "Arrival to first admission"),
     ("TTFT ms", "Time to first token: arrival to the end of the step that produced it"),
     ("TPOT ms", "Time per output token after the first: (finish − first token) / (outputs − 1)"),
