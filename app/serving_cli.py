@@ -16,6 +16,7 @@ from pagesim.app.options import json_text, writable_problem
 from pagesim.app.sweep_plot import render_png
 from pagesim.core.config import CacheConfig
 from pagesim.core.errors import InvalidStudyError
+from pagesim.core.operations import Submit
 from pagesim.core.scenario import load_scenario
 from pagesim.core.studies.replay import replay_scenario, replay_workload
 from pagesim.core.studies.serving_time import (
@@ -120,7 +121,9 @@ def _source(args, hardware: Hardware | None) -> Source:
     given = [name for name in WORKLOAD_DEFAULTS if getattr(args, name) is not None]
     if args.workload is None and given:  # (the scenario says these itself)
         flags = ", ".join("--" + name.replace("_", "-") for name in given)
-        raise InvalidStudyError(f"{flags} shape a --workload; a scenario has its own (edit it, or use --set)")
+        verb = "shapes" if len(given) == 1 else "shape"
+        change = "edit it, or use --set" if hasattr(args, "settings") else "edit it"  # (only sweep has --set)
+        raise InvalidStudyError(f"{flags} {verb} a --workload; a scenario has its own ({change})")
     for name, default in WORKLOAD_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
@@ -129,6 +132,12 @@ def _source(args, hardware: Hardware | None) -> Source:
         scenario, note = memory_only(load_scenario(args.scenario or "default"))
         if note:
             print(f"note: {note}", file=sys.stderr)
+        if not any(isinstance(op, Submit) for op in scenario.operations):
+            print(
+                f"note: {scenario.name} submits no requests (its sequences are added by hand): no request is timed, "
+                "and the scheduler's settings (scheduler, max_num_seqs, max_num_batched_tokens) do not reach them",
+                file=sys.stderr,
+            )
         config = scenario.config
         if args.blocks is not None:
             _check_fits(args.blocks, config.block_size, hardware, "--blocks")
@@ -256,22 +265,27 @@ def cmd_latency(args: argparse.Namespace, write_output: Writer) -> int:
 
 def format_table(result: SweepResult) -> list[str]:
     timed = result.hardware is not None
-    head = f"{'variant':<44}{'status':>11}{'steps':>7}{'peak':>6}{'preempt':>8}{'prefix hit':>11}{'done':>6}"
+    # The variant column is as wide as its longest label: a cut one could hide the very
+    # value that tells two rows apart.
+    width = max([len("variant"), *(len(v.label) for v in result.variants)]) + 2
+    head = f"{'variant':<{width}}{'status':>11}{'steps':>7}{'peak':>6}{'preempt':>8}{'prefix hit':>11}{'done':>6}"
     if timed:
         head += f"{'TTFT ms':>9}{'TPOT ms':>9}{'s/token':>9}{'tok/s':>8}"
     lines = [head]
     base = result.original
     for v in result.variants:
-        name = v.label if len(v.label) <= 43 else v.label[:42] + "…"
+        name = v.label
         if not v.ran:
-            lines.append(f"{name:<44}{'cannot run':>11}  {v.reason}")
+            lines.append(f"{name:<{width}}{'cannot run':>11}  {v.reason}")
             continue
-        line = f"{name:<44}{v.status:>11}{v.steps:>7}{v.peak_blocks:>6}{v.preemptions:>8}"
+        line = f"{name:<{width}}{v.status:>11}{v.steps:>7}{v.peak_blocks:>6}{v.preemptions:>8}"
         line += f"{v.prefix_hit_rate:>11.1%}{v.finished:>6}"
         if timed and v.latency is not None:
             lat = v.latency
             line += f"{_ms(lat.ttft['mean']):>9}{_ms(lat.tpot['mean']):>9}"
-            line += f"{lat.normalized['mean']:>9.4f}{lat.throughput:>8.0f}"
+            normalized, throughput = lat.normalized["mean"], lat.throughput
+            line += f"{'—' if math.isnan(normalized) else f'{normalized:.4f}':>9}"
+            line += f"{'—' if math.isnan(throughput) else f'{throughput:.0f}':>8}"
         if v is not base and base.ran and base.steps:
             line += f"  steps {v.steps / base.steps - 1:+.0%}"
         if v.status in ("stalled", "unfinished", "rejected"):
@@ -286,7 +300,8 @@ def to_csv(result: SweepResult) -> str:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=names, lineterminator="\n")
     writer.writeheader()
-    writer.writerows(rows)
+    # (a figure with nothing to average, NaN in the JSON's null, is an empty cell: "nan" is no number)
+    writer.writerows({k: "" if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()} for row in rows)
     return buffer.getvalue()
 
 

@@ -70,6 +70,8 @@ def generate(
         raise InvalidStudyError(f"rate must be a positive, finite number of arrivals per second; got {rate!r}")
     if not is_count(max_len):
         raise InvalidStudyError(f"max_len must be a positive integer; got {max_len!r}")
+    if not is_count(seed, 0):  # (random.Random takes a negative seed's absolute value: -3 would be 3)
+        raise InvalidStudyError(f"the seed must be a non-negative integer; got {seed!r}")
     if distribution not in DISTRIBUTIONS:
         raise InvalidStudyError(
             f"unknown length distribution {distribution!r}; expected one of {', '.join(DISTRIBUTIONS)}"

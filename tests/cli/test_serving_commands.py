@@ -168,9 +168,22 @@ def test_a_plot_named_other_than_png_is_refused_before_running(tmp_path, capsys)
 def test_a_workload_flag_given_with_a_scenario_is_refused_not_ignored(capsys):
     argv = ["latency", token_model("seed_demo"), "--block-size", "8", "--model-shape", "llama-3-8b", "--gpu", "h200"]
     assert main(argv) == 2
-    assert "--block-size shape a --workload; a scenario has its own" in capsys.readouterr().err
+    # (latency has no --set: its message does not offer one)
+    assert "--block-size shapes a --workload; a scenario has its own (edit it)" in capsys.readouterr().err
     assert main(["sweep", token_model("seed_demo"), "--requests", "5", "--set", "block_size=8"]) == 2
-    assert "--requests shape a --workload" in capsys.readouterr().err
+    assert "--requests shapes a --workload; a scenario has its own (edit it, or use --set)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["latency", "sweep", "waste"])
+def test_a_negative_seed_is_refused_not_taken_as_its_absolute_value(command, capsys):
+    """random.Random(-3) draws what random.Random(3) does: --seed -3 repeated seed 3's workload."""
+    argv = [command, "--workload", "alpaca", "--requests", "5", "--seed", "-3"]
+    if command == "sweep":
+        argv += ["--set", "block_size=8,16"]
+    if command == "latency":
+        argv += ["--model-shape", "llama-3-8b", "--gpu", "h200"]
+    assert main(argv) == 2
+    assert "the seed must be a non-negative integer; got -3" in _one_line_error(capsys.readouterr().err)
 
 
 def test_latency_says_which_requests_were_rejected(capsys):
@@ -313,3 +326,29 @@ def test_latency_tells_aborted_requests_from_rejected_ones_and_leaves_their_toke
     assert doc["summary"]["output_tokens"] == sum(r["output_tokens"] * r["samples"] for r in finished)
     assert doc["summary"]["discarded_output_tokens"] >= sum(r["output_tokens"] for r in aborted) > 0
     assert f"not counted: {doc['summary']['discarded_output_tokens']} output tokens" in out
+
+
+def test_a_sweep_of_a_scenario_without_requests_says_so_and_prints_no_nan(tmp_path, capsys):
+    """shared_system_prompt adds its sequences by hand: every row read 'ok … 0 … nan' and the
+    scheduler knob changed nothing, unexplained; the CSV held 'nan'."""
+    table = tmp_path / "s.csv"
+    argv = ["sweep", token_model("shared_system_prompt"), "--set", "scheduler=v0,v1", "--csv", str(table)]
+    assert main([*argv, "--model-shape", "llama-3-8b", "--gpu", "h200"]) == 0
+    captured = capsys.readouterr()
+    assert "submits no requests (its sequences are added by hand)" in captured.err
+    assert "nan" not in captured.out.lower()
+    rows = list(csv.DictReader(table.read_text().splitlines()))
+    assert rows and all(row["ttft_mean_s"] == "" and row["normalized_latency_s_per_token"] == "" for row in rows)
+
+
+def test_sweep_labels_are_shown_whole_so_rows_stay_apart(capsys):
+    argv = ["sweep", token_model("preemption_recompute"), "--set", "prefix_caching=true,false"]
+    assert main([*argv, "--set", "max_num_seqs=2,3,4", "--set", "watermark=0.0,0.01"]) == 0
+    out = capsys.readouterr().out
+    labels = [
+        f"prefix_caching={p} max_num_seqs={n} watermark={w}"
+        for p in ("true",)
+        for n in (2, 3, 4)
+        for w in ("0", "0.01")
+    ]
+    assert all(label in out for label in labels), out
