@@ -23,6 +23,7 @@ from pagesim.core.studies.serving_time import (
     GIB,
     GPUS,
     MODEL_SHAPES,
+    fits_on,
     gpu,
     latency,
     model_shape,
@@ -42,10 +43,16 @@ DEFAULT_WASTE_SLOTS = 32768  # pagesim waste's pool without --slots, --blocks or
 
 
 def _add_hardware(parser: argparse.ArgumentParser) -> None:
+    too_large = [
+        name for name, shape in MODEL_SHAPES.items() if not any(fits_on(shape, spec) for spec in GPUS.values())
+    ]
+    beyond = (
+        f"; {', '.join(too_large)}: more than one GPU's memory, which the studies do not model" if too_large else ""
+    )
     parser.add_argument(
         "--model-shape",
         metavar="SHAPE",
-        help=f"a published model shape ({', '.join(MODEL_SHAPES)}) or a .gguf file's own",
+        help=f"a published model shape ({', '.join(MODEL_SHAPES)}) or a .gguf file's own{beyond}",
     )
     parser.add_argument("--gpu", metavar="GPU", help=f"a GPU preset ({', '.join(GPUS)})")
 
@@ -245,6 +252,13 @@ def cmd_latency(args: argparse.Namespace, write_output: Writer) -> int:
     if summary.discarded_tokens:
         print(
             f"not counted: {summary.discarded_tokens} output tokens of requests that never finished",
+            file=out,
+        )
+    if result.swapped_blocks:
+        # (the roofline's host link, not the scenario's swap_bandwidth_gbs: that one times the engine's own events)
+        print(
+            f"swaps: {result.swapped_blocks} blocks moved over the {spec.name}'s host link "
+            f"({spec.pcie_bandwidth / 1e9:g} GB/s a direction)",
             file=out,
         )
     if result.stalled:

@@ -221,13 +221,20 @@ def shape_from_gguf(path: str) -> ModelShape:
     )
 
 
+def fits_on(shape: ModelShape, spec: GpuSpec, utilization: float = GPU_MEMORY_UTILIZATION) -> bool:
+    """``shape``'s weights leave room for a KV cache on one ``spec``."""
+    return int(spec.memory_bytes * utilization) > shape.weight_bytes
+
+
 def pool_bytes(shape: ModelShape, spec: GpuSpec, utilization: float = GPU_MEMORY_UTILIZATION) -> int:
     """GPU memory left for the KV cache after the weights (vLLM's ``gpu_memory_utilization``)."""
     left = int(spec.memory_bytes * utilization) - shape.weight_bytes
     if left <= 0:
+        usable = spec.memory_bytes * utilization
         raise InvalidStudyError(
-            f"{shape.name}'s weights ({shape.weight_bytes / GIB:.1f} GiB) do not fit in {utilization:.0%} of a "
-            f"{spec.name} ({spec.memory_bytes / GIB:.1f} GiB): nothing is left for the KV cache"
+            f"{shape.name}'s weights ({shape.weight_bytes / GIB:.1f} GiB) do not fit in the {usable / GIB:.1f} GiB "
+            f"that vLLM uses ({utilization:.0%} of the {spec.name}'s {spec.memory_bytes / GIB:.1f} GiB): nothing is "
+            "left for the KV cache (the studies model one GPU, without tensor parallelism)"
         )
     return left
 
