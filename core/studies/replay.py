@@ -28,6 +28,7 @@ from pagesim.core.engine import Simulator
 from pagesim.core.errors import InvalidStudyError, PagesimError
 from pagesim.core.operations import CHILD_SEPARATOR, Add, Grow, Operation, Schedule, Submit
 from pagesim.core.scenario import Scenario
+from pagesim.core.scheduler import shared_prefix_len
 from pagesim.core.studies.workload import RequestSpec
 
 MAX_ITERATIONS = 200_000  # a replay still running after this many iterations stops, unfinished
@@ -142,8 +143,7 @@ class _V0Watch:
         self.prev = []
         for name in names:
             st = s.requests[name]
-            pending = [len(t) for t in st.resume_tokens.values()] if st.resume_tokens else [len(st.prompt)]
-            self.prev.append((name, st.status, st.generated, st.preemptions, pending))
+            self.prev.append((name, st.status, st.generated, st.preemptions, _admission_chunks(st)))
         self.swap_seconds = s.stats.swap_seconds
 
     def after(self, tally: WorkTally, hit_tokens: int, started: list[str], first: list[str], done: list[str]) -> None:
@@ -155,10 +155,10 @@ class _V0Watch:
                 if st.status == "rejected":
                     continue
                 started.append(name)
-                for length in pending:  # the prompt once (forks share it), or each resumed sequence
-                    skip = min(hit_tokens, length)
+                for tokens, context, first in pending:
+                    skip = min(hit_tokens, tokens) if first else 0  # (hits come with the first sequence's add)
                     hit_tokens -= skip
-                    tally.chunk(length - skip, length)
+                    tally.chunk(tokens - skip, context)
             if st.generated > generated:
                 context = len(st.prompt) + st.generated
                 for _ in range(st.beam_width or st.n):
@@ -169,6 +169,18 @@ class _V0Watch:
                     done.append(name)
         seconds = s.stats.swap_seconds - self.swap_seconds
         tally.swapped_blocks += round(seconds * config.swap_bandwidth_gbs * 1e9 / config.block_bytes)
+
+
+def _admission_chunks(state) -> list[tuple[int, int, bool]]:
+    """(tokens computed, context after them, whether prefix hits may cover them) of each
+    sequence a v0 admission computes: the prompt once (forks share it), or, for a group
+    preempted by recompute, its first sequence whole and each other's tokens past those they
+    all share (:func:`~pagesim.core.scheduler.resume_group`: never the prompt once per sample)."""
+    if not state.resume_tokens:
+        return [(len(state.prompt), len(state.prompt), True)]
+    lengths = [len(t) for t in state.resume_tokens.values()]
+    shared = shared_prefix_len(state.resume_tokens.values())
+    return [(lengths[0], lengths[0], True)] + [(n - shared, n, False) for n in lengths[1:] if n > shared]
 
 
 def _v1_iteration(scheduler, tally: WorkTally, started: list[str], first: list[str], done: list[str]) -> None:

@@ -171,3 +171,14 @@ def test_a_v0_request_aborted_after_running_counts_apart_from_the_throughput():
     summary = latency(result)
     assert summary.output_tokens == 3 and summary.discarded_tokens == b.output_tokens
     assert summary.throughput == pytest.approx(3 / result.clock)
+
+
+def test_a_v0_group_recomputed_is_charged_its_prompt_once_not_once_per_sample():
+    """The engine re-prefills a preempted group's shared prompt once and forks it; the time
+    model charged it per sample (2 × 48 tokens where the engine computed 38 + 2 × 10)."""
+    config = CacheConfig(num_blocks=12, block_size=4, num_heads=1, head_dim=8, watermark=0.0, preemption="recompute")
+    scenario = _scenario(config, Submit("a", 12, 10), Submit("g", 12, 10, n=2), Schedule(200))
+    result = replay_scenario(scenario, seconds=one_second_a_step)
+    assert result.preemptions > 0 and result.requests["g"].finished is not None
+    prefilled = sum(w.tokens - w.decode_tokens for w in result.works)
+    assert prefilled == 10 + 10 + result.recomputed_tokens  # each prompt once, then what the engine recomputed
