@@ -31,15 +31,12 @@ TABLE_HEADER = f"{'step':>4}  {'op':<28} {'used':>5} {'free':>5} {'util':>6}  {'
 def format_step(result: StepResult) -> str:
     m = result.metrics
     att = result.attention
-    err, tol, check = (
-        ("-", "-", "no sequences")
-        if att is None
-        else (
-            f"{att.max_abs_error:9.2e}",
-            f"{att.tolerance:7.1e}",
-            "ok" if att.passed else "MISMATCH",
-        )
-    )
+    if att is None or not (att.seq_ids or att.layers is not None):
+        err, tol, check = "-", "-", "no sequences"
+    elif not att.seq_ids:  # the step's forward was checked layer by layer, and then every sequence finished
+        err, tol, check = "-", "-", ("ok" if att.passed else "MISMATCH") + ": its forward (no sequence left)"
+    else:
+        err, tol, check = f"{att.max_abs_error:9.2e}", f"{att.tolerance:7.1e}", "ok" if att.passed else "MISMATCH"
     util = f"{m.utilisation:.1%}" if m.slots_allocated else "–"  # nothing allocated: nothing to be utilised
     return (
         f"{result.step:>4}  {result.op.describe():<28.28} {m.used_blocks:>5} {m.free_blocks:>5} "

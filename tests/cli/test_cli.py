@@ -303,3 +303,30 @@ def test_each_engine_step_of_one_schedule_is_checked(tmp_path, capsys, monkeypat
     assert main(["run", str(path), "--backend", "cpu", "--json", str(report_path)]) == 1
     assert "FAIL: kernel and dense attention differ beyond rounding at steps [2]" in capsys.readouterr().err
     assert json.loads(report_path.read_text())["passed"] is False
+
+
+def test_a_step_that_leaves_no_sequence_is_not_reported_as_a_passed_check(tmp_path, capsys):
+    """After the last sequence is freed the check attends over nothing: no figures, no "ok"."""
+    scenario = tmp_path / "empty.toml"
+    scenario.write_text(
+        'name = "t"\nnum_blocks = 8\nblock_size = 4\nnum_heads = 2\nhead_dim = 8\n'
+        '[[steps]]\nop = "add"\nseq = "a"\ntokens = 5\n[[steps]]\nop = "free"\nseq = "a"\n'
+    )
+    assert main(["run", str(scenario)]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if re.match(r"\s+2\s+free", line))
+    assert row.rstrip().endswith("-  no sequences") and "0.00e+00" not in row
+
+
+def test_a_forward_checked_before_every_sequence_finished_says_so():
+    """A real model's step in which every request finished: its forward was checked layer by
+    layer, then the check after it attended over nothing; the row read '0.00e+00 0.0e+00 ok'."""
+    from types import SimpleNamespace
+
+    from pagesim.app.report import format_step
+
+    metrics = SimpleNamespace(utilisation=0.0, slots_allocated=0, used_blocks=1, free_blocks=15)
+    op = SimpleNamespace(describe=lambda: "schedule ×1")
+    layers_checked = SimpleNamespace(seq_ids=(), layers=object(), passed=True, max_abs_error=0.0, tolerance=0.0)
+    row = format_step(SimpleNamespace(step=23, op=op, metrics=metrics, attention=layers_checked))
+    assert row.endswith("ok: its forward (no sequence left)") and "0.00e+00" not in row
