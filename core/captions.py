@@ -90,6 +90,10 @@ def step_caption(result: StepResult, text_of: Callable[[Sequence[int]], str] | N
         (at[kind][0], kind.summarize(of[kind])) for kind in (ev.SequenceForked, ev.SequenceFreed) if kind in crowded
     ]
     freed: set[str] = set()  # a beam search frees a beam and forks its name anew in one step
+    # v0 brings a group preempted by recompute back as its shared tokens added once (the prompt:
+    # no longer than the sequence's own prompt, so its event cannot tell a return from an arrival).
+    resumed = {seq for e in of.get(ev.RequestAdmitted, []) if e.resumed for seq in e.seqs}
+    added_len = {e.seq: e.num_tokens for e in of.get(ev.SequenceAdded, [])}
     for i, e in in_order:
         if isinstance(e, ev.SequenceFreed):
             freed.add(e.seq)  # (also a finished request's, untold: its name forked anew is still "a new" one)
@@ -100,8 +104,13 @@ def step_caption(result: StepResult, text_of: Callable[[Sequence[int]], str] | N
             shared = sum(1 for s in of.get(ev.BlockShared, []) if s.seq == e.child)
             text += f" ({ev.plural(shared, 'block')}, ref counts up)" if shared else ""
             text = f"a new {text}" if e.child in freed else text
+        back = isinstance(e, ev.SequenceAdded) and e.seq in resumed and e.prompt_len is None
+        if back:
+            text = f"{ev.said(e.seq)} came back with the {ev.plural(e.num_tokens, 'token')} its samples share"
         if isinstance(e, ev.SequenceAdded) and ev.TokenWritten in of:
-            text += _arrival_split(e, [w.token_id for w in of[ev.TokenWritten] if w.seq == e.seq], text_of)
+            # (the add's own tokens: its sequence's own tail, appended next, is told with the writes)
+            own = [w.token_id for w in of[ev.TokenWritten] if w.seq == e.seq and w.position < e.num_tokens]
+            text += _arrival_split(e, own, text_of, back)
         parts.append((i, text))
     # The block sentences sum up what the sequence and request events did to the pool: told
     # after the last of those (a free, then where its blocks went), or first when there are none.
@@ -111,8 +120,8 @@ def step_caption(result: StepResult, text_of: Callable[[Sequence[int]], str] | N
     told_swaps |= {ev.BlockSwappedIn} if ev.RequestSwappedIn in of else set()
     kinds = [kind for kind in _BY_KIND + _SWAPS if of.get(kind) and kind not in told_swaps]
     parts += [(blocks_at, kind.summarize(of[kind])) for kind in kinds]
-    added = {e.seq for e in of.get(ev.SequenceAdded, [])}
-    written = [w for w in of.get(ev.TokenWritten, []) if w.seq not in added]  # a prompt's are told by its arrival
+    # A prompt's writes are told by its arrival; a resumed sequence's own tail after it, as writes.
+    written = [w for w in of.get(ev.TokenWritten, []) if w.position >= added_len.get(w.seq, 0)]
     if written:
         room_unknown = None if copies else {e.seq for e in of[ev.BlockAllocated]}
         # Where the writing began, but after the copies that made room for it.
@@ -124,10 +133,12 @@ def step_caption(result: StepResult, text_of: Callable[[Sequence[int]], str] | N
     return "; ".join(text for _, text in parts) + "."
 
 
-def _arrival_split(e: ev.SequenceAdded, computed: list[int], text_of: Callable[[Sequence[int]], str] | None) -> str:
+def _arrival_split(
+    e: ev.SequenceAdded, computed: list[int], text_of: Callable[[Sequence[int]], str] | None, back: bool = False
+) -> str:
     """What an arrival computed: its tokens less those a prefix-cache hit served, with their
-    text where a tokenizer gives it."""
-    again = e.prompt_len is not None and e.num_tokens > e.prompt_len  # a preempted request's return
+    text where a tokenizer gives it. ``back``: a preempted request's return."""
+    again = back or (e.prompt_len is not None and e.num_tokens > e.prompt_len)
     served = e.num_tokens - len(computed)
     said = quoted(text_of(computed), 60) if text_of is not None and computed else ""
     if served:

@@ -1,5 +1,7 @@
 """A caption for every step, in vLLM's words, and the scenario's own narration (`note`)."""
 
+import re
+
 import pytest
 from pagesim.core.errors import ScenarioError
 from pagesim.core.operations import Add
@@ -225,3 +227,18 @@ def test_a_sequence_named_by_a_number_is_called_a_sequence_not_read_as_a_count(c
     timeline.run_to_end()
     second = timeline.caption(2)
     assert second.startswith("sequence 1 arrived with 7 prompt tokens; sequence 1 took 2 blocks"), second
+
+
+def test_a_v0_group_back_from_recompute_comes_back_and_its_own_tail_is_a_write(cpu_backend):
+    """Its first sequence's own tokens were counted with the shared prompt: "arrived with 38
+    prompt tokens: -10 served by the prefix cache, 48 computed" (no prefix cache at all)."""
+    timeline = Timeline(load_scenario(token_model("preemption_recompute")), cpu_backend)
+    timeline.run_to_end()
+    captions = timeline.captions()
+    back = [c for c in captions if "came back with the" in c]
+    assert back, captions
+    for caption in back:
+        assert "r3/s0 came back with the 10 tokens its samples share, all computed again" in caption
+        assert "arrived" not in caption and "served by the prefix cache" not in caption
+        assert "r3/s0" in caption.split("; r3/s1 forked", 1)[1]  # its own tokens, told as written after the fork
+    assert not any(re.search(r"\s-\d", c) for c in captions)  # no negative count anywhere
