@@ -19,6 +19,7 @@ class StatusReporter:
         self._fresh = True  # no frame of the loaded scenario yet
         self._announced_branch: int | None = None
         self._branch_said = ""  # the branch message shown (cleared when an undo takes the branch away)
+        self._notes_said = ""  # a step's preemption or rejection message shown (cleared at another step)
         self.backend_label = QLabel("backend: starting…")
         self.backend_label.setToolTip("Kernel backend and device (compiled at start-up, off the GUI thread)")
         bar.addPermanentWidget(self.backend_label)
@@ -83,5 +84,11 @@ class StatusReporter:
         if not branched:
             self._branch_said = ""
         self._announced_branch = frame.branch_step
-        if frame.status_notes:  # preemptions and rejections say what they cost
-            self.say(" · ".join(frame.status_notes), 8000)
+        if frame.status_notes:  # preemptions and rejections say what they cost, dated: a step's news
+            said = f"step {frame.position}: " + " · ".join(frame.status_notes)
+            self.say(said, 8000)
+            self._notes_said = said
+        elif self._notes_said and self.bar.currentMessage() == self._notes_said:
+            self.bar.clearMessage()  # another step: the news of the one before would read as its own
+        if not frame.status_notes:
+            self._notes_said = ""

@@ -390,6 +390,12 @@ def test_a_preemption_says_what_it_cost(make_window, qtbot):
         assert frame.position < frame.length, "the scenario should preempt"
     message = window.statusBar().currentMessage()
     assert "preempted by recompute" in message and "computed tokens dropped (computed again on its return)" in message
+    assert message.startswith(f"step {frame.position}: ")
+    # The next step has news of its own, or none: the preemption's message does not stay as if it were its.
+    qtbot.keyClick(window, Qt.Key.Key_Right)
+    after = wait_idle(qtbot, window)
+    if not any(type(e).__name__ == "RequestPreempted" for e in after.events):
+        assert "preempted" not in window.statusBar().currentMessage()
 
 
 def test_bad_files_and_unwritable_paths_are_shown_not_raised(window, qtbot, tmp_path):
