@@ -726,3 +726,8 @@ def test_a_small_shared_tile_keeps_its_ref_count_before_its_hash_sign(make_windo
     assert tile.compact_label(metrics, fits("5")) == "5"
     tile.ref_count = 1
     assert tile.compact_label(metrics, fits("5 ×3")) == "#5"
+    # A two-digit id gives up the space before its count, not the count ("#12" showed no sharing).
+    wide = window.pool_view.items[12]
+    wide.ref_count = 2
+    assert wide.compact_label(metrics, fits("12\u2009×2")) == "12\u2009×2"
+    assert wide.compact_label(metrics, fits("12×2")) == "12×2"

@@ -230,9 +230,11 @@ class BlockItem(QGraphicsItem):
 
     def compact_label(self, metrics, width: float) -> str:
         """A small tile's label, the first of these that fits ``width``: "#5 ×3", "5 ×3",
-        "#5", "5" (none: ""). The sharing goes last: a pool of small tiles showed no
-        sharing at all where "#" alone had taken the room of "×3"."""
-        shared = [f"#{self.block_id} ×{self.ref_count}", f"{self.block_id} ×{self.ref_count}"]
+        "5×3" (a thin space, then none), "#5", "5" (none: ""). The sharing goes last: a pool
+        of small tiles showed no sharing at all where "#" alone had taken the room of "×3",
+        nor on two-digit ids where the space had."""
+        block, refs = self.block_id, self.ref_count
+        shared = [f"#{block} ×{refs}", f"{block} ×{refs}", f"{block}\u2009×{refs}", f"{block}×{refs}"]
         for text in [*(shared if self.ref_count > 1 else []), f"#{self.block_id}", str(self.block_id)]:
             if metrics.horizontalAdvance(text) <= width:
                 return text

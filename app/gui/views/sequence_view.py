@@ -353,7 +353,15 @@ class SequenceView(QTreeWidget):
         return max(1, (visible - 6) // (ENTRY_W + 3))
 
     def max_lines(self, seq_id: str | None) -> int:
-        return MAX_LINES if seq_id is not None and seq_id == self.selected else 1
+        """1, or for the selected sequence up to :data:`MAX_LINES`: as many as leave a line
+        for every other row in sight (a short dock showed the selected row alone, the others
+        scrolled away), and at most half the rows' room where they cannot all be seen anyway."""
+        if seq_id is None or seq_id != self.selected:
+            return 1
+        room = max(1, (self.viewport().height() - 3) // (ENTRY_H + 3))  # lines of boxes in sight
+        others = self.topLevelItemCount() - 1
+        lines = room - others if others < room else room // 2
+        return max(1, min(MAX_LINES, lines))
 
     def entries_shown(self, seq_id: str | None, count: int) -> tuple[int, int]:
         """(boxes per line, entries with a box of their own) of a table of ``count`` entries:
