@@ -8,7 +8,7 @@ import pytest
 from pagesim.app.gui.palette import OKABE_ITO, THEMES, SequenceColours, contrast, readable_on
 from pagesim.core.scenario import load_shipped, parse_scenario
 from PySide6.QtCore import QEvent, QPoint, QPointF, QRect, QRectF, Qt
-from PySide6.QtGui import QColor, QFontMetrics, QHelpEvent
+from PySide6.QtGui import QColor, QFontMetrics, QHelpEvent, QIcon
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QAbstractScrollArea, QApplication, QToolTip
 
@@ -731,3 +731,15 @@ def test_a_small_shared_tile_keeps_its_ref_count_before_its_hash_sign(make_windo
     wide.ref_count = 2
     assert wide.compact_label(metrics, fits("12\u2009×2")) == "12\u2009×2"
     assert wide.compact_label(metrics, fits("12×2")) == "12×2"
+
+
+def test_a_sequence_swatch_keeps_an_edge_on_a_row_selected_in_its_own_colour(make_window, qtbot):
+    # (a dark-blue request's swatch vanished into the dark theme's blue selection)
+    window = make_window("default")
+    view = window.sequence_view
+    seq_id = "A"  # (a name is enough: its colour is the palette's)
+    colour = view.colours(seq_id)
+    image = view._swatch(seq_id).pixmap(12, 12, QIcon.Mode.Selected).toImage()
+    assert image.pixelColor(6, 6).rgb() == QColor(colour).rgb()
+    edge, ring = image.pixelColor(0, 6), image.pixelColor(1, 6)
+    assert edge.lightness() < 80 and ring.lightness() > 180  # dark, then light: an edge on any background

@@ -411,9 +411,17 @@ class SequenceView(QTreeWidget):
         self.entryHovered.emit(seq_id, logical, table[logical], -1)
 
     def _swatch(self, seq_id: str) -> QIcon:
+        """The sequence's colour, ringed dark then light: on a selected row of its own blue (or
+        any other background) the swatch keeps its edge."""
         pixmap = QPixmap(12, 12)
-        pixmap.fill(self.colours(seq_id))
-        return QIcon(pixmap)
+        pixmap.fill(QColor(0, 0, 0, 170))
+        painter = QPainter(pixmap)
+        painter.fillRect(1, 1, 10, 10, QColor(255, 255, 255, 220))
+        painter.fillRect(2, 2, 8, 8, self.colours(seq_id))
+        painter.end()
+        icon = QIcon(pixmap)
+        icon.addPixmap(pixmap, QIcon.Mode.Selected)  # (not the style's tint of it)
+        return icon
 
     def _selection_changed(self) -> None:
         self.scheduleDelayedItemsLayout()  # the selected row's height changes (its table wraps)
