@@ -743,3 +743,23 @@ def test_a_sequence_swatch_keeps_an_edge_on_a_row_selected_in_its_own_colour(mak
     assert image.pixelColor(6, 6).rgb() == QColor(colour).rgb()
     edge, ring = image.pixelColor(0, 6), image.pixelColor(1, 6)
     assert edge.lightness() < 80 and ring.lightness() > 180  # dark, then light: an edge on any background
+
+
+def test_token_labels_under_the_weights_are_thinned_to_the_plots_width(make_window, qtbot):
+    # (at 1920 px a 17-token context's labels ran together: "Onceuponatime,·in·asmall…")
+    window = make_window("default")
+    window.check_fold.open()
+    panel = window.kernel_panel
+    panel._token_labels = [(t, f"tok{t:02}·") for t in range(17)]
+    axis = panel.weights_plot.getAxis("bottom")
+    metrics = QFontMetrics(axis.style.get("tickFont") or axis.font())
+    for width in (240, 900):
+        panel.weights_plot.setFixedWidth(width)
+        QApplication.processEvents()
+        panel._fit_token_labels()
+        first, rest = axis._tickLevels
+        assert sorted(first + rest) == panel._token_labels  # every token keeps its label, on one level or the other
+        span = panel.weights_plot.getViewBox().width() / 17
+        step = first[1][0] - first[0][0] if len(first) > 1 else 17
+        assert step * span >= metrics.horizontalAdvance("tok00·")  # the first level's labels do not overlap
+    assert step == 1 and not rest  # a wide plot labels every token on the first level

@@ -18,7 +18,7 @@ from pagesim.core.studies.workload import DISTRIBUTIONS
 from pagesim.core.token_text import quoted, visible
 from pagesim.core.view_model import Frame
 from PySide6.QtCore import QElapsedTimer, Qt, QTimer
-from PySide6.QtGui import QColor
+from PySide6.QtGui import QColor, QFontMetricsF
 from PySide6.QtWidgets import (
     QComboBox,
     QFrame,
@@ -271,6 +271,7 @@ class KernelPanel(QWidget):
             self.weights_plot.addItem(label)
         self._labelled_top: float | None = None
         self.weights_plot.getViewBox().sigResized.connect(lambda *_: self._fit_weight_range())
+        self.weights_plot.getViewBox().sigResized.connect(lambda *_: self._fit_token_labels())
         # The whole panel scrolls, the verdict and the match per head first: in a short dock
         # (1024 × 700) a scroll area of the two larger plots alone was laid over the lower
         # half of the per-head chart, its head numbers and its 10⁻¹⁰ hidden.
@@ -440,10 +441,25 @@ class KernelPanel(QWidget):
         pieces = self._pieces(focus.seq_id)
         axis = self.weights_plot.getAxis("bottom")
         if pieces is None or focus.context_len > MAX_TEXT_TICKS:
+            self._token_labels = None
             axis.setTicks(None)
             return
-        labels = [(t, visible(pieces[t], TICK_CHARS)) for t in range(min(focus.context_len, len(pieces)))]
-        axis.setTicks([labels])
+        self._token_labels = [(t, visible(pieces[t], TICK_CHARS)) for t in range(min(focus.context_len, len(pieces)))]
+        self._fit_token_labels()
+
+    def _fit_token_labels(self) -> None:
+        """The token labels that fit the axis's width: every k-th on the first tick level, the
+        others on a second one that pyqtgraph leaves out where it would crowd (it always draws
+        the first: at 1920 px a 17-token context's labels ran together). Redone on a resize."""
+        labels = getattr(self, "_token_labels", None)
+        axis = self.weights_plot.getAxis("bottom")
+        if not labels:
+            return
+        metrics = QFontMetricsF(axis.style.get("tickFont") or axis.font())
+        widest = max(metrics.horizontalAdvance(text) for _, text in labels) + 6
+        span = max(1.0, self.weights_plot.getViewBox().width()) / max(1, len(labels))  # px per token
+        every = max(1, math.ceil(widest / span))
+        axis.setTicks([labels[::every], [label for i, label in enumerate(labels) if i % every]])
 
     def _fit_weight_range(self) -> None:
         """Room above the tallest bar for a line of block ids (auto-range ignores text: the
