@@ -133,6 +133,8 @@ def test_the_beam_tree_follows_the_real_search_and_survives_a_step_back(qtbot, s
     assert rect.width() >= canvas.fontMetrics().horizontalAdvance(canvas._label(prompt, tree)) + 8
     rect, _, node = next(b for b in canvas.boxes if b[2].state == PRUNED)
     assert "pruned" in canvas.tooltip_at(rect.center()) and node.text.strip() in canvas.tooltip_at(rect.center())
+    # A vocabulary id is named as one ("token 49" read as a position, as "token N" does elsewhere).
+    assert f"(token id {node.token})" in canvas.tooltip_at(rect.center())
     # A live beam's box selects its sequence (a pruned one's does nothing).
     rect, _, node = next(b for b in canvas.boxes if b[2].state == LIVE and b[2].beam != window.selected_seq)
     QTest.mouseClick(canvas, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, rect.center().toPoint())

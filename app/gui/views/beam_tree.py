@@ -39,7 +39,7 @@ def node_tip(tree: BeamTree, node: BeamNode) -> str:
         else "pruned: no longer among the best; its blocks were freed",
     }.get(node.state, "kept: a live beam or a final hypothesis grew from it (they share its blocks)")
     return (
-        f"Step {node.step}, {node.beam}: token {node.token} “{visible(node.text)}”\n"
+        f"Step {node.step}, {node.beam}: “{visible(node.text)}” (token id {node.token})\n"
         f"cumulative log-probability {node.logprob:.3f}\n{state}\n"
         f"text so far: “{node.continuation}”"
     )
