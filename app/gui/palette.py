@@ -150,6 +150,13 @@ def contrast(a: QColor, b: QColor) -> float:
 LINE_CONTRAST = 3.0  # WCAG's minimum for graphics: a thin line stays visible on the background
 
 
+def ink_on(fill: QColor | str) -> QColor:
+    """Black or white, whichever reads better on ``fill`` (white on a mid orange read at 2:1)."""
+    fill = QColor(fill)
+    black, white = QColor("#000000"), QColor("#ffffff")
+    return black if contrast(black, fill) >= contrast(white, fill) else white
+
+
 def readable_on(colour: QColor, background: str | QColor, minimum: float = LINE_CONTRAST) -> QColor:
     """``colour``, darkened (on a light background) or lightened (on a dark one) just enough
     to stand out from ``background``: yellow lines vanished on the light theme's grey."""

@@ -763,3 +763,13 @@ def test_token_labels_under_the_weights_are_thinned_to_the_plots_width(make_wind
         step = first[1][0] - first[0][0] if len(first) > 1 else 17
         assert step * span >= metrics.horizontalAdvance("tok00·")  # the first level's labels do not overlap
     assert step == 1 and not rest  # a wide plot labels every token on the first level
+
+
+def test_text_on_a_coloured_cell_takes_the_ink_that_reads_best():
+    from pagesim.app.gui.palette import contrast, ink_on
+
+    # (white on the first request's orange read at about 2:1; dark on a dark blue, barely)
+    for fill in ("#e69f00", "#56b4e9", "#009e73", "#0072b2", "#d55e00", "#cc79a7", "#f0e442", "#202020", "#f8f8f8"):
+        ink = ink_on(fill)
+        other = QColor("#ffffff") if ink.rgb() == QColor("#000000").rgb() else QColor("#000000")
+        assert contrast(ink, QColor(fill)) >= contrast(other, QColor(fill)) and contrast(ink, QColor(fill)) >= 4.5

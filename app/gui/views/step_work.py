@@ -6,7 +6,7 @@ Scheduler tab), so this bar says so in one line."""
 
 from __future__ import annotations
 
-from pagesim.app.gui.palette import SequenceColours, Theme
+from pagesim.app.gui.palette import SequenceColours, Theme, ink_on
 from pagesim.app.gui.views.token_budget import segment_widths
 from pagesim.app.gui.views.tooltips import answer_tooltip
 from pagesim.core.step_work import DECODE, SequenceWork, StepWork
@@ -152,7 +152,7 @@ class StepWorkBar(QWidget):
                 painter.setPen(QPen(QColor(theme.block_border), 1))
                 painter.setBrush(colour)
                 painter.drawRect(rect)
-                label, label_colour = f"{work.seq} prefill {work.tokens}", QColor(theme.window)
+                label, label_colour = f"{work.seq} prefill {work.tokens}", ink_on(colour)
                 if metrics.horizontalAdvance(label) > rect.width() - 6:
                     label = str(work.tokens)
             if metrics.horizontalAdvance(label) <= rect.width() - 4:

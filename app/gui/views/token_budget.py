@@ -5,7 +5,7 @@ which chunk of whose prompt it was. A v0 scenario gets a sentence instead: v0 ha
 
 from __future__ import annotations
 
-from pagesim.app.gui.palette import SequenceColours, Theme
+from pagesim.app.gui.palette import SequenceColours, Theme, ink_on
 from pagesim.app.gui.views.tooltips import answer_tooltip
 from pagesim.core.token_budget import BudgetSegment
 from pagesim.core.view_model import Frame
@@ -213,7 +213,8 @@ class TokenBudgetBar(QWidget):
                 text = f"{segment.request} {segment.tokens}"
         if metrics.horizontalAdvance(text) > rect.width() - 4:
             return
-        painter.setPen(QColor(self.theme.text if segment.kind == "decode" else self.theme.window))
+        decode = segment.kind == "decode"  # (over a pale hatch, the theme's text; on a solid chunk, its own ink)
+        painter.setPen(QColor(self.theme.text) if decode else ink_on(self.colours.of_request(segment.request)))
         painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, text)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from pagesim.app.gui.palette import Theme
+from pagesim.app.gui.palette import Theme, ink_on
 from pagesim.core.token_text import quoted, visible
 from pagesim.core.view_model import Frame
 from PySide6.QtCore import QEvent, QRect, QSize, Qt, QTimer, Signal
@@ -220,7 +220,7 @@ class TokenMap(QWidget):
                 colour = QColor(self.theme.highlight)
             painter.fillRect(rect, colour)
             if (text := self.token_text(t)) is not None:
-                ink = QColor("#000000") if colour.lightness() > 140 else QColor("#ffffff")  # readable on its shade
+                ink = ink_on(colour)  # readable on its shade
                 painter.setPen(ink)
                 shown = metrics.elidedText(text, Qt.TextElideMode.ElideRight, cell_w - 4)
                 painter.drawText(rect.adjusted(2, 0, -1, 0), int(Qt.AlignmentFlag.AlignVCenter), shown)
