@@ -773,3 +773,18 @@ def test_text_on_a_coloured_cell_takes_the_ink_that_reads_best():
         ink = ink_on(fill)
         other = QColor("#ffffff") if ink.rgb() == QColor("#000000").rgb() else QColor("#000000")
         assert contrast(ink, QColor(fill)) >= contrast(other, QColor(fill)) and contrast(ink, QColor(fill)) >= 4.5
+
+
+def test_the_pool_caption_drops_whole_parts_where_it_does_not_fit(qtbot):
+    # (at 1024 px it read "… · 20 in the free queue · 9 …": the "9" of "9 heads (3 KV) × head dim 64")
+    from pagesim.app.gui.views.elided_label import ElidedLabel
+
+    label = ElidedLabel(max_lines=1, separator=" · ")
+    qtbot.addWidget(label)
+    text = "Physical KV-cache pool · 48 blocks × block size 4 · 36 in the free queue · 9 heads (3 KV) × head dim 64"
+    label.set_full_text(text)
+    metrics = label.fontMetrics()
+    label.resize(metrics.horizontalAdvance("Physical KV-cache pool · 48 blocks × block size 4 · 36 in the free q"), 30)
+    label.show()
+    QApplication.processEvents()
+    assert label.text() == "Physical KV-cache pool · 48 blocks × block size 4 · …" and label.toolTip() == text

@@ -8,9 +8,12 @@ from PySide6.QtWidgets import QLabel, QSizePolicy
 
 
 class ElidedLabel(QLabel):
-    def __init__(self, max_lines: int = 3, parent=None) -> None:
+    def __init__(self, max_lines: int = 3, parent=None, separator: str | None = None) -> None:
         super().__init__(parent)
         self.max_lines = max_lines
+        # A text of parts ("a · b · c"): where it does not fit, whole parts go from the end
+        # first, not half a part ("… · 9 …" said nothing of "9 heads × head dim 64").
+        self.separator = separator
         self.full_text = ""
         self.setWordWrap(True)
         self.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
@@ -54,6 +57,13 @@ class ElidedLabel(QLabel):
         if not text or self.contentsRect().width() <= 0 or self.fits(text):
             self.setText(text)
             return
+        if self.separator and self.separator in text:
+            parts = text.split(self.separator)
+            for count in range(len(parts) - 1, 0, -1):
+                shown = self.separator.join(parts[:count]) + self.separator + "…"
+                if self.fits(shown):
+                    self.setText(shown)
+                    return
         words = text.split(" ")
         lo, hi = 0, len(words)  # the most words that fit with "…" after them
         while lo < hi:

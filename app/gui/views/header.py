@@ -62,7 +62,7 @@ class ScenarioHeader:
         # Three lines at most, ending in "…" where it goes on (the whole text in the tooltip).
         self.scenario_description = ElidedLabel(max_lines=DESCRIPTION_LINES)
         self.scenario_description.setObjectName("scenarioDescription")
-        self.pool_caption = ElidedLabel(max_lines=1)
+        self.pool_caption = ElidedLabel(max_lines=1, separator=" · ")
         # What the step just did: the scenario's note, then the engine's sentence. It grows to
         # its text rather than scroll in a box; it shrinks back only at a new start (or a
         # resize), so the pool does not jump on every step.
