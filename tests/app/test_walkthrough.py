@@ -41,8 +41,15 @@ def test_stages_step_forward_and_back_and_end_at_the_kernels_output(window, qtbo
     # The last stage draws the three outputs over the head's dimensions.
     assert panel.out_kernel.isVisible() and not panel.lanes.isVisible()
     assert len(panel.out_trace.getData()[0]) == len(walk.kernel_output)
+    # Its title keeps the key whole: a narrow dock cut "(|replay − kernel| 2…" mid-number.
+    plot = panel.lane_plot.getPlotItem()
+    full, key = plot.title_choices[0]
+    assert full.startswith(key) and "replay − kernel" in full and "replay − kernel" not in key
+    fitting = [t for t, w in zip(plot.title_choices[0], plot._title_widths, strict=True) if w <= plot.width() - 4]
+    assert plot.title_item.text == (fitting or [key])[0]
     panel.buttons["back"].click()
     assert panel.lanes.isVisible() and not panel.out_kernel.isVisible()
+    assert plot.title_choices is None and "Who reads each token" in plot.title_item.text  # a fixed title again
 
 
 def test_cuda_v2_shows_its_partitions_on_the_long_context(make_window, qtbot):

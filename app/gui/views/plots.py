@@ -198,6 +198,7 @@ def _label_length(text: str, color: str) -> float:
 def _style_plot(
     plot: Plot, theme: Theme, title: str, left: str, bottom: str, grid: bool = True, left_short: str | None = None
 ) -> None:
+    plot.title_choices = None  # (a fixed title now: a resize must not bring back an earlier choice)
     plot.setTitle(title, color=theme.text, size="9pt")
     set_side_label(plot, "left", left, theme.muted, left_short)
     plot.setLabel("bottom", bottom, color=theme.muted)

@@ -395,11 +395,11 @@ class WalkThroughPanel(QWidget):
             self.out_trace.setData(dims, walk.trace.output, pen=pg.mkPen(KERNEL_COLOUR, width=2))
             self.out_kernel.setData(dims, walk.kernel_output, pen=pg.mkPen(self.theme.text))
             self.out_dense.setData(dims, walk.dense_output, pen=pg.mkPen(DENSE_COLOUR, width=1.5))
-            title = (
-                f"{_key(KERNEL_COLOUR, '— replay')} · × kernel · {_key(DENSE_COLOUR, '○ dense')} "
-                f"(|replay − kernel| {walk.trace_error:.1e})"
-            )
-            _style_plot(plot, self.theme, title, "value", "dimension")
+            key = f"{_key(KERNEL_COLOUR, '— replay')} · × kernel · {_key(DENSE_COLOUR, '○ dense')}"
+            _style_plot(plot, self.theme, key, "value", "dimension")
+            # (a narrow dock keeps the key whole: the stage's line above says the error too)
+            titles = (f"{key} (|replay − kernel| {walk.trace_error:.1e})", key)
+            plot.set_fitting_title(titles, color=self.theme.text, size="9pt")
         else:
             # The CPU kernel folds whole tiles of ≥ 32 tokens: a short context is one tile, and
             # a plot of every token in tile 0 says nothing. It shows from two tiles on.
