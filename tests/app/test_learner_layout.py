@@ -286,15 +286,13 @@ def test_the_pool_legend_names_each_kind_of_tile_in_the_themes_colours(window, q
     assert legend.height() <= 2 * legend._row_height()  # compact: never more than two lines
 
 
-def test_the_legend_explains_the_hatch_once_an_eighth_request_has_a_colour(window, qtbot):
+def test_the_legend_explains_the_hatch_only_while_a_hatched_owner_is_on_screen(window, qtbot):
     legend = window.pool_legend
     assert "hatch" not in [entry.key for entry in legend.entries()]
     for request in range(9):
         window.colours(f"extra{request}")
-    legend.show_frame(window.frame)
-    assert window.colours.pattern("extra8") is not None
-    assert legend.entries()[-1].key == "hatch" and "8th" in legend.labels()[-1]
-    assert legend.swatch_rect("hatch") is not None
+    legend.show_frame(window.frame)  # colours handed out, but to no sequence of this frame
+    assert window.colours.pattern("extra8") is not None and "hatch" not in [e.key for e in legend.entries()]
 
 
 def test_a_shared_blocks_tooltip_says_copy_on_write_only_where_a_write_can_come(window, qtbot):
@@ -320,6 +318,9 @@ def test_the_hatch_is_explained_when_an_eighth_request_arrives_not_before(window
     assert "hatch" not in [entry.key for entry in legend.entries()] and not window.colours.hatched
     at_step(window, qtbot, 8)  # q7, the eighth, arrives: its tiles are hatched
     assert window.colours.pattern("q7") is not None and legend.entries()[-1].key == "hatch"
+    assert "8th" in legend.labels()[-1] and legend.swatch_rect("hatch") is not None
+    at_step(window, qtbot, 7)  # back before it: nothing hatched on screen, nothing to explain
+    assert window.colours.hatched and "hatch" not in [entry.key for entry in legend.entries()]
 
 
 def test_a_v1_pool_shows_its_null_block_and_the_legend_says_what_it_is(make_window, qtbot):
@@ -788,3 +789,26 @@ def test_the_pool_caption_drops_whole_parts_where_it_does_not_fit(qtbot):
     label.show()
     QApplication.processEvents()
     assert label.text() == "Physical KV-cache pool · 48 blocks × block size 4 · …" and label.toolTip() == text
+
+
+def test_an_eighth_requests_chip_is_hatched_as_its_tiles_are(window, qtbot):
+    """Its pool tiles were yellow and hatched, its chip in the lanes plain yellow."""
+    eight = "".join(f'[[steps]]\nop = "submit"\nrequest = "q{i}"\ntokens = 3\noutput = 4\n' for i in range(8))
+    header = 'name = "eight"\nnum_blocks = 32\nblock_size = 4\nnum_heads = 1\nhead_dim = 8\nwatermark = 0.0\n'
+    window.load(parse_scenario(header + eight + '[[steps]]\nop = "schedule"\nsteps = 1\n'))
+    wait_idle(qtbot, window)
+    at_step(window, qtbot, 9)
+    view = window.scheduler_view
+    window.scheduler_dock.raise_()
+    qtbot.waitUntil(view.isVisible)
+    view.grab()  # (paints: the chips' places are found while painting)
+    chips = {request: rect for rect, request, _ in view.chips}
+    assert {"q0", "q7"} <= set(chips)
+    image = view.grab().toImage()
+
+    def colours_in(rect) -> set[str]:
+        inner = rect.adjusted(4, 3, -4, -3).toRect()
+        return {image.pixelColor(x, inner.top() + 1).name() for x in range(inner.left(), inner.right())}
+
+    hatch = QColor(window.theme.window).name()
+    assert hatch in colours_in(chips["q7"]) and hatch not in colours_in(chips["q0"])

@@ -81,11 +81,15 @@ class PoolLegend(QWidget):
         controller.frameChanged.connect(self.show_frame)
 
     def show_frame(self, frame: Frame) -> None:
-        """The hatch entry appears once an owner carries a hatch, the null block's with a v1
-        scheduler's pool (cheap tests per frame)."""
+        """The hatch entry appears while an owner on screen carries a hatch, the null block's
+        with a v1 scheduler's pool (cheap tests per frame)."""
         null = frame.config.scheduler == "v1"
-        if self.colours.hatched != self.show_hatch or null != self.show_null:
-            self.show_hatch, self.show_null = self.colours.hatched, null
+        # (an owner on screen now: back at a step before the eighth request, no hatch is drawn)
+        owners = [s.seq_id for s in frame.sequences]
+        owners += [r for key, lane in (frame.queues or {}).items() if key != "finished" for r in lane]
+        hatch = self.colours.hatched and any(self.colours.pattern(owner) is not None for owner in owners)
+        if hatch != self.show_hatch or null != self.show_null:
+            self.show_hatch, self.show_null = hatch, null
             self._place()
             self.update()
 

@@ -3,10 +3,10 @@ swap pool's blocks as tiles (held by swapped-out sequences), the blocks a step m
 
 from __future__ import annotations
 
-from pagesim.app.gui.palette import SequenceColours, Theme
+from pagesim.app.gui.palette import SequenceColours, Theme, ink_on
 from pagesim.core.view_model import Frame
 from PySide6.QtCore import QEvent, QPoint, QPointF, QRect, QRectF, QSize, Qt
-from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen
+from PySide6.QtGui import QBrush, QColor, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
 LANES = (
@@ -111,7 +111,9 @@ class SchedulerView(QWidget):
                 painter.setPen(QPen(QColor(theme.block_border), 1))
                 painter.setBrush(colour if key != "finished" else QColor(theme.free_block))
                 painter.drawRoundedRect(chip, 6, 6)
-                text_colour = theme.window if key != "finished" else theme.muted
+                if key != "finished":  # an eighth request's hatch, as on its tiles in the pool
+                    self._hatch(painter, request, chip, 6)
+                text_colour = ink_on(colour) if key != "finished" else QColor(theme.muted)
                 if progress is not None:  # the prompt not yet computed: the chip's right part, paled
                     self._pale_rest(painter, chip, progress[0] / max(1, progress[1]))
                     text_colour = theme.text
@@ -133,7 +135,21 @@ class SchedulerView(QWidget):
             painter.setPen(QPen(QColor(theme.highlight if lit else theme.block_border), 2.5 if lit else 1))
             painter.setBrush(fill)
             painter.drawRoundedRect(tile, 3, 3)
+            if seqs:
+                self._hatch(painter, seqs[0], tile, 3)
         painter.end()
+
+    def _hatch(self, painter: QPainter, owner: str, rect: QRectF, radius: float) -> None:
+        """The hatch of an eighth request or later over a rounded ``rect`` (nothing for the
+        first seven): a chip or a CPU tile says whose it is as its GPU tiles do."""
+        pattern = self.colours.pattern(owner)
+        if pattern is None:
+            return
+        painter.save()
+        painter.setPen(Qt.PenStyle.NoPen)
+        painter.setBrush(QBrush(QColor(self.theme.window), pattern))
+        painter.drawRoundedRect(rect, radius, radius)
+        painter.restore()
 
     def lane_titles(self) -> dict[str, str]:
         """Each lane's title, in the words of the frame's scheduler (v1 runs prompt chunks from
