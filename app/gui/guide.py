@@ -6,14 +6,16 @@ GUIDE_HTML = """
 keys and values, cut into fixed-size <b>blocks</b>. Each tile is one physical block; its
 number is the <b>block id</b>. The small cells are its <b>slots</b>, one per token
 (<i>block size</i> = slots per block); a filled cell holds that token's key and value
-vectors for every KV head. Colour = the request that owns the block: a request's samples or
-beams (request/s0, /s1 …, vLLM's sequence group) share its colour, in the pool, the block
-tables, the scheduler's chips and the CPU pool alike. Past seven requests the colours come
+vectors for every KV head. Colour = the request that owns the block: a scheduler request's
+samples or beams (request/s0, /s1 …, vLLM's sequence group) share its colour, in the pool,
+the block tables, the scheduler's chips and the CPU pool alike; a sequence you fork by hand
+(A → A2) is a new owner and takes a colour of its own. Past seven owners the colours come
 back lighter or darker with a hatch. Grey tiles are in the <b>free queue</b>, waiting to be
 allocated. The legend above the pool shows each kind of tile (hover an entry).</p>
 <p><b>Ref count</b>: the badge ×2, ×3 … on a tile counts the block tables that hold the
-block. Forking a sequence (parallel sampling, beam search) shares all its blocks: no
-copy, ref counts go up, and the tile shows one band per holder.</p>
+block. Forking a sequence (parallel sampling, beam search, or Fork by hand) shares all its
+blocks: no copy, ref counts go up, and the tile shows one band per holder, in each holder's
+colour.</p>
 <p><b>Copy-on-write</b>: when a sequence writes a new token into a <i>shared</i>, partly
 filled last block, it first gets its own copy (the arrow) and the ref count of the
 original drops. Full shared blocks stay shared for ever.</p>
