@@ -812,3 +812,13 @@ def test_an_eighth_requests_chip_is_hatched_as_its_tiles_are(window, qtbot):
 
     hatch = QColor(window.theme.window).name()
     assert hatch in colours_in(chips["q7"]) and hatch not in colours_in(chips["q0"])
+
+
+def test_the_memory_summary_says_what_length_the_contiguous_baseline_reserves(window, qtbot):
+    # ("contiguous would hold 96 blocks … impossible" read as rigged: the 128 tokens each
+    # sequence reserves, the whole pool here, were said nowhere)
+    at_step(window, qtbot, 3)
+    length = window.frame.config.max_model_len
+    assert f"contiguous (each sequence reserving max_model_len, {length} tokens) would hold" in (
+        window.memory_panel.summary.text()
+    )

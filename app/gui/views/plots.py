@@ -734,8 +734,9 @@ class MemoryPanel(QWidget):
         self.summary.setText(
             f"<b>{m.used_blocks}</b>/{m.total_blocks} blocks used{null} · {m.free_blocks} free · "
             f"{m.shared_blocks} shared · utilisation {m.utilisation:.1%} · "
-            f"internal fragmentation {m.internal_fragmentation} slots · contiguous would hold "
-            f"{m.contiguous_blocks} blocks{saving}{prefix}"
+            f"internal fragmentation {m.internal_fragmentation} slots · contiguous (each sequence reserving "
+            f"max_model_len, {frame.config.max_model_len} tokens) would hold {m.contiguous_blocks} blocks"
+            f"{saving}{prefix}"
         )
 
 
