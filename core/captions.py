@@ -6,6 +6,7 @@ step later drops its per-token detail)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 
 from pagesim.core import events as ev
@@ -90,10 +91,11 @@ def step_caption(result: StepResult, text_of: Callable[[Sequence[int]], str] | N
         (at[kind][0], kind.summarize(of[kind])) for kind in (ev.SequenceForked, ev.SequenceFreed) if kind in crowded
     ]
     freed: set[str] = set()  # a beam search frees a beam and forks its name anew in one step
-    # v0 brings a group preempted by recompute back as its shared tokens added once (the prompt:
-    # no longer than the sequence's own prompt, so its event cannot tell a return from an arrival).
-    resumed = {seq for e in of.get(ev.RequestAdmitted, []) if e.resumed for seq in e.seqs}
-    added_len = {e.seq: e.num_tokens for e in of.get(ev.SequenceAdded, [])}
+    events = result.op_events
+    # A prompt's writes are told by its arrival; writes past them (a resumed sequence's own
+    # tail, a later engine step's decode), as writes.
+    arrival_writes = {i: _writes_of_arrival(events, i) for i, e in in_order if isinstance(e, ev.SequenceAdded)}
+    told_by_arrival = {id(w) for writes in arrival_writes.values() for w in writes}
     for i, e in in_order:
         if isinstance(e, ev.SequenceFreed):
             freed.add(e.seq)  # (also a finished request's, untold: its name forked anew is still "a new" one)
@@ -104,13 +106,12 @@ def step_caption(result: StepResult, text_of: Callable[[Sequence[int]], str] | N
             shared = sum(1 for s in of.get(ev.BlockShared, []) if s.seq == e.child)
             text += f" ({ev.plural(shared, 'block')}, ref counts up)" if shared else ""
             text = f"a new {text}" if e.child in freed else text
-        back = isinstance(e, ev.SequenceAdded) and e.seq in resumed and e.prompt_len is None
-        if back:
-            text = f"{ev.said(e.seq)} came back with the {ev.plural(e.num_tokens, 'token')} its samples share"
-        if isinstance(e, ev.SequenceAdded) and ev.TokenWritten in of:
-            # (the add's own tokens: its sequence's own tail, appended next, is told with the writes)
-            own = [w.token_id for w in of[ev.TokenWritten] if w.seq == e.seq and w.position < e.num_tokens]
-            text += _arrival_split(e, own, text_of, back)
+        if isinstance(e, ev.SequenceAdded):
+            admission = _admission_of(events, i, e.seq)
+            back = admission is not None and admission.resumed
+            if back:
+                text = _return_of(e, admission)
+            text += _arrival_split(e, [w.token_id for w in arrival_writes[i]], text_of, back)
         parts.append((i, text))
     # The block sentences sum up what the sequence and request events did to the pool: told
     # after the last of those (a free, then where its blocks went), or first when there are none.
@@ -120,8 +121,7 @@ def step_caption(result: StepResult, text_of: Callable[[Sequence[int]], str] | N
     told_swaps |= {ev.BlockSwappedIn} if ev.RequestSwappedIn in of else set()
     kinds = [kind for kind in _BY_KIND + _SWAPS if of.get(kind) and kind not in told_swaps]
     parts += [(blocks_at, kind.summarize(of[kind])) for kind in kinds]
-    # A prompt's writes are told by its arrival; a resumed sequence's own tail after it, as writes.
-    written = [w for w in of.get(ev.TokenWritten, []) if w.position >= added_len.get(w.seq, 0)]
+    written = [w for w in of.get(ev.TokenWritten, []) if id(w) not in told_by_arrival]
     if written:
         room_unknown = None if copies else {e.seq for e in of[ev.BlockAllocated]}
         # Where the writing began, but after the copies that made room for it.
@@ -131,6 +131,40 @@ def step_caption(result: StepResult, text_of: Callable[[Sequence[int]], str] | N
         return result.op.describe() + "."
     parts.sort(key=lambda part: part[0])  # (stable: sentences of one place keep their order)
     return "; ".join(text for _, text in parts) + "."
+
+
+def _writes_of_arrival(events, index: int) -> list:
+    """The writes of the prompt the :class:`SequenceAdded` at ``index`` brought: the run of
+    its sequence's writes that follows it, up to the tokens it came with."""
+    added = events[index]
+    out = []
+    for e in itertools.islice(events, index + 1, None):
+        if isinstance(e, ev.TokenWritten) and e.seq == added.seq and e.position < added.num_tokens:
+            out.append(e)
+        elif out or (isinstance(e, ev.SequenceAdded | ev.SequenceFreed) and e.seq == added.seq):
+            break  # (a prompt's writes come in one run, after its blocks)
+    return out
+
+
+def _admission_of(events, index: int, seq: str) -> ev.RequestAdmitted | None:
+    """The scheduler's admission that the :class:`SequenceAdded` at ``index`` was part of
+    (the next one naming its sequence), or None: a sequence added by hand."""
+    for e in itertools.islice(events, index + 1, None):
+        if isinstance(e, ev.RequestAdmitted) and seq in e.seqs:
+            return e
+        if isinstance(e, ev.SequenceAdded) and e.seq == seq:
+            return None
+    return None
+
+
+def _return_of(e: ev.SequenceAdded, admission: ev.RequestAdmitted) -> str:
+    """A resumed request's sequence coming back: v0 adds a group's shared tokens once (the
+    samples fork from it), and a single sequence or a v1 chunk says what it brought again."""
+    if e.prompt_len is None and len(admission.seqs) > 1:
+        return f"{ev.said(e.seq)} came back with the {ev.plural(e.num_tokens, 'token')} its samples share"
+    if e.prompt_len is None:
+        return f"{ev.said(e.seq)} came back with its {ev.plural(e.num_tokens, 'prompt token')}"
+    return e.describe().replace(" arrived with ", " came back with ", 1)
 
 
 def _arrival_split(

@@ -242,3 +242,35 @@ def test_a_v0_group_back_from_recompute_comes_back_and_its_own_tail_is_a_write(c
         assert "arrived" not in caption and "served by the prefix cache" not in caption
         assert "r3/s0" in caption.split("; r3/s1 forked", 1)[1]  # its own tokens, told as written after the fork
     assert not any(re.search(r"\s-\d", c) for c in captions)  # no negative count anywhere
+
+
+_TWO = (
+    'name = "t"\nscheduler = "v0"\npreemption = "recompute"\nwatermark = 0.0\nnum_blocks = {blocks}\n'
+    "block_size = 4\nnum_heads = 2\nhead_dim = 8\n"
+    '[[steps]]\nop = "submit"\nrequest = "a"\ntokens = 4\noutput = 6\n'
+    '[[steps]]\nop = "submit"\nrequest = "b"\ntokens = 4\noutput = 6\n'
+)
+
+
+def test_a_single_request_back_from_recompute_comes_back_with_its_prompt(cpu_backend):
+    from pagesim.core.scenario import parse_scenario
+
+    steps = '[[steps]]\nop = "schedule"\nsteps = 1\n' * 12
+    timeline = Timeline(parse_scenario(_TWO.format(blocks=3) + steps), cpu_backend)
+    timeline.run_to_end()
+    back = [c for c in timeline.captions() if "came back" in c]
+    assert back and all("b came back with its 4 prompt tokens, all computed again" in c for c in back)
+    assert not any("samples share" in c or "arrived" in c for c in back)
+
+
+def test_a_schedule_of_many_steps_tells_each_arrival_as_what_it_was(cpu_backend):
+    """One operation, many engine steps: b arrives, is preempted, comes back; its first arrival
+    was told as a return and its return counted every write of both lives ('-4 served …')."""
+    from pagesim.core.scenario import parse_scenario
+
+    timeline = Timeline(parse_scenario(_TWO.format(blocks=4) + '[[steps]]\nop = "schedule"\nsteps = 30\n'), cpu_backend)
+    timeline.run_to_end()
+    caption = timeline.caption(3)
+    assert "b arrived with 4 prompt tokens; request b admitted" in caption
+    assert "b came back with 8 tokens (4 prompt + 4 it had generated), all computed again" in caption
+    assert not re.search(r"\s-\d", caption) and "served by the prefix cache" not in caption
