@@ -239,7 +239,8 @@ def cmd_latency(args: argparse.Namespace, write_output: Writer) -> int:
     aborted = sum(r.aborted for r in records)
     not_done = f" · {rejected} rejected (never fit the pool or max_model_len)" if rejected else ""
     if aborted:
-        not_done += f" · {aborted} aborted (outgrew the pool after running)"
+        outgrew = all((r.rejection or "").startswith("grew past") for r in records if r.aborted)
+        not_done += f" · {aborted} aborted after running" + (" (outgrew the pool)" if outgrew else "")
     if result.unfinished:
         not_done += f" · {result.unfinished} unfinished"
     print(

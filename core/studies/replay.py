@@ -155,8 +155,8 @@ class _V0Watch:
                 if st.status == "rejected":
                     continue
                 started.append(name)
-                for tokens, context, first in pending:
-                    skip = min(hit_tokens, tokens) if first else 0  # (hits come with the first sequence's add)
+                for tokens, context, may_hit in pending:
+                    skip = min(hit_tokens, tokens) if may_hit else 0  # (hits come with the first sequence's add)
                     hit_tokens -= skip
                     tally.chunk(tokens - skip, context)
             if st.generated > generated:
@@ -333,7 +333,7 @@ def _parents(records: dict[str, RequestRecord]) -> dict[str, RequestRecord]:
             preemptions=sum(c.preemptions for c in children),
             rejected=all(c.rejected for c in children),
             rejection=children[0].rejection,
-            aborted=any(c.aborted for c in children),
+            aborted=all(c.rejected for c in children) and any(c.aborted for c in children),
         )
     return out
 

@@ -174,7 +174,8 @@ class VariantResult:
     swapped_blocks: int = 0
     prefix_hit_rate: float = 0.0
     finished: int = 0
-    rejected: int = 0
+    rejected: int = 0  # refused, as submitted or after running (``aborted`` of them)
+    aborted: int = 0  # v0: admitted, then refused as it outgrew the pool (its tokens thrown away)
     latency: LatencySummary | None = None
     pool_gib: float | None = None
     wall_seconds: float = 0.0
@@ -202,6 +203,7 @@ class VariantResult:
             "prefix_hit_rate": round(self.prefix_hit_rate, 6),
             "finished": self.finished,
             "rejected": self.rejected,
+            "aborted": self.aborted,
         }
         if self.latency is not None:
             lat = self.latency
@@ -214,6 +216,7 @@ class VariantResult:
                 "tpot_p99_s": lat.tpot["p99"],
                 "normalized_latency_s_per_token": lat.normalized["mean"],
                 "throughput_tokens_per_s": lat.throughput,
+                "discarded_output_tokens": lat.discarded_tokens,
                 "seconds": lat.seconds,
             }
         return out
@@ -224,6 +227,25 @@ class VariantResult:
             out["latency"] = self.latency.as_dict()
             out["iteration_ends_s"] = self.ends
         return out
+
+
+def refusals(records: list) -> str:
+    """The refused requests in words: those rejected as submitted, then those aborted after
+    they ran, each with its reason where they share one."""
+
+    def why(group: list) -> str:
+        reasons = {r.rejection for r in group}
+        return reasons.pop() if len(reasons) == 1 and None not in reasons else ""
+
+    said = []
+    at_submit = [r for r in records if r.rejected and not r.aborted]
+    after = [r for r in records if r.aborted]
+    if at_submit:
+        said.append(f"{len(at_submit)} of {len(records)} requests rejected: {why(at_submit) or 'they can never fit'}")
+    if after:
+        reason = why(after)
+        said.append(f"{len(after)} aborted after running" + (f": {reason}" if reason else ""))
+    return "; ".join(said)
 
 
 def variant_config(source: Source, changes: dict[str, object], hardware: Hardware | None) -> CacheConfig:
@@ -294,14 +316,13 @@ def run_variant(source: Source, changes: dict[str, object], hardware: Hardware |
     records = result.requests.values()
     out.finished = sum(1 for r in records if r.finished is not None)
     out.rejected = sum(1 for r in records if r.rejected)
+    out.aborted = sum(1 for r in records if r.aborted)
     if result.stalled:
         out.status, out.reason = "stalled", result.stalled
     elif result.unfinished:
         out.status, out.reason = "unfinished", f"{result.unfinished} requests not done after {result.iterations} steps"
     elif out.rejected:  # (what ran is right, but not all of the workload ran)
-        reasons = {r.rejection for r in records if r.rejected}
-        why = reasons.pop() if len(reasons) == 1 and None not in reasons else "they can never fit"
-        out.status, out.reason = "rejected", f"{out.rejected} of {len(records)} requests rejected: {why}"
+        out.status, out.reason = "rejected", refusals(list(records))
     if hardware is not None:
         out.latency = latency(result)
         out.pool_gib = config.num_blocks * hardware.roofline(config.block_size).block_bytes() / 2**30

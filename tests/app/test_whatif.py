@@ -289,3 +289,29 @@ def test_the_suggested_values_follow_another_scenario_unless_the_user_typed_some
     window.load(load_shipped("default"))
     wait_idle(qtbot, window)
     assert panel.values_edit.text() == "2,32"
+
+
+OUTGROWS = (
+    'name = "outgrows"\nnum_blocks = 4\nblock_size = 4\nnum_heads = 1\nhead_dim = 8\nwatermark = 0.0\n'
+    "max_num_seqs = 1\n"
+    '[[steps]]\nop = "submit"\nrequest = "a"\ntokens = 4\noutput = 3\n'
+    '[[steps]]\nop = "submit"\nrequest = "b"\ntokens = 4\noutput = 30\n'
+    '[[steps]]\nop = "schedule"\nsteps = 2\n'
+)
+
+
+def test_latency_panel_tells_an_aborted_request_apart_and_leaves_its_tokens_out(toy, qtbot):
+    """v0 admits b, whose output outgrows the pool: the tab counted its tokens as throughput
+    and said nothing of it but 'finished' counts."""
+    window = toy(OUTGROWS)
+    panel = window.studies.latency
+    window.studies.actions["latency"].trigger()
+    with qtbot.waitSignal(window.controller.latencyReady, timeout=30_000) as blocker:
+        panel.run_button.click()
+    wait_idle(qtbot, window)
+    study = blocker.args[0]
+    assert [r.state for r in study.requests] == ["finished", "aborted"]
+    assert "1 aborted after running" in panel.summary.full_text
+    assert "tokens/s of finished requests" in panel.figures.text()
+    assert f"({study.summary.discarded_tokens:,} tokens of unfinished ones not counted)" in panel.figures.text()
+    assert study.summary.discarded_tokens > 0

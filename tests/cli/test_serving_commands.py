@@ -326,7 +326,7 @@ def test_latency_tells_aborted_requests_from_rejected_ones_and_leaves_their_toke
     aborted = [r for r in doc["requests"] if r["aborted"]]
     finished = [r for r in doc["requests"] if r["finished"] is not None]
     assert aborted and all(r["rejected"] and r["admitted"] is not None for r in aborted)
-    assert f"{len(aborted)} aborted (outgrew the pool after running)" in out
+    assert f"{len(aborted)} aborted after running (outgrew the pool)" in out
     assert doc["summary"]["output_tokens"] == sum(r["output_tokens"] * r["samples"] for r in finished)
     assert doc["summary"]["discarded_output_tokens"] >= sum(r["output_tokens"] for r in aborted) > 0
     assert f"not counted: {doc['summary']['discarded_output_tokens']} output tokens" in out
@@ -365,3 +365,16 @@ def test_latency_says_at_which_bandwidth_it_priced_the_swaps(capsys):
     assert main(argv) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("swaps:"))
     assert "blocks moved over the H200's host link (64 GB/s a direction)" in line
+
+
+def test_a_sweep_counts_aborted_requests_apart_from_those_that_never_fit(tmp_path, capsys):
+    """It said '14 of 20 requests rejected: they can never fit' where 11 of them had run."""
+    table = tmp_path / "s.csv"
+    argv = ["sweep", "--workload", "sharegpt", "--requests", "20", "--blocks", "20", "--set", "block_size=16"]
+    assert main([*argv, "--model-shape", "llama-3-8b", "--gpu", "h200", "--csv", str(table)]) == 0
+    out = capsys.readouterr().out
+    row = next(r for r in csv.DictReader(table.read_text().splitlines()) if r["variant"] == "original")
+    aborted, rejected = int(row["aborted"]), int(row["rejected"])
+    assert 0 < aborted < rejected and int(row["discarded_output_tokens"]) > 0
+    assert f"{rejected - aborted} of 20 requests rejected" in out
+    assert f"{aborted} aborted after running: grew past what the pool can hold" in out

@@ -73,7 +73,10 @@ class LatencyPanel(QWidget):
         self.run_button.clicked.connect(self.run)
         self.figures = QLabel()
         self.figures.setTextFormat(Qt.TextFormat.RichText)
-        self.figures.setToolTip("Means over the finished requests (p99 in brackets); throughput over the whole run")
+        self.figures.setToolTip(
+            "Means over the finished requests (p99 in brackets); throughput: the finished requests' output tokens "
+            "over the whole run (tokens of a request that never finished are counted apart)"
+        )
         self.summary = ElidedLabel(max_lines=2)  # a long stall reason ends in "…", whole in the tooltip
         self.summary.setTextFormat(Qt.TextFormat.PlainText)
         self.summary.set_full_text(PROMPT)
@@ -158,7 +161,8 @@ class LatencyPanel(QWidget):
             self.figures.setText(
                 f"mean queue <b>{_ms(s.queue['mean'])}</b> ms · TTFT <b>{_ms(s.ttft['mean'])}</b> ms "
                 f"(p99 {_ms(s.ttft['p99'])}) · TPOT <b>{_ms(s.tpot['mean'])}</b> ms (p99 {_ms(s.tpot['p99'])}) · "
-                f"<b>{s.throughput:,.0f}</b> tokens/s"
+                f"<b>{s.throughput:,.0f}</b> tokens/s of finished requests"
+                + (f" ({s.discarded_tokens:,} tokens of unfinished ones not counted)" if s.discarded_tokens else "")
             )
         else:
             self.figures.setText("")
@@ -220,6 +224,10 @@ class LatencyPanel(QWidget):
         else:
             text = f"{where} · {s.requests} of {len(result.requests)} requests finished in "
             text += f"{result.steps} scheduler steps, {s.seconds * 1e3:.2f} ms simulated"
+            states = [r.state for r in result.requests]
+            for state, what in (("rejected", "rejected as submitted"), ("aborted", "aborted after running")):
+                if count := states.count(state):
+                    text += f" · {count} {what}"
         warn = bool(result.stalled)
         if result.stalled:
             text += f" · STALLED: {result.stalled}"

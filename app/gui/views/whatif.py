@@ -58,7 +58,11 @@ COLUMNS = (
     ("preemptions", "Requests preempted (recomputed or swapped out) over the run"),
     ("prefix hit", "Share of full prompt blocks the prefix cache supplied"),
     ("finished", "Requests that finished"),
-    ("rejected", "Requests refused outright: longer than the pool or max_model_len"),
+    (
+        "rejected",
+        "Requests refused: as submitted (longer than the pool or max_model_len), or, under v0, aborted after running "
+        "as they outgrew the pool",
+    ),
     ("queue ms", "Mean time from a request's arrival to its first admission (roofline time)"),
     ("TTFT ms", "Mean time to first token: arrival to the end of the step that produced it"),
     ("TPOT ms", "Mean time per output token after the first"),
