@@ -320,13 +320,28 @@ def test_a_step_that_leaves_no_sequence_is_not_reported_as_a_passed_check(tmp_pa
 
 def test_a_forward_checked_before_every_sequence_finished_says_so():
     """A real model's step in which every request finished: its forward was checked layer by
-    layer, then the check after it attended over nothing; the row read '0.00e+00 0.0e+00 ok'."""
+    layer, then the check after it attended over nothing; the row read '0.00e+00 0.0e+00 ok'
+    and the JSON max_abs_error 0.0, tolerance 0.0."""
+    from dataclasses import replace
     from types import SimpleNamespace
 
-    from pagesim.app.report import format_step
+    from pagesim.app.report import format_step, step_report
+    from pagesim.core.config import CacheConfig
+    from pagesim.core.llama_runner import empty_report
+    from pagesim.kernels.selection import select_backend
 
-    metrics = SimpleNamespace(utilisation=0.0, slots_allocated=0, used_blocks=1, free_blocks=15)
+    config = CacheConfig(num_blocks=16, block_size=8, num_heads=2, head_dim=8)
+    layers = SimpleNamespace(
+        passed=True, worst_layer=0, ratios=np.array([0.01]), attention_passed=True, logits_diff=2e-5, tokens_agree=True
+    )
+    report = replace(empty_report(select_backend("cpu"), config, np.float32), layers=layers)
+    metrics = SimpleNamespace(
+        utilisation=0.0, slots_allocated=0, used_blocks=1, free_blocks=15, as_dict=lambda: {"used_blocks": 1}
+    )
     op = SimpleNamespace(describe=lambda: "schedule ×1")
-    layers_checked = SimpleNamespace(seq_ids=(), layers=object(), passed=True, max_abs_error=0.0, tolerance=0.0)
-    row = format_step(SimpleNamespace(step=23, op=op, metrics=metrics, attention=layers_checked))
+    result = SimpleNamespace(step=23, op=op, metrics=metrics, attention=report, inner_checks=())
+    row = format_step(result)
     assert row.endswith("ok: its forward (no sequence left)") and "0.00e+00" not in row
+    doc = step_report(result)
+    assert doc["max_abs_error"] is None and doc["tolerance"] is None and doc["passed"] is True
+    assert doc["layers"]["same_next_tokens"] is True
