@@ -4,6 +4,7 @@ by stage, v2's partitions on the long-context scenario."""
 import pytest
 from pagesim.core.scenario import load_shipped
 from PySide6.QtCore import QRect
+from PySide6.QtWidgets import QApplication
 
 from tests.app.conftest import wait_idle
 
@@ -274,3 +275,20 @@ def test_another_scenario_walks_from_its_first_stage_on_its_worst_layer(make_win
     window.load(load_shipped("default"))
     wait_idle(qtbot, window, timeout=60_000)
     assert panel.layer_box.layer() is None and panel.stage == 0
+
+
+def test_the_selected_rows_lines_leave_every_other_row_in_sight(make_window, qtbot):
+    # (at 1024 × 700 beam/b0's four lines filled the dock and hid b1 and b2)
+    window = make_window("long_context")
+    window.actions.scrubber.setValue(3)
+    wait_idle(qtbot, window)
+    window.select_sequence("doc")
+    view = window.sequence_view
+    for height in range(140, 174):  # (every remainder of a line's height: a row's margin once left one out)
+        view.setFixedHeight(height)
+        QApplication.processEvents()
+        view.executeDelayedItemsLayout()
+        rows = [view.topLevelItem(i) for i in range(view.topLevelItemCount())]
+        assert len(rows) >= 2
+        bottom = max(view.visualItemRect(item).bottom() for item in rows)
+        assert bottom <= view.viewport().height(), (height, view.max_lines("doc"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from pagesim.app.gui.palette import SequenceColours, Theme
+from pagesim.app.gui.palette import SequenceColours, Theme, ink_on
 from pagesim.core.view_model import Frame
 from PySide6.QtCore import QEvent, QPoint, QRect, QRectF, QSignalBlocker, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QFontMetricsF, QIcon, QPainter, QPixmap
@@ -77,13 +77,14 @@ class BlockTableDelegate(QStyledItemDelegate):
             painter.setBrush(fill)
             painter.drawRoundedRect(box, 3, 3)
             painter.setFont(small)
-            painter.setPen(QColor(theme.muted if not lit else theme.window))
+            ink = ink_on(fill) if lit else None  # (lit, the box is the owner's colour, solid)
+            painter.setPen(ink or QColor(theme.muted))
             painter.drawText(box.adjusted(0, 1, 0, -ENTRY_H / 2), Qt.AlignmentFlag.AlignCenter, f"L{logical}")
             bold = painter.font()
             bold.setPointSizeF(8.5)
             bold.setBold(True)
             painter.setFont(bold)
-            painter.setPen(QColor(theme.text if not lit else theme.window))
+            painter.setPen(ink or QColor(theme.text))
             shared = "*" if logical < len(refs) and refs[logical] > 1 else ""
             painter.drawText(
                 box.adjusted(0, ENTRY_H / 2 - 2, 0, 0), Qt.AlignmentFlag.AlignCenter, f"{physical}{shared}"
@@ -358,9 +359,12 @@ class SequenceView(QTreeWidget):
         scrolled away), and at most half the rows' room where they cannot all be seen anyway."""
         if seq_id is None or seq_id != self.selected:
             return 1
-        room = max(1, (self.viewport().height() - 3) // (ENTRY_H + 3))  # lines of boxes in sight
+        line, row = ENTRY_H + 3, ENTRY_H + 6  # a line of boxes; a one-line row (its 3-px margin too)
+        height = self.viewport().height() - 3
         others = self.topLevelItemCount() - 1
-        lines = room - others if others < room else room // 2
+        # Every other row fits with at least one line for this one, or they scroll anyway: half the height.
+        fits = others * row + line <= height
+        lines = (height - others * row) // line if fits else height // 2 // line
         return max(1, min(MAX_LINES, lines))
 
     def entries_shown(self, seq_id: str | None, count: int) -> tuple[int, int]:
