@@ -14,7 +14,8 @@ This module replays one workload through a first-come-first-served batch schedul
 each allocator — contiguous ones place each reservation first-fit in a linear address
 space, the paged one takes whole blocks on demand — and accounts every slot at every
 step. Shares are of the whole pool, averaged over the steps where a request was waiting
-(the pool was the bottleneck), as in the paper's measurement under load.
+(under load: the pool, or the cap on running requests, held it back), as in the paper's
+measurement under load.
 """
 
 from __future__ import annotations
