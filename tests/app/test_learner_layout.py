@@ -813,6 +813,13 @@ def test_an_eighth_requests_chip_is_hatched_as_its_tiles_are(window, qtbot):
     hatch = QColor(window.theme.window).name()
     assert hatch in colours_in(chips["q7"]) and hatch not in colours_in(chips["q0"])
 
+    # Its row's swatch too.
+    def swatch_colours(seq_id: str) -> set[str]:
+        image = window.sequence_view._swatch(seq_id).pixmap(12, 12).toImage()
+        return {image.pixelColor(x, y).name() for x in range(2, 10) for y in range(2, 10)}
+
+    assert hatch in swatch_colours("q7") and swatch_colours("q0") == {window.colours("q0").name()}
+
 
 def test_the_memory_summary_says_what_length_the_contiguous_baseline_reserves(window, qtbot):
     # ("contiguous would hold 96 blocks … impossible" read as rigged: the 128 tokens each
