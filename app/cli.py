@@ -645,15 +645,26 @@ def files_read(args: argparse.Namespace) -> list[tuple[Path, str]]:
     if isinstance(scenario, str | Path):
         found.append((scenario_file(scenario), "the scenario being read"))
         if (model := scenario_model(scenario)) is not None:
-            found.append((Path(model), "the model file the scenario loads"))
+            found.append((_model_file(model), "the model file the scenario loads"))
     workload = getattr(args, "workload", None)
     if isinstance(workload, str | Path):
         found.append((Path(workload), "the workload being read"))
-    for attr, option in (("model", "--model"), ("model_shape", "--model-shape")):
+    for attr, option in (("model", "--model"), ("model_shape", "--model-shape"), ("tokenizer", "--tokenizer")):
         value = getattr(args, attr, None)
         if isinstance(value, str | Path):
-            found.append((Path(value), f"the {option} file being read"))
+            found.append((_model_file(str(value)), f"the {option} file being read"))
     return [(path, what) for path, what in found if path.is_file()]
+
+
+def _model_file(name: str) -> Path:
+    """The file a model name stands for: the bundled model's own (inside the installed
+    package), else the name as a path."""
+    if name == BUNDLED_MODEL:
+        from pagesim.core.models.gguf_loader import bundled_model_path  # (the loader only when asked)
+
+        with contextlib.suppress(PagesimError, OSError):
+            return bundled_model_path()
+    return Path(name)
 
 
 def overwrites_input(args: argparse.Namespace) -> str | None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+from pathlib import Path
 
 import zmq
 from pagesim.core.checks import utf8_error
@@ -46,7 +47,19 @@ def bind_problem(endpoint: str, option: str) -> str | None:
             return f"{option} {endpoint!r}: inproc:// reaches no other process; use tcp://127.0.0.1:PORT"
         return f"{option} {endpoint!r} is not a ZeroMQ endpoint to publish on: write tcp://127.0.0.1:PORT"
     if transport == "ipc":
-        return None if address else f"{option} {endpoint!r} names no path"
+        if not address:
+            return f"{option} {endpoint!r} names no path"
+        path = Path(address).expanduser()
+        if path.is_dir():
+            return f"{option} {endpoint!r}: {address} is a folder; name a socket file to create"
+        if path.exists() and not path.is_socket():  # ZeroMQ deletes whatever the path holds to bind
+            return (
+                f"{option} {endpoint!r}: {address} is an existing file, not a socket, and binding would delete it; "
+                "name a new path"
+            )
+        if not path.parent.is_dir():
+            return f"{option} {endpoint!r}: the folder {path.parent} does not exist"
+        return None
     host, colon, port = address.rpartition(":")
     if not colon or not host or not (port == "*" or (port.isdigit() and 0 < int(port) < 65536)):
         return f"{option} {endpoint!r} needs a host and a port from 1 to 65535 (or * for a free one)"
@@ -72,11 +85,12 @@ class KVEventPublisher:
         self._ctx = zmq.Context()
         self._pub = self._ctx.socket(zmq.PUB)
         self._replay: zmq.Socket | None = None
+        self.endpoint: str | None = None
+        self.replay_endpoint: str | None = None
         try:
             self._pub.set_hwm(hwm)
             self._pub.bind(endpoint)
             self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
-            self.replay_endpoint = None
             if replay_endpoint is not None:
                 self._replay = self._ctx.socket(zmq.ROUTER)
                 self._replay.bind(replay_endpoint)
@@ -160,6 +174,12 @@ class KVEventPublisher:
         if self._replay is not None:
             self._replay.close(linger=0)
         self._ctx.term()
+        for endpoint in (self.endpoint, self.replay_endpoint):  # (ZeroMQ leaves an ipc socket's file behind)
+            if endpoint and endpoint.startswith("ipc://"):
+                with contextlib.suppress(OSError):
+                    path = Path(endpoint[len("ipc://") :])
+                    if path.is_socket():
+                        path.unlink()
 
 
 # -- pagesim run --kv-events ----------------------------------------------------------------

@@ -25,7 +25,7 @@ from pagesim.app.kv_attach import (
 )
 from pagesim.app.kv_publisher import END_SEQ, KVEventPublisher
 from pagesim.core import kv_events as kv
-from pagesim.core.scenario import load_scenario
+from pagesim.core.scenario import load_scenario, scenario_file
 from pagesim.core.timeline import Timeline
 from pagesim.kernels.cpu_backend import CpuBackend
 
@@ -361,6 +361,23 @@ def test_a_publishing_endpoint_zeromq_would_bend_or_no_one_could_reach_is_refuse
     assert cli_main(["run", "seed_demo", "--quiet", "--kv-events", "tcp://127.0.0.1:*", "--kv-events-topic",
                      "\udcff"]) == 2  # fmt: skip
     assert "--kv-events-topic is not valid UTF-8" in capsys.readouterr().err
+
+
+def test_an_ipc_endpoint_over_a_users_file_is_refused_and_the_socket_goes_when_done(tmp_path, capsys):
+    """ZeroMQ deletes what an ipc path holds to bind: 'run X.toml --kv-events ipc://X.toml'
+    turned the scenario into a socket, printed PASS and exited 0."""
+    scenario = tmp_path / "mine.toml"
+    scenario.write_text(scenario_file(token_model("seed_demo")).read_text())
+    before = scenario.read_bytes()
+    assert cli_main(["run", str(scenario), "--quiet", "--kv-events", f"ipc://{scenario}"]) == 2
+    assert "is an existing file, not a socket, and binding would delete it" in capsys.readouterr().err
+    assert scenario.read_bytes() == before
+    missing = tmp_path / "no" / "sock"
+    assert cli_main(["run", str(scenario), "--quiet", "--kv-events", f"ipc://{missing}"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    sock = tmp_path / "kv.sock"
+    args = ["run", str(scenario), "--quiet", "--kv-events", f"ipc://{sock}", "--kv-events-linger", "0"]
+    assert cli_main(args) == 0 and not sock.exists()  # (the socket's file is removed on close)
 
 
 def test_blocks_whose_parents_loop_back_are_still_drawn():

@@ -378,3 +378,19 @@ def test_json_reports_say_null_for_what_json_cannot_name():
     text = json_text({"max_abs_logit_diff": float("nan"), "steps": [{"error": float("inf")}], "ok": 1.5})
     assert json.loads(text) == {"max_abs_logit_diff": None, "steps": [{"error": None}], "ok": 1.5}
     assert "NaN" not in text and "Infinity" not in text
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["run", "default", "--json", "{model}"], ["generate", "Hi", "--max-tokens", "1", "--json", "{model}"]],
+)
+def test_a_report_written_over_the_bundled_model_is_refused(command):
+    """The bundled model's file was looked for as a file named 'smollm2-135m': a --json onto
+    the model inside the installed package replaced it. (Asked of the guard alone: a run that
+    got past it would destroy the model.)"""
+    from pagesim.app.cli import build_parser, overwrites_input
+    from pagesim.core.models.gguf_loader import bundled_model_path
+
+    model = bundled_model_path()
+    reason = overwrites_input(build_parser().parse_args([a.format(model=model) for a in command]))
+    assert reason is not None and f"--json {model} is the " in reason and "it would be overwritten" in reason
