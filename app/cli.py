@@ -154,7 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--model", default=BUNDLED_MODEL, metavar="M", help=f'"{BUNDLED_MODEL}" or a .gguf path')
     gen.add_argument("--block-size", type=_positive_int, default=16, metavar="B", help="token slots per KV block")
     gen.add_argument("--json", type=Path, metavar="OUT", help="write tokens, text and verdicts here ('-': stdout)")
-    gen.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0: greedy (the default)")
+    gen.add_argument(
+        "--temperature", type=float, default=0.0, metavar="T", help="0 (the default), or below 1e-5 as in vLLM: greedy"
+    )
     gen.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus: the smallest set of mass ≥ P")
     gen.add_argument("--top-k", type=int, default=0, metavar="K", help="the K most likely tokens only (0: off)")
     gen.add_argument("--seed", type=int, default=0, metavar="S", help="the draws' seed (the same seed, the same text)")

@@ -2,8 +2,8 @@
 
 :class:`SamplingParams` is small and frozen; a sequence keeps its own (a fork inherits
 them with its own sequence index, so parallel samples draw differently). A real model's
-next token is :func:`choose_token` of the sequence's last logits: temperature 0 is greedy
-(the argmax); otherwise the logits are divided by the temperature, cut to the ``top_k``
+next token is :func:`choose_token` of the sequence's last logits: temperature 0 (or below
+1e-5, as vLLM has it) is greedy (the argmax); otherwise the logits are divided by the temperature, cut to the ``top_k``
 largest and to the nucleus of ``top_p`` (vLLM's rule: sorted, the smallest set of the most
 probable tokens whose mass reaches ``top_p``), and one token is drawn with a generator
 seeded from (request seed, sequence index, position) alone. The same logits and the same
@@ -25,9 +25,14 @@ def _is_number(value) -> bool:
     return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
 
 
+# Below this a temperature is greedy, as vLLM's _SAMPLING_EPS makes it: logits divided by
+# 1e-40 overflow float32 to inf, and a softmax of infs is NaN (every draw came out token 0).
+GREEDY_BELOW = 1e-5
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    temperature: float = 0.0  # 0: greedy
+    temperature: float = 0.0  # below GREEDY_BELOW (0 included): greedy
     top_k: int = 0  # 0: off
     top_p: float = 1.0  # 1: off
     seed: int = 0  # the request's
@@ -57,7 +62,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
     def for_index(self, index: int) -> SamplingParams:
         """The same parameters for the request's sequence ``index`` (its own draws)."""

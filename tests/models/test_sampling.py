@@ -58,6 +58,13 @@ def test_top_k_and_top_p_keep_vllms_sets_and_a_draw_depends_on_seed_index_and_po
     assert draws != [choose_token(logits, params.for_index(1), p) for p in range(64)]  # another sample
     assert draws != [choose_token(logits, SamplingParams(0.9, seed=5), p) for p in range(64)]
     assert all(choose_token(logits, SamplingParams(seed=s), 3) == 1 for s in range(5))  # temperature 0: argmax
+    # A vanishing temperature is greedy too (vLLM's 1e-5): logits / 1e-40 were inf, their
+    # softmax NaN, and every draw token 0.
+    for tiny in (1e-300, 1e-40, 9e-6):
+        assert SamplingParams(tiny).greedy and all(
+            choose_token(logits, SamplingParams(tiny, seed=s), 3) == 1 for s in range(5)
+        )
+    assert not SamplingParams(1e-5).greedy
     counts = torch.bincount(torch.tensor([choose_token(logits, SamplingParams(1.0, seed=s), 0) for s in range(2000)]))
     assert math.isclose(counts[1] / 2000, 0.4, abs_tol=0.05) and math.isclose(counts[0] / 2000, 0.05, abs_tol=0.02)
 
