@@ -93,8 +93,8 @@ def _check_event(event: dict) -> None:
         parent, tokens, size = event.get("parent_block_hash"), event.get("token_ids"), event.get("block_size")
         if parent is not None and not _is_hash(parent):
             raise ValueError("BlockStored: parent_block_hash is not a hash")
-        if not isinstance(tokens, list) or not all(map(is_int, tokens)):
-            raise ValueError("BlockStored: token_ids is not a list of token ids")
+        if not isinstance(tokens, list) or not all(is_int(t) and t >= 0 for t in tokens):
+            raise ValueError("BlockStored: token_ids is not a list of token ids (integers ≥ 0)")
         if size is not None and not is_count(size):
             raise ValueError("BlockStored: block_size is not a positive integer")
 
@@ -475,10 +475,29 @@ def add_parser(sub) -> None:
 
 
 def load_tokenizer(name: str) -> Callable[[list[int]], str]:
-    """The decode function of model ``name``'s tokenizer (it reads the model file)."""
+    """The decode function of model ``name``'s tokenizer (it reads the model file). An id
+    outside its vocabulary (another model's stream) reads as ⟨id N⟩, in place: the tokenizer
+    would drop it silently, or fail on one past 2^32."""
     from pagesim.core.models.catalog import load_model  # lazy: loads the model file
 
-    return load_model(name).tokenizer.decode
+    tokenizer = load_model(name).tokenizer
+    vocab = tokenizer.vocab_size
+
+    def decode(ids: list[int]) -> str:
+        parts, run = [], []
+        for token in ids:
+            if 0 <= token < vocab:
+                run.append(token)
+                continue
+            if run:
+                parts.append(tokenizer.decode(run))
+                run = []
+            parts.append(f"⟨id {token}⟩")
+        if run:
+            parts.append(tokenizer.decode(run))
+        return "".join(parts)
+
+    return decode
 
 
 def cmd_attach(args) -> int:

@@ -253,6 +253,7 @@ def test_events_with_fields_of_the_wrong_type_are_skipped_and_counted_not_a_trac
         _stored([2], None, [1, 2, 3, 4], bs="4"),  # block size a string
         _stored([3], "x", [1, 2, 3, 4]),  # parent not a hash
         _stored([4], None, [1, "a"]),  # a token that is no id
+        _stored([6], None, [-1, 2, 3, 4]),  # a negative id (decoding it overflowed, after the stream was read)
         {"type": "BlockRemoved", "block_hashes": 3},
     ]
     ts, events, skipped = decode_batch(msgspec.msgpack.encode([1.0, [good, *bad, {"type": "Unknown"}]]))
@@ -260,6 +261,15 @@ def test_events_with_fields_of_the_wrong_type_are_skipped_and_counted_not_a_trac
     view = PrefixCacheView()
     view.apply(0, ts, events)
     assert view.cached_blocks == 1
+
+
+def test_ids_outside_the_tokenizers_vocabulary_are_shown_in_place_not_dropped_or_a_traceback():
+    # (another model's stream: 50000 was dropped from the text, 10**18 raised OverflowError)
+    from pagesim.app.kv_attach import load_tokenizer
+
+    decode = load_tokenizer("smollm2-135m")
+    text = decode([50_000, 504, 10**18])
+    assert text.startswith("⟨id 50000⟩") and text.endswith("⟨id 1000000000000000000⟩") and len(text) > 32
 
 
 def test_a_stream_that_makes_the_prefix_tree_a_cycle_still_draws_each_block_once():
