@@ -74,11 +74,19 @@ def _repeat_count(text: str) -> int:
     return count
 
 
+def path_arg(text: str) -> Path:
+    """A file or folder option's path; an empty one is refused (``Path("")`` is the current
+    folder: ``--dump ""`` wrote its files there, ``--json ""`` named "." in its error)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty name: give a path")
+    return Path(text)
+
+
 def add_bench_options(parser: argparse.ArgumentParser) -> None:
     add_backend_option(parser)
     parser.add_argument(
         "--json",
-        type=Path,
+        type=path_arg,
         metavar="PATH",
         help=f"write the results here (default: {DEFAULT_BENCH_JSON}, {DEFAULT_GUI_BENCH_JSON} with --gui, "
         f"{DEFAULT_MODEL_BENCH_JSON} with --model)",

@@ -237,7 +237,7 @@ def test_a_typed_prompt_that_is_not_utf8_is_refused_by_the_engine_too():
     ("argv", "message"),
     [
         (["run", ""], "'': an empty name: give a shipped scenario's name"),  # (it read the folder ".")
-        (["trace", "", "-o", "{tmp}/out.jsonl"], "argument workload: an empty name: give a file's path"),
+        (["trace", "", "-o", "{tmp}/out.jsonl"], "argument workload: an empty name: give a path"),
         (["trace", "{tmp}", "-o", "{tmp}/out.jsonl"], "cannot read: it is a folder, not a workload file"),
         (["trace", "{tmp}/latin1.json", "-o", "{tmp}/out.jsonl"], "is it a JSON file?"),
         (["gui", "seed_demo", "--steps", "-1", "--screenshot", "{tmp}/s.png"], "--steps: expected a whole number ≥ 0"),
@@ -255,3 +255,23 @@ def test_inputs_that_are_no_such_thing_are_named_for_what_they_should_be(tmp_pat
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not (tmp_path / "out.jsonl").exists() and not (tmp_path / "s.png").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "seed_demo", "--dump", ""],
+        ["run", "seed_demo", "--json", ""],
+        ["generate", "Hi", "--json", ""],
+        ["trace", "w.json", "-o", ""],
+        ["latency", "--workload", "alpaca", "--model-shape", "llama-3-8b", "--gpu", "h200", "--json", ""],
+        ["sweep", "seed_demo", "--set", "block_size=4", "--csv", ""],
+    ],
+)
+def test_an_empty_output_path_is_refused_not_taken_as_the_current_folder(argv, tmp_path, monkeypatch, capsys):
+    """--dump "" wrote its .npz files into the current folder; --json "" said '--json . is a folder'."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and "an empty name: give a path" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
