@@ -13,6 +13,7 @@ import os
 from pagesim.core.errors import PagesimError
 
 THREADS_ENV = "PAGESIM_THREADS"
+MAX_THREADS_PER_CORE = 4
 
 
 def cores() -> int:
@@ -33,6 +34,12 @@ def chosen_threads() -> tuple[int, str]:
     if value:
         if not value.isdigit() or int(value) < 1:
             raise PagesimError(f"{THREADS_ENV}={value!r}: expected a positive integer")
+        # More threads than cores only contend, and OpenMP fails to create thousands (100000 crashed torch).
+        limit = MAX_THREADS_PER_CORE * cores()
+        if int(value) > limit:
+            raise PagesimError(
+                f"{THREADS_ENV}={value}: at most {limit} ({MAX_THREADS_PER_CORE} per core of the {cores()} here)"
+            )
         return int(value), f"{THREADS_ENV}"
     n = cores()
     return default_threads(n), f"{n} cores"

@@ -148,6 +148,13 @@ def test_threads_one_on_two_cores_else_a_core_left_over(monkeypatch):
     monkeypatch.setenv(threads.THREADS_ENV, "none")
     with pytest.raises(PagesimError, match="PAGESIM_THREADS"):
         threads.chosen_threads()
+    # (100000 segfaulted torch; 20000 failed in libgomp, after the run had started)
+    monkeypatch.setattr(threads, "cores", lambda: 2)
+    monkeypatch.setenv(threads.THREADS_ENV, "8")
+    assert threads.chosen_threads() == (8, "PAGESIM_THREADS")
+    monkeypatch.setenv(threads.THREADS_ENV, "100000")
+    with pytest.raises(PagesimError, match=r"PAGESIM_THREADS=100000: at most 8 \(4 per core of the 2 here\)"):
+        threads.chosen_threads()
 
 
 def test_the_first_model_load_sets_both_thread_pools_once(tiny, tmp_path):
