@@ -16,7 +16,7 @@ from pagesim.app.options import json_text, writable_problem
 from pagesim.core.checks import utf8_error
 from pagesim.core.engine import Simulator
 from pagesim.core.errors import InvalidOperationError
-from pagesim.core.models.catalog import config_for_model, load_model
+from pagesim.core.models.catalog import config_for_model, load_model, real_model_problem
 from pagesim.core.models.precision import DTYPE_ENV, describe_dtype, resolve_dtype
 from pagesim.core.models.threads import apply_chosen_threads
 from pagesim.core.operations import Add, Grow
@@ -49,6 +49,8 @@ def cmd_generate(args: argparse.Namespace, write_output) -> int:
         return 2
     if (at := utf8_error(args.prompt)) is not None:
         raise InvalidOperationError(f"the prompt is not valid UTF-8 text (at character {at})")
+    if (problem := real_model_problem(args.model, "--model")) is not None:
+        raise InvalidOperationError(problem)
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed, args.max_tokens)
     stream = args.json is None or str(args.json) != "-"
     if args.dtype is not None:

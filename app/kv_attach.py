@@ -514,6 +514,11 @@ def cmd_attach(args) -> int:
     for endpoint, what in ((args.endpoint, "endpoint"), (args.replay, "replay endpoint")):
         if endpoint is not None and (problem := endpoint_problem(endpoint, what)):
             raise AttachError(problem)
+    if args.tokenizer:
+        from pagesim.core.models.catalog import real_model_problem  # (lazy: the catalog imports the loader)
+
+        if (problem := real_model_problem(args.tokenizer, "--tokenizer")) is not None:
+            raise AttachError(problem)
     decode = load_tokenizer(args.tokenizer) if args.tokenizer else None
     bound = [f"{args.duration:g} s" if args.duration else "", f"{args.max_events} events" if args.max_events else ""]
     print(f"pagesim attach · {args.endpoint}" + (f" (replay {args.replay})" if args.replay else ""))

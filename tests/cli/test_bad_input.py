@@ -275,3 +275,18 @@ def test_an_empty_output_path_is_refused_not_taken_as_the_current_folder(argv, t
         main(argv)
     assert exit_.value.code == 2 and "an empty name: give a path" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["generate", "Hi", "--model", "notmodel.bin"], "--model 'notmodel.bin' is not a model: give \"smollm2-135m\""),
+        (["generate", "Hi", "--model", "synthetic"], "--model synthetic: the synthetic token model has no weights"),
+        (["attach", "tcp://127.0.0.1:5999", "--duration", "1", "--tokenizer", "bogus"], "--tokenizer 'bogus' is not"),
+    ],
+)
+def test_a_model_option_that_names_no_model_says_which_option(argv, said, capsys):
+    """Both said 'model must be "synthetic", …' (and then refused "synthetic"), naming neither option."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err
