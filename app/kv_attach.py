@@ -35,7 +35,16 @@ FIELDS = {c.__struct_config__.tag: c.__struct_fields__ for c in (kv.BlockStored,
 REPLAY_TIMEOUT_MS = 1000
 HISTORY_KEPT = 100_000  # batches
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5557"  # vLLM's default KV-event endpoint, seen from this machine
-TRANSPORTS = ("tcp", "ipc", "inproc")
+TRANSPORTS = ("tcp", "ipc")  # (inproc:// reaches no other process)
+HINT_AFTER_S = 5.0  # nothing received for this long: say what a server needs to publish
+SERVER_FLAGS = (
+    '--kv-events-config \'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", '
+    '"replay_endpoint": "tcp://*:5558"}\''
+)
+SILENT_HINT = (
+    "is the server running with prefix caching and " + SERVER_FLAGS + ", and is it serving requests? It publishes "
+    "only when its cache changes"
+)
 
 
 class AttachError(PagesimError):
@@ -49,6 +58,8 @@ def endpoint_problem(endpoint: str, what: str = "endpoint") -> str | None:
     if not endpoint:
         return f"give the server's KV-event {what}, {example}"
     transport, sep, address = endpoint.partition("://")
+    if transport == "inproc":
+        return f"{endpoint!r}: inproc:// reaches no other process; write tcp://HOST:PORT ({example})"
     if not sep or transport not in TRANSPORTS:
         return f"{endpoint!r} is not a ZeroMQ {what}: write tcp://HOST:PORT ({example})"
     if transport != "tcp":
@@ -435,13 +446,16 @@ def attach(
     duration: float | None = None,
     max_events: int | None = None,
     on_batch=None,
+    on_silence=None,
 ) -> PrefixCacheView:
     """Follow the stream until ``duration`` seconds have passed or ``max_events`` events came
-    (at least one of them must be given), calling ``on_batch(view, seq)`` after each batch."""
+    (at least one of them must be given), calling ``on_batch(view, seq)`` after each batch,
+    and ``on_silence()`` once if nothing came in the first :data:`HINT_AFTER_S` seconds."""
     if duration is None and max_events is None:
         raise AttachError("attach needs a bound: --duration or --max-events")
     view = PrefixCacheView()
-    deadline = None if duration is None else time.monotonic() + duration
+    started = time.monotonic()
+    deadline = None if duration is None else started + duration
     with Subscriber(endpoint, replay, topic) as sub:
         try:
             while max_events is None or view.events < max_events:
@@ -452,6 +466,9 @@ def attach(
                     view.apply(seq, ts, events)
                     if on_batch is not None:
                         on_batch(view, seq)
+                if on_silence is not None and not view.batches and time.monotonic() - started >= HINT_AFTER_S:
+                    on_silence()
+                    on_silence = None
         except KeyboardInterrupt:  # Ctrl-C: what was seen so far is still worth its summary
             view.interrupted = True
         view.skipped_messages, view.bad_events = sub.skipped, sub.bad_events
@@ -529,7 +546,10 @@ def cmd_attach(args) -> int:
             _, _, stored, removed, cached = view.history[-1]
             print(f"#{seq}: +{stored} stored −{removed} removed · cached {cached} · {view.status()}", flush=True)
 
-    view = attach(args.endpoint, args.replay, args.topic, args.duration, args.max_events, on_batch)
+    def on_silence() -> None:
+        print(f"note: nothing from {args.endpoint} in {HINT_AFTER_S:g} s: {SILENT_HINT}", file=sys.stderr, flush=True)
+
+    view = attach(args.endpoint, args.replay, args.topic, args.duration, args.max_events, on_batch, on_silence)
     print("")
     if view.interrupted:
         print("interrupted: what was received until then", file=sys.stderr)
@@ -538,6 +558,8 @@ def cmd_attach(args) -> int:
         print(f"note: {problem}", file=sys.stderr)
     if view.block_size:
         print(f"block size {view.block_size}; reused {view.reused_tokens} tokens, computed {view.computed_tokens}")
+    if not view.batches and not view.skipped_messages:
+        print(f"note: no KV events came from {args.endpoint}: {SILENT_HINT}", file=sys.stderr)
     print("prefix tree (cached blocks under their parents):" if view.nodes else "prefix cache: empty")
     for line in view.tree(decode, max_lines=args.lines):
         print(line)

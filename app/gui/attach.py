@@ -16,6 +16,8 @@ from pagesim.app.gui.controller import LIVE_THREADS, LIVE_TIMERS
 from pagesim.app.gui.palette import Theme
 from pagesim.app.kv_attach import (
     DEFAULT_ENDPOINT,
+    HINT_AFTER_S,
+    SERVER_FLAGS,
     AttachError,
     PrefixCacheView,
     Subscriber,
@@ -43,14 +45,9 @@ from PySide6.QtWidgets import (
 
 POLL_MS = 100  # the receiver's wait on the socket: the longest a detach waits for it
 REFRESH_MS = 250  # the tree is redrawn at most this often (a busy server sends many batches a second)
-HINT_AFTER_S = 5.0  # nothing received for this long: say what a server needs to publish
 MAX_TREE_ITEMS = 2000
 TEXT_WIDTH = 160  # characters of a run's tokens in the tree (the whole in its tooltip)
 PLOTTED_BATCHES = 2000
-SERVER_FLAGS = (
-    '--kv-events-config \'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", '
-    '"replay_endpoint": "tcp://*:5558"}\''
-)
 HIT_RATE_TIP = (
     "The hit rate the events imply: a store that branches off a cached prefix counts that prefix as reused; one "
     "that extends a leaf is the same request going on. A request that reuses a whole cached chain stores nothing, "

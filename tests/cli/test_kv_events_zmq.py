@@ -397,3 +397,18 @@ def test_blocks_whose_parents_loop_back_are_still_drawn():
     view.apply(1, 0.0, [{"type": "BlockRemoved", "block_hashes": [1]}, _stored([1], 2, [1, 2, 3, 4])])
     runs = list(view.runs())
     assert view.cached_blocks == 2 and sorted(h for run in runs for h in run.hashes) == [1, 2]
+
+
+def test_attach_to_a_silent_endpoint_says_what_a_server_needs_and_refuses_inproc(monkeypatch, capsys):
+    """With --max-events it waited for ever, silently; with --duration it said only 'prefix
+    cache: empty'. inproc:// was accepted though it reaches no other process."""
+    from pagesim.app import kv_attach
+
+    monkeypatch.setattr(kv_attach, "HINT_AFTER_S", 0.3)
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    assert cli_main(["attach", endpoint, "--duration", "1", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert f"note: nothing from {endpoint} in 0.3 s: is the server running with prefix caching" in err
+    assert f"note: no KV events came from {endpoint}" in err and "--kv-events-config" in err
+    assert cli_main(["attach", "inproc://x", "--duration", "1"]) == 2
+    assert "inproc:// reaches no other process" in capsys.readouterr().err
