@@ -166,6 +166,7 @@ class PrefixCacheView:
         self.last_seq = -1
         self.restarts = 0  # the publisher began its numbers again: a restarted server, its cache empty
         self.skipped_messages = self.bad_events = 0  # what the subscriber could not read (set by attach)
+        self.missed_batches = 0  # ... nor receive: numbers it skipped that no replay filled
         self.interrupted = False  # stopped by Ctrl-C before its bound
         self.requests = self.reused_tokens = self.computed_tokens = 0
         # (seq, ts, stored, removed, cached blocks) of the newest batches: a long attach stays bounded.
@@ -260,6 +261,11 @@ class PrefixCacheView:
     def problems(self) -> list[str]:
         """What could not be read, in words (nothing when all was)."""
         out = []
+        if self.missed_batches:
+            out.append(
+                f"{self.missed_batches} batches missed: the sequence numbers skipped them and no replay filled them "
+                "in (--replay names the server's replay socket); the tree may lack their blocks"
+            )
         if self.skipped_messages:
             out.append(f"{self.skipped_messages} messages skipped: not KV event batches in vLLM's wire format")
         if self.bad_events:
@@ -368,6 +374,7 @@ class Subscriber:
         self.last_seq = -1
         self.skipped = 0  # messages that were no KV event batch
         self.bad_events = 0  # events of a known kind with a field of the wrong type
+        self.missed = 0  # batches numbered past the last one seen that never came (no replay, or not from it)
 
     def __enter__(self) -> Subscriber:
         return self
@@ -434,6 +441,8 @@ class Subscriber:
             self.last_seq = seq
             return [(seq, frames[2])]
         out = self._fill_gap(seq) if seq > self.last_seq + 1 else []
+        if self.last_seq >= 0:  # (what came before attaching is no gap: the replay's history at most)
+            self.missed += seq - self.last_seq - 1 - len(out)
         out.append((seq, frames[2]))
         self.last_seq = seq
         return out
@@ -471,7 +480,7 @@ def attach(
                     on_silence = None
         except KeyboardInterrupt:  # Ctrl-C: what was seen so far is still worth its summary
             view.interrupted = True
-        view.skipped_messages, view.bad_events = sub.skipped, sub.bad_events
+        view.skipped_messages, view.bad_events, view.missed_batches = sub.skipped, sub.bad_events, sub.missed
     return view
 
 

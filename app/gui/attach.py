@@ -59,7 +59,7 @@ class KVEventReceiver(QThread):
     """Owns the subscriber (ZeroMQ sockets stay on one thread): connects, loads the tokenizer
     if one is named, then receives until :meth:`stop`."""
 
-    received = Signal(list, int, int)  # [(seq, ts, events)] in order; messages and events skipped so far
+    received = Signal(list, int, int, int)  # [(seq, ts, events)] in order; messages, events and batches missed so far
     tokenizerLoaded = Signal(object)  # the decode function
     tokenizerFailed = Signal(str)
     failed = Signal(str)
@@ -91,7 +91,7 @@ class KVEventReceiver(QThread):
                 batches = subscriber.batches(POLL_MS)
                 if batches or subscriber.skipped != skipped:  # (garbage alone is news too)
                     skipped = subscriber.skipped
-                    self.received.emit(batches, subscriber.skipped, subscriber.bad_events)
+                    self.received.emit(batches, subscriber.skipped, subscriber.bad_events, subscriber.missed)
         except AttachError as exc:
             self.failed.emit(str(exc))
         finally:
@@ -190,10 +190,10 @@ class AttachWindow(QWidget):
         layout.addLayout(buttons)
 
     # -- from the receiver ----------------------------------------------------------------
-    def _on_batches(self, batches: list, skipped: int = 0, bad_events: int = 0) -> None:
+    def _on_batches(self, batches: list, skipped: int = 0, bad_events: int = 0, missed: int = 0) -> None:
         for seq, ts, events in batches:
             self.view.apply(seq, ts, events)
-        self.view.skipped_messages, self.view.bad_events = skipped, bad_events
+        self.view.skipped_messages, self.view.bad_events, self.view.missed_batches = skipped, bad_events, missed
         self._dirty = True
 
     def _on_tokenizer(self, decode) -> None:

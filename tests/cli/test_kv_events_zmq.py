@@ -412,3 +412,27 @@ def test_attach_to_a_silent_endpoint_says_what_a_server_needs_and_refuses_inproc
     assert f"note: no KV events came from {endpoint}" in err and "--kv-events-config" in err
     assert cli_main(["attach", "inproc://x", "--duration", "1"]) == 2
     assert "inproc:// reaches no other process" in capsys.readouterr().err
+
+
+def test_batches_the_sequence_numbers_skip_are_counted_and_said_missed():
+    """Numbers 0, 1000, 2000 … with no replay: the summary said nothing of the 998 batches lost."""
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    port = free_port()
+    pub.bind(f"tcp://127.0.0.1:{port}")
+    try:
+        with Subscriber(f"tcp://127.0.0.1:{port}") as sub:
+            time.sleep(0.5)  # the subscription reaches the PUB socket
+            for seq in (5, 6, 1000, 2000):  # (from 5: what came before attaching is no gap)
+                payload = msgspec.msgpack.encode([0.0, [_stored([seq], None, [1, 2, 3, 4])]])
+                pub.send_multipart([b"", seq.to_bytes(8, "big"), payload])
+            got, deadline = [], time.monotonic() + 10
+            while len(got) < 4 and time.monotonic() < deadline:
+                got += sub.batches(200)
+            assert [seq for seq, _, _ in got] == [5, 6, 1000, 2000] and sub.missed == 993 + 999
+    finally:
+        pub.close(linger=0)
+        ctx.term()
+    view = PrefixCacheView()
+    view.missed_batches = sub.missed
+    assert any(p.startswith("1992 batches missed") for p in view.problems())
