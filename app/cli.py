@@ -247,6 +247,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     reports, steps, failed, worst, error, checked, rejected = [], 0, [], 0.0, None, 0, []
     logits_failed: list[int] = []  # of ``failed``, the steps whose attention held and whose logits did not
     engine_checked = 0  # of the checks, those at a schedule's engine steps before its last
+    undumped = 0  # of those, the ones --dump could not write (only a schedule's last step keeps its inputs)
     layer_steps, logits_gap = 0, 0.0  # a real model's: steps whose every layer was checked
     try:
         while not timeline.at_end:
@@ -283,6 +284,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                     if line:
                         say(line)
             if args.dump:
+                undumped += len(result.inner_checks)  # (an engine step inside a schedule keeps no kernel inputs)
                 try:
                     dump_step(args.dump, timeline, result)
                 except OSError as exc:
@@ -292,7 +294,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             kv_events.publisher.close()
         if args.dump is not None and (written := sorted(args.dump.glob("step_*.npz"))):
             print(
-                f"\ninterrupted after step {steps}: --dump {args.dump} holds the step files of this unfinished run "
+                f"\ninterrupted at step {steps}: --dump {args.dump} holds the step files of this unfinished run "
                 f"({written[0].name} … {written[-1].name}); no --json report was written",
                 file=sys.stderr,
             )
@@ -341,6 +343,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"FAIL: the K/V read through the block tables differ from what was written: {corrupt[0]}", file=sys.stderr
         )
         return 1
+    if undumped:
+        print(
+            f"note: --dump {args.dump}: {undumped} checks ran at engine steps inside schedules, which keep no kernel "
+            "inputs (only a schedule's last step does): nothing was dumped for them; schedules of one step each "
+            "would dump every step",
+            file=sys.stderr,
+        )
     if stalled:
         print(f"STALLED: the scheduler can never finish its requests: {stalled}", file=sys.stderr)
         return 3

@@ -362,3 +362,16 @@ def test_a_run_whose_logits_alone_left_their_bound_does_not_blame_the_kernel(tmp
     err = capsys.readouterr().err
     assert "FAIL: every layer's paged attention held its bound, but the logits" in err
     assert "kernel and dense attention differ" not in err
+
+
+def test_dump_says_what_it_could_not_write_for_checks_inside_a_schedule(tmp_path, capsys):
+    """'PASS: … 4 checks (4 at engine steps inside schedules)' with no --dump folder made and
+    nothing said."""
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(
+        'name = "s"\nnum_blocks = 8\nblock_size = 4\nnum_heads = 1\nhead_dim = 8\n'
+        '[[steps]]\nop = "submit"\nrequest = "r"\ntokens = 6\noutput = 3\n[[steps]]\nop = "schedule"\nsteps = 6\n'
+    )
+    assert main(["run", str(scenario), "--quiet", "--dump", str(tmp_path / "d")]) == 0
+    err = capsys.readouterr().err
+    assert "checks ran at engine steps inside schedules, which keep no kernel inputs" in err
