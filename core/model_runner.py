@@ -27,7 +27,7 @@ from pagesim.core.kv_cache import CacheCheckpoint, PagedKVCache, SwapSpace
 from pagesim.core.language_model import LanguageModel
 from pagesim.core.layer_check import LayerCheck
 from pagesim.core.sequence import Sequence
-from pagesim.core.token_model import TokenModel
+from pagesim.core.token_model import MEMORY_ONLY_VOCAB, TokenModel
 from pagesim.kernels.backend import Backend, default_scale, host_memory_available
 from pagesim.kernels.dtypes import storage_dtype
 
@@ -165,6 +165,8 @@ class ModelRunner:
         self.backend = backend
         self.kv_data = kv_data
         self.model: LanguageModel = model if model is not None else TokenModel(config)
+        if not kv_data and model is None:  # no embedding is read: a workload of any model's ids is hashed only
+            self.model.vocab_size = MEMORY_ONLY_VOCAB
         self.cache = PagedKVCache(config, backend) if kv_data else None
         self.swap_space = SwapSpace(config, self.cache.dtype) if kv_data else None
         # Dense attention's working memory: at most half the pool's bytes per SDPA call.

@@ -19,6 +19,7 @@ from pagesim.core.language_model import SYNTHETIC
 from pagesim.core.language_model import check_vocab as _check_vocab
 from pagesim.core.sequence import TOKEN_CODE
 
+MEMORY_ONLY_VOCAB = 2**31  # a memory-only run's ids: any model's (vLLM's token ids are int32)
 VOCAB_SIZE = 32_000
 MODEL_DIM = 64
 ROPE_BASE = 10_000.0
@@ -231,6 +232,9 @@ class TokenModel:
         weights = _weights(config.seed, config.num_heads, config.num_kv_heads, config.head_dim)
         self.embedding, self.w_q, self.w_k, self.w_v, self._w_qkv = weights
         self._rotary = _RotaryTable.for_head_dim(config.head_dim)  # filled as positions are reached
+        # The ids it takes: its own vocabulary, whose embedding rows it has; memory-only runs
+        # (no K/V: ids are only hashed) take any model's (ModelRunner widens it).
+        self.vocab_size = VOCAB_SIZE
 
     # -- synthetic token ids -----------------------------------------------------
     def token_id(self, seq_id: str, position: int) -> int:
@@ -266,7 +270,7 @@ class TokenModel:
         return np.fromiter(map(self._stream_of.__getitem__, seq_ids), np.int64, len(seq_ids)).view(np.uint64)
 
     def check_vocab(self, token_ids, field: str) -> None:
-        _check_vocab(token_ids, field, VOCAB_SIZE)
+        _check_vocab(token_ids, field, self.vocab_size)
 
     # -- projections -------------------------------------------------------------
     # Bit-exact determinism matters: a token's K/V must not depend on what else was in

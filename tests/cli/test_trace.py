@@ -122,3 +122,17 @@ def test_a_request_that_can_never_fit_is_named_as_rejected_not_as_unfinished(tmp
     assert summary["unfinished"] == [] and list(summary["finished"]) == ["short"]
     err = capsys.readouterr().err
     assert err.startswith("note: request long rejected: ") and "did not finish" not in err
+
+
+def test_a_workload_of_a_large_vocabulary_is_traced(tmp_path):
+    """Ids of SmolLM2 (49,152) or Llama-3 (128,256) were refused as outside [0, 32000), the
+    synthetic model's vocabulary, though a trace only hashes them."""
+    workload = tmp_path / "w.json"
+    config = {"num_gpu_blocks": 16, "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 64}
+    request = {"id": "a", "prompt": [128_000, 127_999, 100_000, 50_000, 7], "max_new_tokens": 3,
+               "output": [120_000, 2, 128_255]}  # fmt: skip
+    workload.write_text(json.dumps({"config": {**config, "enable_prefix_caching": True}, "requests": [request]}))
+    out = tmp_path / "t.jsonl"
+    assert main(["trace", str(workload), "-o", str(out)]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert records[-1]["kind"] == "summary"
