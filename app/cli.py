@@ -16,7 +16,7 @@ from pathlib import Path
 from pagesim.app.kv_attach import add_parser as add_attach_parser
 from pagesim.app.kv_attach import cmd_attach
 from pagesim.app.kv_publisher import add_run_options as add_kv_event_options
-from pagesim.app.kv_publisher import open_step_publisher
+from pagesim.app.kv_publisher import check_publisher_options, open_step_publisher
 from pagesim.app.options import (
     add_backend_option,
     add_bench_options,
@@ -232,6 +232,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    check_publisher_options(args)
     backend = select_backend(args.backend, args.cuda_kernel)
     # A run never steps back: no snapshot keeps K/V arrays, no step but the current one is
     # kept, and each step's report only for --json.

@@ -218,12 +218,13 @@ class StepPublisher:
         self.publisher.close()
 
 
-def open_step_publisher(args, sim, say) -> StepPublisher | None:
-    """The run's publisher when ``--kv-events`` asks for one."""
+def check_publisher_options(args) -> None:
+    """Refuse ``--kv-events``' options that cannot work, before the scenario (maybe a model)
+    loads: a refusal after seconds of loading tells nothing the options did not."""
     if args.kv_events is None:
         if args.kv_events_replay is not None:
             raise PublisherError("--kv-events-replay needs --kv-events")
-        return None
+        return
     if not 0 <= args.kv_events_linger <= 600:
         raise PublisherError(f"--kv-events-linger must be between 0 and 600 seconds; got {args.kv_events_linger}")
     for endpoint, option in ((args.kv_events, "--kv-events"), (args.kv_events_replay, "--kv-events-replay")):
@@ -231,6 +232,13 @@ def open_step_publisher(args, sim, say) -> StepPublisher | None:
             raise PublisherError(problem)
     if utf8_error(args.kv_events_topic) is not None:
         raise PublisherError("--kv-events-topic is not valid UTF-8 text")
+
+
+def open_step_publisher(args, sim, say) -> StepPublisher | None:
+    """The run's publisher when ``--kv-events`` asks for one."""
+    check_publisher_options(args)
+    if args.kv_events is None:
+        return None
     publisher = KVEventPublisher(args.kv_events, args.kv_events_replay, topic=args.kv_events_topic)
     replay = f" · replay {publisher.replay_endpoint}" if publisher.replay_endpoint else ""
     say(f"KV events: {publisher.endpoint}{replay}")

@@ -436,3 +436,14 @@ def test_batches_the_sequence_numbers_skip_are_counted_and_said_missed():
     view = PrefixCacheView()
     view.missed_batches = sub.missed
     assert any(p.startswith("1992 batches missed") for p in view.problems())
+
+
+def test_publisher_options_are_refused_before_the_scenario_loads(capsys):
+    """They were checked after the scenario (a real model: seconds) had loaded and its header printed."""
+    for extra, said in (
+        (["--kv-events-replay", "tcp://127.0.0.1:5558"], "--kv-events-replay needs --kv-events"),
+        (["--kv-events", "tcp://127.0.0.1:*", "--kv-events-linger", "900"], "--kv-events-linger must be between"),
+    ):
+        assert cli_main(["run", "default", *extra]) == 2
+        out = capsys.readouterr()
+        assert said in out.err and "pagesim run ·" not in out.out
