@@ -221,7 +221,7 @@ class PrefixCacheView:
                     self.nodes[node.parent].children.pop(key, None)
 
     def apply(self, seq: int, ts: float, events: list[dict]) -> None:
-        if seq < self.last_seq:  # numbered from the start again: a new publisher, an empty cache
+        if seq <= self.last_seq:  # numbered from the start again: a new publisher, an empty cache
             self.restarts += 1
             self.nodes.clear()
         self.last_seq = seq
@@ -375,6 +375,7 @@ class Subscriber:
         self.skipped = 0  # messages that were no KV event batch
         self.bad_events = 0  # events of a known kind with a field of the wrong type
         self.missed = 0  # batches numbered past the last one seen that never came (no replay, or not from it)
+        self._last_payload = b""
 
     def __enter__(self) -> Subscriber:
         return self
@@ -435,9 +436,10 @@ class Subscriber:
             self.skipped += 1
             return []
         seq = int.from_bytes(frames[1], "big")
-        if seq == self.last_seq:
-            return []
-        if seq < self.last_seq:  # a restarted publisher numbers from 0 again: follow it
+        if seq == self.last_seq and frames[2] == self._last_payload:
+            return []  # (the same batch again)
+        self._last_payload = frames[2]
+        if seq <= self.last_seq:  # a restarted publisher numbers from 0 again (its #0 after an old #0 too)
             self.last_seq = seq
             return [(seq, frames[2])]
         out = self._fill_gap(seq) if seq > self.last_seq + 1 else []

@@ -447,3 +447,30 @@ def test_publisher_options_are_refused_before_the_scenario_loads(capsys):
         assert cli_main(["run", "default", *extra]) == 2
         out = capsys.readouterr()
         assert said in out.err and "pagesim run ·" not in out.out
+
+
+def test_a_restart_whose_first_number_is_the_last_one_seen_is_followed():
+    """A publisher that sent only #0, then a new one from #0: the new #0 was dropped as a
+    repeat, the two runs' prompts mixed in one tree, no restart said."""
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    port = free_port()
+    pub.bind(f"tcp://127.0.0.1:{port}")
+    try:
+        with Subscriber(f"tcp://127.0.0.1:{port}") as sub:
+            time.sleep(0.5)
+            first = msgspec.msgpack.encode([0.0, [_stored([100], None, [1, 2, 3, 4])]])
+            second = msgspec.msgpack.encode([0.0, [_stored([200], None, [5, 6, 7, 8])]])
+            for payload in (first, first, second):  # (the same #0 twice is one batch; another #0 a restart)
+                pub.send_multipart([b"", (0).to_bytes(8, "big"), payload])
+            got, deadline = [], time.monotonic() + 10
+            while len(got) < 2 and time.monotonic() < deadline:
+                got += sub.batches(200)
+    finally:
+        pub.close(linger=0)
+        ctx.term()
+    assert [seq for seq, _, _ in got] == [0, 0]
+    view = PrefixCacheView()
+    for seq, ts, events in got:
+        view.apply(seq, ts, events)
+    assert view.restarts == 1 and list(view.nodes) == [200]
