@@ -375,3 +375,8 @@ def test_dump_says_what_it_could_not_write_for_checks_inside_a_schedule(tmp_path
     assert main(["run", str(scenario), "--quiet", "--dump", str(tmp_path / "d")]) == 0
     err = capsys.readouterr().err
     assert "checks ran at engine steps inside schedules, which keep no kernel inputs" in err
+
+
+def test_a_cuda_kernel_choice_on_the_cpu_backend_is_said_to_do_nothing(capsys):
+    assert main(["run", "seed_demo", "--backend", "cpu", "--cuda-kernel", "v2", "--quiet"]) == 0
+    assert "note: --cuda-kernel v2 is for the CUDA backend; this run uses cpu" in capsys.readouterr().err
