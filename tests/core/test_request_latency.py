@@ -14,7 +14,6 @@ from pagesim.core.studies.request_latency import scenario_latency
 from pagesim.core.studies.stand_in import memory_only
 from pagesim.core.studies.sweep import parse_setting
 from pagesim.core.studies.whatif import PANEL_KNOBS, suggested_values
-from pagesim.core.token_model import VOCAB_SIZE
 
 from tests.scenarios import token_model
 
@@ -88,11 +87,23 @@ def test_a_real_models_scenario_is_replayed_on_the_synthetic_model_and_says_so()
     assert stand_in.config.model == "synthetic" and note.startswith("smollm2-135m is played by the synthetic model")
     assert stand_in.config.num_blocks == 16 and stand_in.config.block_size == 4
     prompts = [op.prompt for op in stand_in.operations if isinstance(op, Submit)]
-    assert prompts[0][3] == prompts[1][3] == 40000 % VOCAB_SIZE  # equal ids stay equal
+    assert prompts[0][3] == prompts[1][3] == 40000  # the ids themselves: a memory-only run only hashes them
     assert [len(p) for p in prompts] == [9, 9]
     study = scenario_latency(real)
     assert study.note == note and study.summary.requests == 2
     assert {r.output_tokens for r in study.requests} == {6, 4}  # every output to its length
+
+
+def test_a_stand_ins_prefix_hits_are_the_real_prompts_not_ids_folded_together():
+    """Ids folded into the synthetic vocabulary (t % 32000) made [5..13] and [32005..32013],
+    which share no token, hit each other's blocks: a 50 % hit rate."""
+    prompts = ([5, 6, 7, 8, 9, 10, 11, 12, 13], [32005, 32006, 32007, 32008, 32009, 32010, 32011, 32012, 32013])
+    text = 'name = "two"\nmodel = "smollm2-135m"\nnum_blocks = 16\nblock_size = 4\nprefix_caching = true\n'
+    for name, prompt in zip("ab", prompts, strict=True):
+        text += f'[[steps]]\nop = "submit"\nrequest = "{name}"\nprompt = {prompt}\noutput = 2\n'
+        text += '[[steps]]\nop = "schedule"\nsteps = 4\n'
+    stand_in, _ = memory_only(parse_scenario(text))
+    assert replay_scenario(stand_in).prefix_hit_rate == 0.0
 
 
 def test_a_synthetic_scenario_is_its_own_stand_in():
