@@ -295,9 +295,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                     dump_step(args.dump, timeline, result)
                 except OSError as exc:
                     raise CannotWrite(args.dump, "--dump", exc) from None
-    except KeyboardInterrupt:  # Ctrl-C: say what a partial run left behind
-        if kv_events is not None:
+    except BaseException as exc:
+        if kv_events is not None:  # (any way out: its thread stops, its sockets close, an ipc socket's file goes)
             kv_events.publisher.close()
+        if not isinstance(exc, KeyboardInterrupt):
+            raise
+        # Ctrl-C: say what a partial run left behind
         if args.dump is not None and (written := sorted(args.dump.glob("step_*.npz"))):
             print(
                 f"\ninterrupted at step {steps}: --dump {args.dump} holds the step files of this unfinished run "
@@ -333,6 +336,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if undumped:  # (before the verdict: a failed run is when dumps are looked for)
+        print(
+            f"note: --dump {args.dump}: {undumped} checks ran at engine steps inside schedules, which keep no kernel "
+            "inputs (only a schedule's last step does): nothing was dumped for them; schedules of one step each "
+            "would dump every step",
+            file=sys.stderr,
+        )
     if failed:
         kernel_failed = [step for step in failed if step not in logits_failed]
         if kernel_failed:
@@ -349,13 +359,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"FAIL: the K/V read through the block tables differ from what was written: {corrupt[0]}", file=sys.stderr
         )
         return 1
-    if undumped:
-        print(
-            f"note: --dump {args.dump}: {undumped} checks ran at engine steps inside schedules, which keep no kernel "
-            "inputs (only a schedule's last step does): nothing was dumped for them; schedules of one step each "
-            "would dump every step",
-            file=sys.stderr,
-        )
     if stalled:
         print(f"STALLED: the scheduler can never finish its requests: {stalled}", file=sys.stderr)
         return 3

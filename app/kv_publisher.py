@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import socket
 import threading
 from pathlib import Path
 
@@ -49,7 +50,9 @@ def bind_problem(endpoint: str, option: str) -> str | None:
     if transport == "ipc":
         if not address:
             return f"{option} {endpoint!r} names no path"
-        path = Path(address).expanduser()
+        if address.startswith("~"):  # (ZeroMQ takes it as a name, not the home folder)
+            return f"{option} {endpoint!r}: write the path in full (ZeroMQ does not expand ~)"
+        path = Path(address)
         if path.is_dir():
             return f"{option} {endpoint!r}: {address} is a folder; name a socket file to create"
         if path.exists() and not path.is_socket():  # ZeroMQ deletes whatever the path holds to bind
@@ -57,6 +60,8 @@ def bind_problem(endpoint: str, option: str) -> str | None:
                 f"{option} {endpoint!r}: {address} is an existing file, not a socket, and binding would delete it; "
                 "name a new path"
             )
+        if path.is_socket() and _socket_in_use(path):  # (a stale one, left by a run that died, is rebound)
+            return f"{option} {endpoint!r}: another program is listening on {address}; name another path"
         if not path.parent.is_dir():
             return f"{option} {endpoint!r}: the folder {path.parent} does not exist"
         return None
@@ -64,6 +69,18 @@ def bind_problem(endpoint: str, option: str) -> str | None:
     if not colon or not host or not (port == "*" or (port.isdigit() and 0 < int(port) < 65536)):
         return f"{option} {endpoint!r} needs a host and a port from 1 to 65535 (or * for a free one)"
     return None
+
+
+def _socket_in_use(path: Path) -> bool:
+    """A program accepts connections on the Unix socket at ``path`` (binding over it would
+    take its clients and, on close, delete its file)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.5)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+        return True
 
 
 class KVEventPublisher:
@@ -230,6 +247,8 @@ def check_publisher_options(args) -> None:
     for endpoint, option in ((args.kv_events, "--kv-events"), (args.kv_events_replay, "--kv-events-replay")):
         if endpoint is not None and (problem := bind_problem(endpoint, option)):
             raise PublisherError(problem)
+    if args.kv_events_replay is not None and args.kv_events.strip() == args.kv_events_replay.strip():
+        raise PublisherError("--kv-events and --kv-events-replay name the same endpoint: give each its own")
     if utf8_error(args.kv_events_topic) is not None:
         raise PublisherError("--kv-events-topic is not valid UTF-8 text")
 

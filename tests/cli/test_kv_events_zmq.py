@@ -388,6 +388,29 @@ def test_an_ipc_endpoint_over_a_users_file_is_refused_and_the_socket_goes_when_d
     sock = tmp_path / "kv.sock"
     args = ["run", str(scenario), "--quiet", "--kv-events", f"ipc://{sock}", "--kv-events-linger", "0"]
     assert cli_main(args) == 0 and not sock.exists()  # (the socket's file is removed on close)
+    # Another program's live socket is not taken over; the same path for both sockets is refused.
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as other:
+        other.bind(str(sock))
+        other.listen(1)
+        assert cli_main(args) == 2
+        assert "another program is listening on" in capsys.readouterr().err and sock.is_socket()
+    twice = [*args, "--kv-events-replay", f"ipc://{sock}"]
+    assert cli_main(twice) == 2 and "name the same endpoint" in capsys.readouterr().err
+    assert cli_main([*args[:-4], "--kv-events", "ipc://~/kv.sock"]) == 2
+    assert "ZeroMQ does not expand ~" in capsys.readouterr().err
+
+
+def test_a_run_that_fails_midway_closes_its_publisher_and_removes_its_socket(tmp_path, monkeypatch, capsys):
+    from pagesim.app import cli
+
+    def full_disk(*_):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cli, "dump_step", full_disk)
+    sock = tmp_path / "kv.sock"
+    argv = ["run", "seed_demo", "--quiet", "--kv-events", f"ipc://{sock}", "--kv-events-linger", "0"]
+    assert cli_main([*argv, "--dump", str(tmp_path / "d")]) == 1
+    assert "--dump" in capsys.readouterr().err and not sock.exists()
 
 
 def test_blocks_whose_parents_loop_back_are_still_drawn():
