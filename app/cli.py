@@ -23,6 +23,7 @@ from pagesim.app.options import (
     add_dtype_option,
     json_text,
     path_arg,
+    say_unused_cuda_kernel,
     writable_problem,
 )
 from pagesim.app.report import (
@@ -234,11 +235,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     check_publisher_options(args)
     backend = select_backend(args.backend, args.cuda_kernel)
-    if args.cuda_kernel != "auto" and backend.name != "cuda":
-        print(
-            f"note: --cuda-kernel {args.cuda_kernel} is for the CUDA backend; this run uses {backend.name}",
-            file=sys.stderr,
-        )
+    say_unused_cuda_kernel(args, backend)
     # A run never steps back: no snapshot keeps K/V arrays, no step but the current one is
     # kept, and each step's report only for --json.
     timeline = Timeline(load_scenario(args.scenario), backend, snapshot_data=False, history=False)

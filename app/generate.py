@@ -12,7 +12,7 @@ import os
 import statistics
 import sys
 
-from pagesim.app.options import json_text, writable_problem
+from pagesim.app.options import json_text, say_unused_cuda_kernel, writable_problem
 from pagesim.core.checks import utf8_error
 from pagesim.core.engine import Simulator
 from pagesim.core.errors import InvalidOperationError
@@ -75,7 +75,9 @@ def cmd_generate(args: argparse.Namespace, write_output) -> int:
         )
     blocks = -(-(len(prompt) + args.max_tokens) // args.block_size)
     config = config_for_model(args.model, num_blocks=blocks, block_size=args.block_size)
-    sim = Simulator(config, select_backend(args.backend, args.cuda_kernel))
+    backend = select_backend(args.backend, args.cuda_kernel)
+    say_unused_cuda_kernel(args, backend)
+    sim = Simulator(config, backend)
     if stream:
         name = model.config.name or model.path.name
         print(f"{name} · {describe_dtype(dtype)} ({why}) · {threads} · {sim.runner.device}\n")

@@ -264,7 +264,7 @@ class PrefixCacheView:
         if self.missed_batches:
             out.append(
                 f"{self.missed_batches} batches missed: the sequence numbers skipped them and no replay filled them "
-                "in (--replay names the server's replay socket); the tree may lack their blocks"
+                "in (give the server's replay socket to fill gaps); the tree may lack their blocks"
             )
         if self.skipped_messages:
             out.append(f"{self.skipped_messages} messages skipped: not KV event batches in vLLM's wire format")
@@ -405,7 +405,7 @@ class Subscriber:
             seq = int.from_bytes(seq_bytes, "big", signed=True)
             if seq < 0 or not payload:
                 break
-            if self.last_seq < seq < until:
+            if self.last_seq < seq < until and (not got or seq > got[-1][0]):  # (in order, each number once)
                 got.append((seq, payload))
         return got
 
@@ -477,7 +477,8 @@ def attach(
                     view.apply(seq, ts, events)
                     if on_batch is not None:
                         on_batch(view, seq)
-                if on_silence is not None and not view.batches and time.monotonic() - started >= HINT_AFTER_S:
+                silent = not view.batches and not sub.skipped  # (unreadable messages are said otherwise)
+                if on_silence is not None and silent and time.monotonic() - started >= HINT_AFTER_S:
                     on_silence()
                     on_silence = None
         except KeyboardInterrupt:  # Ctrl-C: what was seen so far is still worth its summary

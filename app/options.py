@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 from pagesim.core.language_model import BUNDLED_MODEL
@@ -72,6 +73,13 @@ def _repeat_count(text: str) -> int:
     if not 1 <= count <= 50:
         raise argparse.ArgumentTypeError(f"must be a whole number from 1 to 50, got {text!r}")
     return count
+
+
+def say_unused_cuda_kernel(args: argparse.Namespace, backend) -> None:
+    """A note when ``--cuda-kernel`` was chosen for a run that is not on the CUDA backend."""
+    choice = getattr(args, "cuda_kernel", "auto")
+    if choice != "auto" and backend.name != "cuda":
+        print(f"note: --cuda-kernel {choice} is for the CUDA backend; this run uses {backend.name}", file=sys.stderr)
 
 
 def path_arg(text: str) -> Path:

@@ -18,6 +18,7 @@ from pagesim.app.kv_attach import (
     DEFAULT_ENDPOINT,
     HINT_AFTER_S,
     SERVER_FLAGS,
+    SILENT_HINT,
     AttachError,
     PrefixCacheView,
     Subscriber,
@@ -220,10 +221,7 @@ class AttachWindow(QWidget):
                 return f"Detached after {waited:.0f} s: nothing came from {self.endpoint}."
             text = f"Waiting for events from {self.endpoint}… ({waited:.0f} s)"
             if waited >= HINT_AFTER_S:
-                text += (
-                    ". Nothing yet: is the server running with prefix caching and " + SERVER_FLAGS + ", and is it "
-                    "serving requests? It publishes only when its cache changes."
-                )
+                text += f". Nothing yet: {SILENT_HINT}."
             return text
         prefix = "Detached · " if self.detached else ""
         problems = self.view.problems()
@@ -364,8 +362,13 @@ class AttachDialog(QDialog):
         return self.endpoint.text().strip(), replay or None, self.topic.text(), tokenizer or None
 
     def problem(self) -> str | None:
-        endpoint, replay, _, _ = self.choice()
-        return endpoint_problem(endpoint) or (replay and endpoint_problem(replay, "replay endpoint")) or None
+        endpoint, replay, _, tokenizer = self.choice()
+        found = endpoint_problem(endpoint) or (replay and endpoint_problem(replay, "replay endpoint"))
+        if not found and tokenizer:
+            from pagesim.core.models.catalog import real_model_problem  # (lazy: the catalog imports the loader)
+
+            found = real_model_problem(tokenizer, "tokenizer")
+        return found or None
 
     def accept(self) -> None:
         if problem := self.problem():

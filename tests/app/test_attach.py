@@ -62,6 +62,9 @@ def test_the_dialog_names_a_bad_endpoint_and_attaches_to_a_good_one(window, qtbo
     assert "the address a server binds" in dialog.error_label.text() and window.kv_attach.windows == []
     port = free_port()  # nobody publishes there
     dialog.endpoint.setText(f"tcp://127.0.0.1:{port}")
+    dialog.tokenizer.setCurrentText("bogus")  # (no model at all: said in the dialog, not after attaching)
+    dialog.attach_button.click()
+    assert "tokenizer 'bogus' is not a model" in dialog.error_label.text() and window.kv_attach.windows == []
     dialog.tokenizer.setCurrentText("/nonexistent/model.gguf")
     dialog.attach_button.click()
     assert dialog.result() == QDialog.DialogCode.Accepted

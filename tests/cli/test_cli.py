@@ -377,6 +377,7 @@ def test_dump_says_what_it_could_not_write_for_checks_inside_a_schedule(tmp_path
     assert "checks ran at engine steps inside schedules, which keep no kernel inputs" in err
 
 
-def test_a_cuda_kernel_choice_on_the_cpu_backend_is_said_to_do_nothing(capsys):
-    assert main(["run", "seed_demo", "--backend", "cpu", "--cuda-kernel", "v2", "--quiet"]) == 0
+@pytest.mark.parametrize("argv", [["run", "seed_demo", "--quiet"], ["generate", "Hi", "--max-tokens", "1"]])
+def test_a_cuda_kernel_choice_on_the_cpu_backend_is_said_to_do_nothing(argv, capsys):
+    assert main([*argv, "--backend", "cpu", "--cuda-kernel", "v2"]) == 0
     assert "note: --cuda-kernel v2 is for the CUDA backend; this run uses cpu" in capsys.readouterr().err

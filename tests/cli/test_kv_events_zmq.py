@@ -38,6 +38,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _until_received(sub, send, seconds: float = 10.0) -> list:
+    """Send the same first batch until the subscriber has it (a PUB socket drops what it
+    sends before the subscription reaches it; a repeat of the same batch is dropped as one)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        send()
+        if got := sub.batches(100):
+            return got
+    raise AssertionError("the subscriber never received the first batch")
+
+
 def stored(hashes, parent, tokens, bs=2):
     return kv.BlockStored(hashes, parent, tokens, bs, None, "GPU", None, [None] * len(hashes), 0, "full_attention")
 
@@ -445,11 +456,15 @@ def test_batches_the_sequence_numbers_skip_are_counted_and_said_missed():
     pub.bind(f"tcp://127.0.0.1:{port}")
     try:
         with Subscriber(f"tcp://127.0.0.1:{port}") as sub:
-            time.sleep(0.5)  # the subscription reaches the PUB socket
-            for seq in (5, 6, 1000, 2000):  # (from 5: what came before attaching is no gap)
+
+            def send(seq: int) -> None:
                 payload = msgspec.msgpack.encode([0.0, [_stored([seq], None, [1, 2, 3, 4])]])
                 pub.send_multipart([b"", seq.to_bytes(8, "big"), payload])
-            got, deadline = [], time.monotonic() + 10
+
+            got = _until_received(sub, lambda: send(5))  # (from 5: what came before attaching is no gap)
+            for seq in (6, 1000, 2000):
+                send(seq)
+            deadline = time.monotonic() + 10
             while len(got) < 4 and time.monotonic() < deadline:
                 got += sub.batches(200)
             assert [seq for seq, _, _ in got] == [5, 6, 1000, 2000] and sub.missed == 993 + 999
@@ -481,12 +496,12 @@ def test_a_restart_whose_first_number_is_the_last_one_seen_is_followed():
     pub.bind(f"tcp://127.0.0.1:{port}")
     try:
         with Subscriber(f"tcp://127.0.0.1:{port}") as sub:
-            time.sleep(0.5)
             first = msgspec.msgpack.encode([0.0, [_stored([100], None, [1, 2, 3, 4])]])
             second = msgspec.msgpack.encode([0.0, [_stored([200], None, [5, 6, 7, 8])]])
-            for payload in (first, first, second):  # (the same #0 twice is one batch; another #0 a restart)
+            got = _until_received(sub, lambda: pub.send_multipart([b"", (0).to_bytes(8, "big"), first]))
+            for payload in (first, second):  # (the same #0 again is a repeat; another #0 a restart)
                 pub.send_multipart([b"", (0).to_bytes(8, "big"), payload])
-            got, deadline = [], time.monotonic() + 10
+            deadline = time.monotonic() + 10
             while len(got) < 2 and time.monotonic() < deadline:
                 got += sub.batches(200)
     finally:
