@@ -16,7 +16,8 @@ from pagesim.app.options import json_text, say_unused_cuda_kernel, writable_prob
 from pagesim.core.checks import utf8_error
 from pagesim.core.engine import Simulator
 from pagesim.core.errors import InvalidOperationError
-from pagesim.core.models.catalog import config_for_model, load_model, real_model_problem
+from pagesim.core.language_model import real_model_problem
+from pagesim.core.models.catalog import config_for_model, load_model
 from pagesim.core.models.precision import DTYPE_ENV, describe_dtype, resolve_dtype
 from pagesim.core.models.threads import apply_chosen_threads
 from pagesim.core.operations import Add, Grow

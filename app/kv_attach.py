@@ -29,6 +29,7 @@ import zmq
 from pagesim.core import kv_events as kv
 from pagesim.core.checks import is_count, is_int, utf8_error
 from pagesim.core.errors import PagesimError
+from pagesim.core.language_model import real_model_problem
 
 # Each KV event's fields in wire order (an array-shaped event lists them after its tag).
 FIELDS = {c.__struct_config__.tag: c.__struct_fields__ for c in (kv.BlockStored, kv.BlockRemoved, kv.AllBlocksCleared)}
@@ -543,11 +544,8 @@ def cmd_attach(args) -> int:
     for endpoint, what in ((args.endpoint, "endpoint"), (args.replay, "replay endpoint")):
         if endpoint is not None and (problem := endpoint_problem(endpoint, what)):
             raise AttachError(problem)
-    if args.tokenizer:
-        from pagesim.core.models.catalog import real_model_problem  # (lazy: the catalog imports the loader)
-
-        if (problem := real_model_problem(args.tokenizer, "--tokenizer")) is not None:
-            raise AttachError(problem)
+    if args.tokenizer and (problem := real_model_problem(args.tokenizer, "--tokenizer")) is not None:
+        raise AttachError(problem)
     decode = load_tokenizer(args.tokenizer) if args.tokenizer else None
     bound = [f"{args.duration:g} s" if args.duration else "", f"{args.max_events} events" if args.max_events else ""]
     print(f"pagesim attach · {args.endpoint}" + (f" (replay {args.replay})" if args.replay else ""))

@@ -49,3 +49,13 @@ def check_vocab(token_ids, field: str, vocab_size: int) -> None:
         return
     bad = next(t for t in token_ids if not 0 <= t < vocab_size)
     raise InvalidOperationError(f"{field}: token id {bad} is outside the vocabulary [0, {vocab_size})")
+
+
+def real_model_problem(name: str, option: str) -> str | None:
+    """Why ``name``, given to ``option``, is no real model to load (the synthetic one has no
+    weights or tokenizer), or None; said before anything loads."""
+    if name == BUNDLED_MODEL or name.lower().endswith(".gguf"):
+        return None
+    if name == "synthetic":
+        return f'{option} synthetic: the synthetic token model has no weights or tokenizer; give "{BUNDLED_MODEL}"'
+    return f'{option} {name!r} is not a model: give "{BUNDLED_MODEL}" (bundled) or a path to a .gguf file'

@@ -26,6 +26,7 @@ from pagesim.app.kv_attach import (
     load_tokenizer,
 )
 from pagesim.core.errors import PagesimError
+from pagesim.core.language_model import real_model_problem
 from PySide6.QtCore import Qt, QThread, QTimer, Signal
 from PySide6.QtGui import QFont
 from PySide6.QtWidgets import (
@@ -365,8 +366,6 @@ class AttachDialog(QDialog):
         endpoint, replay, _, tokenizer = self.choice()
         found = endpoint_problem(endpoint) or (replay and endpoint_problem(replay, "replay endpoint"))
         if not found and tokenizer:
-            from pagesim.core.models.catalog import real_model_problem  # (lazy: the catalog imports the loader)
-
             found = real_model_problem(tokenizer, "tokenizer")
         return found or None
 

@@ -42,16 +42,6 @@ def model_path(name: str) -> Path:
     raise ModelFileError(f'model must be "synthetic", "{BUNDLED_NAME}" or a path to a .gguf file; got {name!r}')
 
 
-def real_model_problem(name: str, option: str) -> str | None:
-    """Why ``name``, given to ``option``, is no real model to load (the synthetic one has no
-    weights or tokenizer), or None; said before anything loads."""
-    if name == BUNDLED_NAME or name.lower().endswith(".gguf"):
-        return None
-    if name == "synthetic":
-        return f'{option} synthetic: the synthetic token model has no weights or tokenizer; give "{BUNDLED_NAME}"'
-    return f'{option} {name!r} is not a model: give "{BUNDLED_NAME}" (bundled) or a path to a .gguf file'
-
-
 LOADED_KEPT = 2  # models held in memory at once (the newest loads)
 _loaded: dict[tuple, ModelFile] = {}
 # One load at a time: a second thread asking for the model a first is loading (the app's

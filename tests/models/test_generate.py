@@ -50,7 +50,7 @@ def test_a_report_that_cannot_be_written_is_one_line_and_exit_1(capsys):
     [
         ("missing.gguf", "No such file"),
         ("garbage.gguf", "garbage.gguf"),
-        ("gpt-5", 'model must be "synthetic", "smollm2-135m" or a path to a .gguf file'),
+        ("gpt-5", "--model 'gpt-5' is not a model: give \"smollm2-135m\" (bundled) or a path to a .gguf file"),
     ],
 )
 def test_generate_refuses_a_bad_model_in_one_line(tmp_path, capsys, monkeypatch, model, message):
