@@ -193,14 +193,19 @@ def test_the_running_sum_and_each_rescale_grow_with_the_stages(make_window, qtbo
     assert len(panel.rescales.data["x"]) <= len(expected)
 
 
-def test_a_long_block_table_wraps_in_the_selected_row_and_counts_the_rest(make_window, qtbot):
-    from pagesim.app.gui.views.sequence_view import MAX_LINES
-
+def _long_doc_selected(make_window, qtbot):
+    """The long-context scenario at step 3 with its long sequence "doc" selected: the window and its table view."""
     window = make_window("long_context")
     window.actions.scrubber.setValue(3)
     wait_idle(qtbot, window)
     window.select_sequence("doc")
-    view = window.sequence_view
+    return window, window.sequence_view
+
+
+def test_a_long_block_table_wraps_in_the_selected_row_and_counts_the_rest(make_window, qtbot):
+    from pagesim.app.gui.views.sequence_view import MAX_LINES
+
+    window, view = _long_doc_selected(make_window, qtbot)
     table = window.frame.sequence("doc").block_table
     per_line = view.entries_per_line("doc", len(table))
     assert 1 < per_line < len(table)
@@ -279,11 +284,7 @@ def test_another_scenario_walks_from_its_first_stage_on_its_worst_layer(make_win
 
 def test_the_selected_rows_lines_leave_every_other_row_in_sight(make_window, qtbot):
     # (at 1024 × 700 beam/b0's four lines filled the dock and hid b1 and b2)
-    window = make_window("long_context")
-    window.actions.scrubber.setValue(3)
-    wait_idle(qtbot, window)
-    window.select_sequence("doc")
-    view = window.sequence_view
+    _, view = _long_doc_selected(make_window, qtbot)
     for height in range(140, 174):  # (every remainder of a line's height: a row's margin once left one out)
         view.setFixedHeight(height)
         QApplication.processEvents()

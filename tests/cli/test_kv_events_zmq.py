@@ -5,6 +5,7 @@ Every socket is on 127.0.0.1, every wait is bounded, every socket closed."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -36,6 +37,29 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _publisher_and_subscriber():
+    """A bare PUB socket on a free local port and a :class:`Subscriber` on it."""
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    port = free_port()
+    pub.bind(f"tcp://127.0.0.1:{port}")
+    try:
+        with Subscriber(f"tcp://127.0.0.1:{port}") as sub:
+            yield pub, sub
+    finally:
+        pub.close(linger=0)
+        ctx.term()
+
+
+def _receive(sub, got: list, count: int, seconds: float = 10.0) -> list:
+    """``got`` and what the subscriber receives next, until ``count`` batches (or the time is out)."""
+    deadline = time.monotonic() + seconds
+    while len(got) < count and time.monotonic() < deadline:
+        got += sub.batches(200)
+    return got
 
 
 def _until_received(sub, send, seconds: float = 10.0) -> list:
@@ -302,32 +326,22 @@ def test_a_publisher_that_restarts_is_followed_and_said_to_have_restarted():
 
 
 def test_the_subscriber_follows_a_restart_and_counts_what_it_cannot_read():
-    ctx = zmq.Context()
-    pub = ctx.socket(zmq.PUB)
-    port = free_port()
-    pub.bind(f"tcp://127.0.0.1:{port}")
-    try:
-        with Subscriber(f"tcp://127.0.0.1:{port}") as sub:
-            time.sleep(0.5)  # the subscription reaches the PUB socket
+    with _publisher_and_subscriber() as (pub, sub):
 
-            def send(seq: int, hashes: list[int]) -> None:
-                payload = msgspec.msgpack.encode([0.0, [_stored(hashes, None, [1, 2, 3, 4] * len(hashes))]])
-                pub.send_multipart([b"", seq.to_bytes(8, "big"), payload])
+        def send(seq: int, hashes: list[int]) -> None:
+            payload = msgspec.msgpack.encode([0.0, [_stored(hashes, None, [1, 2, 3, 4] * len(hashes))]])
+            pub.send_multipart([b"", seq.to_bytes(8, "big"), payload])
 
-            for seq in range(3):
-                send(seq, [100 + seq])
-            pub.send_multipart([b"", (3).to_bytes(8, "big"), b"\xc1 not msgpack"])
-            pub.send_multipart([b"only one frame"])
-            for seq in range(2):  # a restarted server: from 0 again
-                send(seq, [200 + seq])
-            got, deadline = [], time.monotonic() + 10
-            while len(got) < 5 and time.monotonic() < deadline:
-                got += sub.batches(200)
-            assert [seq for seq, _, _ in got] == [0, 1, 2, 0, 1]
-            assert sub.skipped == 2
-    finally:
-        pub.close(linger=0)
-        ctx.term()
+        got = _until_received(sub, lambda: send(0, [100]))  # (then the subscription has reached the socket)
+        for seq in range(1, 3):
+            send(seq, [100 + seq])
+        pub.send_multipart([b"", (3).to_bytes(8, "big"), b"\xc1 not msgpack"])
+        pub.send_multipart([b"only one frame"])
+        for seq in range(2):  # a restarted server: from 0 again
+            send(seq, [200 + seq])
+        got = _receive(sub, got, 5)
+        assert [seq for seq, _, _ in got] == [0, 1, 2, 0, 1]
+        assert sub.skipped == 2
     view = PrefixCacheView()
     for seq, ts, events in got:
         view.apply(seq, ts, events)
@@ -450,27 +464,17 @@ def test_attach_to_a_silent_endpoint_says_what_a_server_needs_and_refuses_inproc
 
 def test_batches_the_sequence_numbers_skip_are_counted_and_said_missed():
     """Numbers 0, 1000, 2000 … with no replay: the summary said nothing of the 998 batches lost."""
-    ctx = zmq.Context()
-    pub = ctx.socket(zmq.PUB)
-    port = free_port()
-    pub.bind(f"tcp://127.0.0.1:{port}")
-    try:
-        with Subscriber(f"tcp://127.0.0.1:{port}") as sub:
+    with _publisher_and_subscriber() as (pub, sub):
 
-            def send(seq: int) -> None:
-                payload = msgspec.msgpack.encode([0.0, [_stored([seq], None, [1, 2, 3, 4])]])
-                pub.send_multipart([b"", seq.to_bytes(8, "big"), payload])
+        def send(seq: int) -> None:
+            payload = msgspec.msgpack.encode([0.0, [_stored([seq], None, [1, 2, 3, 4])]])
+            pub.send_multipart([b"", seq.to_bytes(8, "big"), payload])
 
-            got = _until_received(sub, lambda: send(5))  # (from 5: what came before attaching is no gap)
-            for seq in (6, 1000, 2000):
-                send(seq)
-            deadline = time.monotonic() + 10
-            while len(got) < 4 and time.monotonic() < deadline:
-                got += sub.batches(200)
-            assert [seq for seq, _, _ in got] == [5, 6, 1000, 2000] and sub.missed == 993 + 999
-    finally:
-        pub.close(linger=0)
-        ctx.term()
+        got = _until_received(sub, lambda: send(5))  # (from 5: what came before attaching is no gap)
+        for seq in (6, 1000, 2000):
+            send(seq)
+        got = _receive(sub, got, 4)
+        assert [seq for seq, _, _ in got] == [5, 6, 1000, 2000] and sub.missed == 993 + 999
     view = PrefixCacheView()
     view.missed_batches = sub.missed
     assert any(p.startswith("1992 batches missed") for p in view.problems())
@@ -490,23 +494,13 @@ def test_publisher_options_are_refused_before_the_scenario_loads(capsys):
 def test_a_restart_whose_first_number_is_the_last_one_seen_is_followed():
     """A publisher that sent only #0, then a new one from #0: the new #0 was dropped as a
     repeat, the two runs' prompts mixed in one tree, no restart said."""
-    ctx = zmq.Context()
-    pub = ctx.socket(zmq.PUB)
-    port = free_port()
-    pub.bind(f"tcp://127.0.0.1:{port}")
-    try:
-        with Subscriber(f"tcp://127.0.0.1:{port}") as sub:
-            first = msgspec.msgpack.encode([0.0, [_stored([100], None, [1, 2, 3, 4])]])
-            second = msgspec.msgpack.encode([0.0, [_stored([200], None, [5, 6, 7, 8])]])
-            got = _until_received(sub, lambda: pub.send_multipart([b"", (0).to_bytes(8, "big"), first]))
-            for payload in (first, second):  # (the same #0 again is a repeat; another #0 a restart)
-                pub.send_multipart([b"", (0).to_bytes(8, "big"), payload])
-            deadline = time.monotonic() + 10
-            while len(got) < 2 and time.monotonic() < deadline:
-                got += sub.batches(200)
-    finally:
-        pub.close(linger=0)
-        ctx.term()
+    with _publisher_and_subscriber() as (pub, sub):
+        first = msgspec.msgpack.encode([0.0, [_stored([100], None, [1, 2, 3, 4])]])
+        second = msgspec.msgpack.encode([0.0, [_stored([200], None, [5, 6, 7, 8])]])
+        got = _until_received(sub, lambda: pub.send_multipart([b"", (0).to_bytes(8, "big"), first]))
+        for payload in (first, second):  # (the same #0 again is a repeat; another #0 a restart)
+            pub.send_multipart([b"", (0).to_bytes(8, "big"), payload])
+        got = _receive(sub, got, 2)
     assert [seq for seq, _, _ in got] == [0, 0]
     view = PrefixCacheView()
     for seq, ts, events in got:
