@@ -276,7 +276,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 worst = max(worst, result.attention.max_abs_error)
                 if not result.attention.passed and result.step not in failed:
                     failed.append(result.step)
-                    if _attention_held(result.attention):  # (only the logits, or the tokens, left the bound)
+                    if result.attention.attention_passed:  # (only the logits, or the tokens, left the bound)
                         logits_failed.append(result.step)
                 if result.attention.layers is not None:
                     layer_steps += 1
@@ -374,13 +374,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             file=out,
         )
     return 0
-
-
-def _attention_held(report) -> bool:
-    """Every head of the check after the step and every layer of the forward within its bound
-    (so a failed check is the logits' or the next tokens')."""
-    heads = bool((report.head_errors <= report.tolerances).all())
-    return heads and report.layers is not None and report.layers.attention_passed
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -514,18 +514,10 @@ def load_tokenizer(name: str) -> Callable[[list[int]], str]:
     vocab = tokenizer.vocab_size
 
     def decode(ids: list[int]) -> str:
-        parts, run = [], []
-        for token in ids:
-            if 0 <= token < vocab:
-                run.append(token)
-                continue
-            if run:
-                parts.append(tokenizer.decode(run))
-                run = []
-            parts.append(f"⟨id {token}⟩")
-        if run:
-            parts.append(tokenizer.decode(run))
-        return "".join(parts)
+        runs = itertools.groupby(ids, lambda token: 0 <= token < vocab)  # (runs in the vocabulary decode together)
+        return "".join(
+            tokenizer.decode(list(run)) if known else "".join(f"⟨id {token}⟩" for token in run) for known, run in runs
+        )
 
     return decode
 

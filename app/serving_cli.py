@@ -229,7 +229,7 @@ def cmd_latency(args: argparse.Namespace, write_output: Writer) -> int:
             if r.finished is not None and r.first_token is not None and r.output_tokens > 1
             else math.nan
         )
-        state = "  aborted" if r.aborted else "  rejected" if r.rejected else ""
+        state = f"  {r.state}" if r.rejected else ""
         # (n samples each write this many: the throughput counts them all)
         outputs = f"{r.output_tokens} × {r.samples}" if r.samples > 1 else f"{r.output_tokens}"
         print(f"{r.request:<14}{_ms(queue):>10}{_ms(ttft):>10}{_ms(tpot):>10}{outputs:>9}{state}", file=out)

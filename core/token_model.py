@@ -223,7 +223,7 @@ class TokenModel:
     samples_from_logits = False
     eos_id = None  # hashed ids: no token ends a sequence
 
-    def __init__(self, config: CacheConfig) -> None:
+    def __init__(self, config: CacheConfig, vocab_size: int = VOCAB_SIZE) -> None:
         self.config = config
         # A sequence's hash state after (seed, crc), as the int64 with its bits: NumPy reads
         # an int in int64's range about twice as fast as one past it.
@@ -232,9 +232,9 @@ class TokenModel:
         weights = _weights(config.seed, config.num_heads, config.num_kv_heads, config.head_dim)
         self.embedding, self.w_q, self.w_k, self.w_v, self._w_qkv = weights
         self._rotary = _RotaryTable.for_head_dim(config.head_dim)  # filled as positions are reached
-        # The ids it takes: its own vocabulary, whose embedding rows it has; memory-only runs
-        # (no K/V: ids are only hashed) take any model's (ModelRunner widens it).
-        self.vocab_size = VOCAB_SIZE
+        # The ids it takes: its own vocabulary, whose embedding rows it has, or for a
+        # memory-only run (no K/V: ids are only hashed) any model's, MEMORY_ONLY_VOCAB.
+        self.vocab_size = vocab_size
 
     # -- synthetic token ids -----------------------------------------------------
     def token_id(self, seq_id: str, position: int) -> int:

@@ -26,7 +26,7 @@ from pagesim.core.events import RequestRejected
 from pagesim.core.kv_events import KVEventConverter
 from pagesim.core.operations import CHILD_SEPARATOR, Schedule, Submit
 from pagesim.core.scenario import read_scenario_text
-from pagesim.core.token_model import MEMORY_ONLY_VOCAB as VOCAB
+from pagesim.core.token_model import MEMORY_ONLY_VOCAB
 
 CONFIG_KEYS = ("num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching")
 DEFAULT_MAX_STEPS = 10_000
@@ -73,7 +73,12 @@ REQUEST_KEYS = ("id", "prompt", "max_new_tokens", "output", "arrival_step")
 
 def _token_list(value, what: str, source: str) -> tuple[int, ...]:
     # (memory only: ids are hashed, never embedded, so any model's vocabulary will do)
-    if not isinstance(value, list) or not value or not all_ints(value) or not all(0 <= t < VOCAB for t in value):
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all_ints(value)
+        or not all(0 <= t < MEMORY_ONLY_VOCAB for t in value)
+    ):
         raise WorkloadError(source, f"{what} must be a non-empty list of token ids in [0, 2^31)")
     return tuple(value)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pagesim.core.operations import introduced_names
 from pagesim.core.sequence import family_of
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QPalette
+from PySide6.QtGui import QBrush, QColor, QPalette
 
 # Okabe & Ito (2008), without black, and without their grey: grey means a free block, so
 # it is never an owner's colour. Distinguishable under the common colour-vision deficiencies.
@@ -104,6 +104,11 @@ class SequenceColours:
         so that owners stay apart even where two shades look alike."""
         self(seq_id)
         return self._pattern[family_of(seq_id)]
+
+    def hatch(self, seq_id: str, theme: Theme) -> QBrush | None:
+        """The brush that hatches ``seq_id``'s owner over its colour (None: one of the first seven)."""
+        pattern = self.pattern(seq_id)
+        return None if pattern is None else QBrush(QColor(theme.window), pattern)
 
     @property
     def hatched(self) -> bool:

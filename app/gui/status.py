@@ -85,10 +85,9 @@ class StatusReporter:
             self._branch_said = ""
         self._announced_branch = frame.branch_step
         if frame.status_notes:  # preemptions and rejections say what they cost, dated: a step's news
-            said = f"step {frame.position}: " + " · ".join(frame.status_notes)
-            self.say(said, 8000)
-            self._notes_said = said
-        elif self._notes_said and self.bar.currentMessage() == self._notes_said:
-            self.bar.clearMessage()  # another step: the news of the one before would read as its own
-        if not frame.status_notes:
+            self._notes_said = f"step {frame.position}: " + " · ".join(frame.status_notes)
+            self.say(self._notes_said, 8000)
+        else:
+            if self._notes_said and self.bar.currentMessage() == self._notes_said:
+                self.bar.clearMessage()  # another step: the news of the one before would read as its own
             self._notes_said = ""

@@ -103,6 +103,13 @@ class RequestRecord:
     outputs: int | None = None  # every sample's output tokens together, where they differ (None: the product)
 
     @property
+    def state(self) -> str:
+        """ "finished", "rejected" (as submitted), "aborted" (after it ran) or "unfinished"."""
+        if self.rejected:
+            return "aborted" if self.aborted else "rejected"
+        return "finished" if self.finished is not None else "unfinished"
+
+    @property
     def total_outputs(self) -> int:
         return self.output_tokens * self.samples if self.outputs is None else self.outputs
 
@@ -320,6 +327,7 @@ def _parents(records: dict[str, RequestRecord]) -> dict[str, RequestRecord]:
         finished = [c.finished for c in children]
         firsts = [c.first_token for c in children if c.first_token is not None]
         admitted = [c.admitted for c in children if c.admitted is not None]
+        rejected = all(c.rejected for c in children)
         out[parent] = RequestRecord(
             parent,
             children[0].arrival,
@@ -331,9 +339,9 @@ def _parents(records: dict[str, RequestRecord]) -> dict[str, RequestRecord]:
             samples=len(children),
             outputs=sum(c.output_tokens for c in children),
             preemptions=sum(c.preemptions for c in children),
-            rejected=all(c.rejected for c in children),
+            rejected=rejected,
             rejection=children[0].rejection,
-            aborted=all(c.rejected for c in children) and any(c.aborted for c in children),
+            aborted=rejected and any(c.aborted for c in children),
         )
     return out
 

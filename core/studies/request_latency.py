@@ -47,16 +47,7 @@ def request_latencies(result: ReplayResult) -> tuple[RequestLatency, ...]:
         ttft = math.nan if r.first_token is None else r.first_token - r.arrival
         timed = r.finished is not None and r.first_token is not None and r.output_tokens > 1
         tpot = (r.finished - r.first_token) / (r.output_tokens - 1) if timed else math.nan
-        state = (
-            "aborted"
-            if r.aborted
-            else "rejected"
-            if r.rejected
-            else "finished"
-            if r.finished is not None
-            else "unfinished"
-        )
-        rows.append(RequestLatency(r.request, queue, ttft, tpot, r.output_tokens, r.preemptions, state, r.samples))
+        rows.append(RequestLatency(r.request, queue, ttft, tpot, r.output_tokens, r.preemptions, r.state, r.samples))
     return tuple(rows)
 
 

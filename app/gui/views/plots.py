@@ -271,6 +271,7 @@ class KernelPanel(QWidget):
             label.setVisible(False)
             self.weights_plot.addItem(label)
         self._labelled_top: float | None = None
+        self._token_labels: list[tuple[int, str]] | None = None  # a short real context's, by token
         self.weights_plot.getViewBox().sigResized.connect(lambda *_: self._fit_weight_range())
         self.weights_plot.getViewBox().sigResized.connect(lambda *_: self._fit_token_labels())
         # The whole panel scrolls, the verdict and the match per head first: in a short dock
@@ -452,10 +453,10 @@ class KernelPanel(QWidget):
         """The token labels that fit the axis's width: every k-th on the first tick level, the
         others on a second one that pyqtgraph leaves out where it would crowd (it always draws
         the first: at 1920 px a 17-token context's labels ran together). Redone on a resize."""
-        labels = getattr(self, "_token_labels", None)
-        axis = self.weights_plot.getAxis("bottom")
+        labels = self._token_labels
         if not labels:
             return
+        axis = self.weights_plot.getAxis("bottom")
         metrics = QFontMetricsF(axis.style.get("tickFont") or axis.font())
         widest = max(metrics.horizontalAdvance(text) for _, text in labels) + 6
         span = max(1.0, self.weights_plot.getViewBox().width()) / max(1, len(labels))  # px per token

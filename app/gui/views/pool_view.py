@@ -143,9 +143,8 @@ class BlockItem(QGraphicsItem):
                 for i, (colour, (seq, _)) in enumerate(zip(colours, self.holders, strict=True)):
                     stripe = QRectF(bar.x(), bar.y() + i * band, bar.width(), band)
                     painter.fillRect(stripe, colour)
-                    pattern = self.view.colours.pattern(seq)
-                    if pattern is not None:
-                        painter.fillRect(stripe, QBrush(QColor(theme.window), pattern))
+                    if (hatch := self.view.colours.hatch(seq, theme)) is not None:
+                        painter.fillRect(stripe, hatch)
             if detail >= COMPACT_ID_DETAIL:
                 self._paint_compact_id(painter, theme, detail)
         else:

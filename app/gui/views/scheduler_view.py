@@ -6,7 +6,7 @@ from __future__ import annotations
 from pagesim.app.gui.palette import SequenceColours, Theme, ink_on
 from pagesim.core.view_model import Frame
 from PySide6.QtCore import QEvent, QPoint, QPointF, QRect, QRectF, QSize, Qt
-from PySide6.QtGui import QBrush, QColor, QPainter, QPainterPath, QPen
+from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
 LANES = (
@@ -142,12 +142,12 @@ class SchedulerView(QWidget):
     def _hatch(self, painter: QPainter, owner: str, rect: QRectF, radius: float) -> None:
         """The hatch of an eighth request or later over a rounded ``rect`` (nothing for the
         first seven): a chip or a CPU tile says whose it is as its GPU tiles do."""
-        pattern = self.colours.pattern(owner)
-        if pattern is None:
+        hatch = self.colours.hatch(owner, self.theme)
+        if hatch is None:
             return
         painter.save()
         painter.setPen(Qt.PenStyle.NoPen)
-        painter.setBrush(QBrush(QColor(self.theme.window), pattern))
+        painter.setBrush(hatch)
         painter.drawRoundedRect(rect, radius, radius)
         painter.restore()
 

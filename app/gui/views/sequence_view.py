@@ -7,7 +7,7 @@ import math
 from pagesim.app.gui.palette import SequenceColours, Theme, ink_on
 from pagesim.core.view_model import Frame
 from PySide6.QtCore import QEvent, QPoint, QRect, QRectF, QSignalBlocker, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QBrush, QColor, QFontMetricsF, QIcon, QPainter, QPixmap
+from PySide6.QtGui import QColor, QFontMetricsF, QIcon, QPainter, QPixmap
 from PySide6.QtWidgets import QAbstractItemView, QStyle, QStyledItemDelegate, QToolTip, QTreeWidget, QTreeWidgetItem
 
 TABLE_COLUMN = 3
@@ -422,8 +422,8 @@ class SequenceView(QTreeWidget):
         painter = QPainter(pixmap)
         painter.fillRect(1, 1, 10, 10, QColor(255, 255, 255, 220))
         painter.fillRect(2, 2, 8, 8, self.colours(seq_id))
-        if (pattern := self.colours.pattern(seq_id)) is not None:  # an eighth request's, as on its tiles
-            painter.fillRect(2, 2, 8, 8, QBrush(QColor(self.theme.window), pattern))
+        if (hatch := self.colours.hatch(seq_id, self.theme)) is not None:  # an eighth request's, as on its tiles
+            painter.fillRect(2, 2, 8, 8, hatch)
         painter.end()
         icon = QIcon(pixmap)
         icon.addPixmap(pixmap, QIcon.Mode.Selected)  # (not the style's tint of it)
