@@ -43,9 +43,8 @@ ERROR_PLOT_HEIGHT = 150  # px: title, bars per head against the bound, head numb
 MAX_TEXT_TICKS = 24  # tokens: past these the weights' axis keeps numbers (the labels would collide)
 TICK_CHARS = 6  # a token's text on that axis, cut with "…"
 ERROR_AXIS_TOP = 2  # log10: decades above an error of 1, room for the bound's label over its line
-ERROR_FLOOR = (
-    1e-10  # the error axis's bottom: an exact zero cannot sit on a log axis, and fp32's errors start near 1e-8
-)
+# The error axis's bottom: an exact zero cannot sit on a log axis, and fp32's errors start near 1e-8.
+ERROR_FLOOR = 1e-10
 # The memory history redraws at most this often: five curves and two plots cost a few ms,
 # and a line over the steps gains nothing from 60 redraws a second. A frame that comes
 # after a pause at least this long is drawn at once (stepping by hand, playback).
@@ -82,9 +81,8 @@ class Plot(pg.PlotItem):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.side_labels: dict[
-            str, tuple[tuple[str, ...], str]
-        ] = {}  # side -> (the whole text, then shorter ones; colour)
+        # side -> (the whole text, then shorter ones; colour)
+        self.side_labels: dict[str, tuple[tuple[str, ...], str]] = {}
         self.shown_side_labels: dict[str, str] = {}  # side -> the part shown ("" for none)
         self.title_choices: tuple[tuple[str, ...], dict] | None = None  # (longest first, setTitle's args)
         self._title_widths: list[float] = []  # each choice's width as drawn, measured once
