@@ -461,10 +461,8 @@ def attach(
     on_silence=None,
 ) -> PrefixCacheView:
     """Follow the stream until ``duration`` seconds have passed or ``max_events`` events came
-    (at least one of them must be given), calling ``on_batch(view, seq)`` after each batch,
-    and ``on_silence()`` once if nothing came in the first :data:`HINT_AFTER_S` seconds."""
-    if duration is None and max_events is None:
-        raise AttachError("attach needs a bound: --duration or --max-events")
+    (neither: until interrupted), calling ``on_batch(view, seq)`` after each batch, and
+    ``on_silence()`` once if nothing came in the first :data:`HINT_AFTER_S` seconds."""
     view = PrefixCacheView()
     started = time.monotonic()
     deadline = None if duration is None else started + duration
@@ -498,8 +496,8 @@ def add_parser(sub) -> None:
     p.add_argument("--replay", metavar="ENDPOINT", help="its replay socket, to fill gaps (e.g. tcp://127.0.0.1:5558)")
     p.add_argument("--topic", default="", help="the topic to subscribe to (default: every topic)")
     p.add_argument("--tokenizer", metavar="MODEL", help='decode tokens with this model\'s tokenizer ("smollm2-135m")')
-    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds")
-    p.add_argument("--max-events", type=int, metavar="N", help="stop after N events")
+    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds (default: follow until Ctrl-C)")
+    p.add_argument("--max-events", type=int, metavar="N", help="stop after N events (default: follow until Ctrl-C)")
     p.add_argument("--lines", type=int, default=60, metavar="N", help="prefix-tree lines to print at most")
     p.add_argument("--quiet", action="store_true", help="no line per batch: only the final summary")
 
@@ -523,8 +521,6 @@ def load_tokenizer(name: str) -> Callable[[list[int]], str]:
 
 
 def cmd_attach(args) -> int:
-    if args.duration is None and args.max_events is None:
-        raise AttachError("attach needs a bound: --duration or --max-events")
     if utf8_error(args.topic) is not None:
         raise AttachError("--topic is not valid UTF-8 text")
     if args.duration is not None and not 0 < args.duration <= 86_400:
@@ -541,7 +537,7 @@ def cmd_attach(args) -> int:
     decode = load_tokenizer(args.tokenizer) if args.tokenizer else None
     bound = [f"{args.duration:g} s" if args.duration else "", f"{args.max_events} events" if args.max_events else ""]
     print(f"pagesim attach · {args.endpoint}" + (f" (replay {args.replay})" if args.replay else ""))
-    print(f"until {' or '.join(b for b in bound if b)}", flush=True)
+    print(f"until {' or '.join(b for b in bound if b) or 'Ctrl-C'}", flush=True)
 
     def on_batch(view: PrefixCacheView, seq: int) -> None:
         if not args.quiet:
