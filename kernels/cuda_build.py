@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from pagesim.kernels.backend import BackendUnavailableError
 from pagesim.kernels.dtypes import STORAGE_KINDS
 
 SOURCE_NAME = "paged_attention.cu"
@@ -71,9 +72,16 @@ def prefill_query_tile(head_dim: int, heads: int) -> int:
     return max(1, min(PREFILL_MAX_QUERY_TILE, PREFILL_PAIR_ELEMS // (head_dim * heads)))
 
 
+class UnsupportedGeometryError(BackendUnavailableError, ValueError):
+    """A geometry the CPU kernel runs and the CUDA kernels were not built for."""
+
+
 def check_head_dim(head_dim: int) -> None:
     if head_dim % 8 or not 8 <= head_dim <= 256:
-        raise ValueError(f"the CUDA kernels take head_dim a multiple of 8 in 8..256; got {head_dim}")
+        raise UnsupportedGeometryError(
+            f"the CUDA kernels take head_dim a multiple of 8 from 8 to 256; got {head_dim} "
+            "(the CPU kernel takes any head_dim up to 256: --backend cpu)"
+        )
 
 
 @dataclass(frozen=True)

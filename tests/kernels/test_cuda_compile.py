@@ -2,6 +2,7 @@
 
 import shutil
 
+import numpy as np
 import pytest
 from pagesim.kernels import cuda_build
 from pagesim.kernels.cuda_backend import choose_variant
@@ -73,6 +74,26 @@ def test_block_sizes_map_to_fast_paths_or_the_generic_kernel():
     assert instantiation_for("float32", 8, 1) == Instantiation(0, 8, 0)
     with pytest.raises(ValueError, match="multiple of 8"):
         instantiation_for("float16", 12, 16)
+
+
+def test_a_head_dim_the_cuda_kernels_lack_is_a_clear_refusal_not_a_traceback(capsys):
+    # (head_dim 7 runs on the CPU kernel; the CUDA backend allocating its cache raised a bare
+    # ValueError that the command line printed as a traceback)
+    from pagesim.app.cli import main
+    from pagesim.kernels.backend import BackendUnavailableError
+    from pagesim.kernels.cuda_backend import CudaBackend
+
+    backend = CudaBackend.__new__(CudaBackend)  # (no device: the check comes before any)
+    with pytest.raises(BackendUnavailableError, match=r"head_dim a multiple of 8 .* got 7 .*--backend cpu"):
+        backend.allocate_cache(4, 16, 2, 7, np.float32)
+
+    def refuse(*args, **kwargs):
+        cuda_build.check_head_dim(7)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("pagesim.app.cli.select_backend", refuse)
+        assert main(["run", "seed_demo", "--quiet"]) == 2
+    assert "got 7 (the CPU kernel takes any head_dim" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
