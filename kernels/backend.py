@@ -124,9 +124,9 @@ class Backend(ABC):
         with one new token is a decode. Returns (total_query_tokens, num_heads, head_dim)
         float32 on the host.
         """
-        block_tables = np.ascontiguousarray(block_tables, dtype=np.int32)
-        context_lens = np.ascontiguousarray(context_lens, dtype=np.int32)
-        query_starts = np.ascontiguousarray(query_starts, dtype=np.int32)
+        block_tables = int32_indices(block_tables, "block_tables")
+        context_lens = int32_indices(context_lens, "context_lens")
+        query_starts = int32_indices(query_starts, "query_starts")
         validate_prefill_inputs(
             query, key_cache, value_cache, query_starts, block_tables, context_lens, self.kv_dtype_name
         )
@@ -149,8 +149,8 @@ class Backend(ABC):
         (num_seqs, max_blocks) int32; ``context_lens`` (num_seqs,) int32. Returns the
         output (num_seqs, num_heads, head_dim) as float32 on the host.
         """
-        block_tables = np.ascontiguousarray(block_tables, dtype=np.int32)
-        context_lens = np.ascontiguousarray(context_lens, dtype=np.int32)
+        block_tables = int32_indices(block_tables, "block_tables")
+        context_lens = int32_indices(context_lens, "context_lens")
         validate_kernel_inputs(query, key_cache, value_cache, block_tables, context_lens, self.kv_dtype_name)
         return self._paged_attention(query, key_cache, value_cache, block_tables, context_lens, float(scale))
 
@@ -188,6 +188,24 @@ def host_memory_available() -> int | None:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def int32_indices(values: Any, name: str) -> np.ndarray:
+    """``values`` (block ids, lengths, query starts) as a contiguous int32 array, refused
+    rather than wrapped or truncated: a cast first would read block 2**32 + 5 as block 5 and
+    a length of 6.9 as 6, and the bounds checks after it would pass."""
+    array = np.asarray(values)
+    if array.dtype == np.int32 or array.size == 0:
+        return np.ascontiguousarray(array, dtype=np.int32)
+    if array.dtype.kind == "f" and np.isfinite(array).all() and (array == np.trunc(array)).all():
+        pass  # (whole numbers in a float array: nothing is lost)
+    elif array.dtype.kind not in "iu":
+        raise KernelInputError(f"{name} must hold integers; got dtype {array.dtype}")
+    low, high = array.min(), array.max()
+    if low < np.iinfo(np.int32).min or high > np.iinfo(np.int32).max:
+        bad = low if low < np.iinfo(np.int32).min else high
+        raise KernelInputError(f"{name} holds {int(bad)}, outside the kernels' 32-bit indices")
+    return np.ascontiguousarray(array, dtype=np.int32)
 
 
 def validate_kernel_inputs(

@@ -20,6 +20,7 @@ from pagesim.kernels.backend import (
     Backend,
     ForwardInputs,
     KernelInputError,
+    int32_indices,
     query_tiles,
     validate_kernel_inputs,
     validate_prefill_inputs,
@@ -409,8 +410,8 @@ class CudaBackend(Backend):
 
     def _checked_decode_inputs(self, query, key_cache, value_cache, block_tables, context_lens):
         """The tables and lengths as host int32 arrays, checked against the query and the cache."""
-        tables = np.ascontiguousarray(block_tables, dtype=np.int32)
-        lens = np.ascontiguousarray(context_lens, dtype=np.int32)
+        tables = int32_indices(block_tables, "block_tables")
+        lens = int32_indices(context_lens, "context_lens")
         validate_kernel_inputs(query, key_cache, value_cache, tables, lens, self.kv_dtype_name)
         num_seqs, num_heads, _ = query.shape
         if num_heads < 1:
@@ -503,9 +504,9 @@ class CudaBackend(Backend):
 
     def _checked_prefill_inputs(self, query, key_cache, value_cache, query_starts, block_tables, context_lens):
         """The query starts, tables and lengths as host int32 arrays, checked against the query and the cache."""
-        starts = np.ascontiguousarray(query_starts, dtype=np.int32)
-        tables = np.ascontiguousarray(block_tables, dtype=np.int32)
-        lens = np.ascontiguousarray(context_lens, dtype=np.int32)
+        starts = int32_indices(query_starts, "query_starts")
+        tables = int32_indices(block_tables, "block_tables")
+        lens = int32_indices(context_lens, "context_lens")
         validate_prefill_inputs(query, key_cache, value_cache, starts, tables, lens, self.kv_dtype_name)
         num_heads = query.shape[1]
         if num_heads < 1:

@@ -224,13 +224,20 @@ def _valid_inputs():
         (lambda a: a.__setitem__(0, a[0].astype(np.float16)), "share one dtype"),
         (lambda a: a.__setitem__(0, a[0][:, :, :4]), "query must be"),
         (lambda a: a.__setitem__(0, np.concatenate([a[0], a[0][:, :1]], axis=1)), "must divide"),
+        # (cast to int32 before the checks, these read block 1 and a 5-token context)
+        (lambda a: a.__setitem__(3, a[3].astype(np.int64) + (a[3] == a[3][0, 1]) * 2**32), "outside the kernels' 32"),
+        (lambda a: a.__setitem__(4, a[4] + 0.9), "context_lens must hold integers; got dtype float64"),
     ],
 )
 def test_bad_kernel_inputs_are_refused_before_launch(cpu_backend, mutate, message):
+    from pagesim.kernels.cuda_backend import CudaBackend
+
     args = _valid_inputs()
     mutate(args)
     with pytest.raises(KernelInputError, match=message):
         cpu_backend.paged_attention(*args, 0.3)
+    with pytest.raises(KernelInputError, match=message):  # the CUDA backend's own checks, no device needed
+        CudaBackend.__new__(CudaBackend)._checked_decode_inputs(*args)
 
 
 FIRST_RUN_PROBE = """
