@@ -202,6 +202,16 @@ def _same_path(a: Path, b: Path) -> bool:
     return os.path.abspath(a) == os.path.abspath(b) or (a.exists() and b.exists() and os.path.samefile(a, b))
 
 
+def _mismatch_at(step: int, att) -> str:
+    """``" (first at step 2: chat, head 0, |err| 1.0e-04 > bound 1.5e-05)"``, or "" when no head
+    of this step left its bound (a real model's layers did)."""
+    row, head = att.worst_head
+    error, bound = att.head_errors[row, head], att.tolerances[row, head]
+    if error <= bound:
+        return ""
+    return f" (first at step {step}: {att.seq_ids[row]}, head {head}, |err| {error:.1e} > bound {bound:.1e})"
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     for path, what, folder in ((args.json, "--json", False), (args.dump, "--dump", True)):
         if path is not None and (reason := writable_problem(path, what, folder)):
@@ -252,6 +262,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     engine_checked = 0  # of the checks, those at a schedule's engine steps before its last
     undumped = 0  # of those, the ones --dump could not write (only a schedule's last step keeps its inputs)
     layer_steps, logits_gap = 0, 0.0  # a real model's: steps whose every layer was checked
+    first_mismatch = ""  # where the kernel first left its bound: step, sequence, head
     try:
         while not timeline.at_end:
             try:
@@ -278,6 +289,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                     failed.append(result.step)
                     if result.attention.attention_passed:  # (only the logits, or the tokens, left the bound)
                         logits_failed.append(result.step)
+                    elif not first_mismatch and result.attention.seq_ids:
+                        first_mismatch = _mismatch_at(result.step, result.attention)
                 if result.attention.layers is not None:
                     layer_steps += 1
                     logits_gap = max(logits_gap, result.attention.layers.logits_diff)
@@ -343,7 +356,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if failed:
         kernel_failed = [step for step in failed if step not in logits_failed]
         if kernel_failed:
-            print(f"FAIL: kernel and dense attention differ beyond rounding at steps {kernel_failed}", file=sys.stderr)
+            print(
+                f"FAIL: kernel and dense attention differ beyond rounding at steps {kernel_failed}{first_mismatch}",
+                file=sys.stderr,
+            )
         if logits_failed:
             print(
                 f"FAIL: every layer's paged attention held its bound, but the logits (or the next tokens) differ from "

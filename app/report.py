@@ -25,7 +25,8 @@ def format_config(timeline: Timeline) -> str:
     )
 
 
-TABLE_HEADER = f"{'step':>4}  {'op':<28} {'used':>5} {'free':>5} {'util':>6}  {'max|err|':>9} {'tol':>7}  check"
+# |err| and bound: the (sequence, head) nearest its bound, whose pair says how close the step came.
+TABLE_HEADER = f"{'step':>4}  {'op':<28} {'used':>5} {'free':>5} {'util':>6}  {'|err|':>9} {'bound':>7}  check"
 
 
 def format_step(result: StepResult) -> str:
@@ -36,7 +37,11 @@ def format_step(result: StepResult) -> str:
     elif not att.seq_ids:  # a real model's forward checked layer by layer, and then every sequence finished
         err, tol, check = "-", "-", ("ok" if att.passed else "MISMATCH") + ": its forward (no sequence left)"
     else:
-        err, tol, check = f"{att.max_abs_error:9.2e}", f"{att.tolerance:7.1e}", "ok" if att.passed else "MISMATCH"
+        row, head = att.worst_head
+        error, bound = att.head_errors[row, head], att.tolerances[row, head]
+        err, tol, check = f"{error:9.2e}", f"{bound:7.1e}", "ok" if att.passed else "MISMATCH"
+        if not att.attention_passed and error > bound:
+            check += f": {att.seq_ids[row]}, head {head}"
     util = f"{m.utilisation:.1%}" if m.slots_allocated else "–"  # nothing allocated: nothing to be utilised
     return (
         f"{result.step:>4}  {result.op.describe():<28.28} {m.used_blocks:>5} {m.free_blocks:>5} "
@@ -115,11 +120,16 @@ def step_report(result: StepResult) -> dict:
             tolerance=att.tolerance if attended else None,
             passed=att.passed,
             kernel_ms=round(att.kernel_seconds * 1e3, 4),
-            sequences={
-                seq: {"context_len": int(att.context_lens[i]), "max_abs_error": float(att.head_errors[i].max())}
-                for i, seq in enumerate(att.seq_ids)
-            },
+            sequences={seq: _sequence_check(att, i) for i, seq in enumerate(att.seq_ids)},
         )
+        if attended:
+            row, head = att.worst_head
+            out["nearest_bound"] = {
+                "sequence": att.seq_ids[row],
+                "head": head,
+                "max_abs_error": float(att.head_errors[row, head]),
+                "bound": float(att.tolerances[row, head]),
+            }
         if att.layers is not None:
             layers = att.layers
             out["layers"] = {
@@ -135,6 +145,17 @@ def step_report(result: StepResult) -> dict:
         ]
         out["passed"] = out["passed"] and all(passed for passed, _ in result.inner_checks)
     return out
+
+
+def _sequence_check(att, row: int) -> dict:
+    """A sequence's check in a JSON report: its largest error, and its head nearest its bound."""
+    errors, bounds, head = att.head_errors[row], att.tolerances[row], att.worst_head_of(row)
+    return {
+        "context_len": int(att.context_lens[row]),
+        "max_abs_error": float(errors.max()),
+        "passed": bool((errors <= bounds).all()),
+        "nearest_bound": {"head": head, "max_abs_error": float(errors[head]), "bound": float(bounds[head])},
+    }
 
 
 def scheduler_queues(timeline: Timeline) -> dict[str, list[str]]:

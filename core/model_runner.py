@@ -94,6 +94,23 @@ class AttentionReport:
         return float(self.tolerances.max()) if self.seq_ids else 0.0
 
     @property
+    def worst_head(self) -> tuple[int, int] | None:
+        """(row, head) nearest its bound (the largest error / bound): the pair a one-line
+        summary shows, since the largest error may sit on a head with a looser bound."""
+        if not self.seq_ids:
+            return None
+        row, head = np.unravel_index(int(np.argmax(self._margins)), self._margins.shape)
+        return int(row), int(head)
+
+    def worst_head_of(self, row: int) -> int:
+        """The head of sequence ``row`` nearest its bound."""
+        return int(np.argmax(self._margins[row]))
+
+    @functools.cached_property
+    def _margins(self) -> np.ndarray:
+        return self.head_errors / np.maximum(self.tolerances, np.finfo(np.float64).tiny)
+
+    @property
     def attention_passed(self) -> bool:
         """Every head of this check, and every layer of a real model's forward, within its
         bound (``passed`` asks the logits and the next tokens too)."""

@@ -74,6 +74,35 @@ def test_a_step_beyond_tolerance_fails_the_run(monkeypatch, capsys):
     assert "MISMATCH" in capsys.readouterr().out
 
 
+def test_a_mismatch_shows_the_error_beside_its_own_heads_bound_and_names_the_head(monkeypatch, capsys, tmp_path):
+    # An error on the short sequence, under its bound's own scale, above it; the long
+    # sequence has the loosest bound. The row paired the largest error with that loosest
+    # bound: "1.00e-04 1.5e-04 MISMATCH", an error under the tolerance beside it.
+    from pagesim.kernels.cpu_backend import CpuBackend
+
+    real = CpuBackend._paged_attention
+
+    def off_on_the_shortest(self, query, kc, vc, tables, lens, scale):
+        out = np.array(real(self, query, kc, vc, tables, lens, scale))
+        if lens.size > 1:
+            out[int(np.argmin(lens)), 0, 0] += 1e-4
+        return out
+
+    monkeypatch.setattr(CpuBackend, "_paged_attention", off_on_the_shortest)
+    scenario = Path(__file__).parents[1] / "scenarios" / "synthetic_long_context.toml"
+    report = tmp_path / "report.json"
+    assert main(["run", str(scenario), "--json", str(report)]) == 1
+    out, err = capsys.readouterr()
+    row = next(line for line in out.splitlines() if "MISMATCH" in line)
+    error, bound = (float(x) for x in row.split("MISMATCH")[0].split()[-2:])
+    assert error > bound and "MISMATCH: chat, head 0" in row, row
+    assert "(first at step 2: chat, head 0, |err| 1.0e-04 > bound" in err
+    step = json.loads(report.read_text())["steps"][1]
+    assert step["nearest_bound"]["sequence"] == "chat" and step["nearest_bound"]["head"] == 0
+    assert step["nearest_bound"]["max_abs_error"] > step["nearest_bound"]["bound"]
+    assert step["sequences"]["chat"]["passed"] is False and step["sequences"]["doc"]["passed"] is True
+
+
 def test_cuda_backend_without_a_device_fails_clearly(capsys):
     assert main(["run", "seed_demo", "--backend", "cuda"]) == 2
     assert "--backend cuda is not usable here" in capsys.readouterr().err

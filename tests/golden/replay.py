@@ -30,6 +30,8 @@ ERRORS = {"max_abs_error", "head_errors", "tolerance", "head_tolerances"}
 # A real model's per-layer check: which layer has the least margin, and by how much, is
 # rounding too (its pass/fail and the tokens are kept).
 ERRORS |= {"worst_layer", "worst_error_to_bound", "logits_max_abs_diff", "sentence"}
+# So is which sequence and head come nearest their bounds (each sequence's pass/fail is kept).
+ERRORS |= {"nearest_bound"}
 
 
 def clean(record: dict, exact: bool) -> dict:
