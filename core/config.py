@@ -18,6 +18,23 @@ MAX_MODEL_LEN_LIMIT = 2**24
 DEFAULT_WATERMARK = 0.01  # v0's free blocks kept back at admission, as a fraction of the pool
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # v1's token budget a step
 
+# Settings of one engine that the other has no use for: a scenario that names one under the
+# other engine is refused, whatever its value (its default too would suggest it did something).
+ENGINE_FIELDS = {
+    "num_cpu_blocks": ("v0", 'v0\'s swap space: scheduler = "v1" has no CPU pool (vLLM v1 has no swap)'),
+    "watermark": ("v0", 'v0\'s admission rule: scheduler = "v1" admits without one, as vLLM v1 does'),
+    "max_num_batched_tokens": (
+        "v1",
+        'v1\'s token budget: scheduler = "v0" prefills whole prompts without one (set scheduler = "v1" to use it)',
+    ),
+}
+
+
+def other_engines_field(field: str, scheduler: str) -> str | None:
+    """Why ``field`` has no place under ``scheduler``, or None when it has."""
+    engine, why = ENGINE_FIELDS.get(field, (scheduler, ""))
+    return None if engine == scheduler else f"{field} is {why}"
+
 
 @dataclass(frozen=True)
 class CacheConfig:
@@ -94,18 +111,13 @@ class CacheConfig:
         if self.scheduler == "v1" and self.preemption != "recompute":
             raise ValueError('scheduler = "v1" preempts by recompute only (vLLM v1 has no swap)')
         if self.scheduler == "v1" and self.num_cpu_blocks:  # (accepted, it would change nothing)
-            raise ValueError(
-                'num_cpu_blocks is v0\'s swap space: scheduler = "v1" has no CPU pool (vLLM v1 has no swap)'
-            )
+            raise ValueError(other_engines_field("num_cpu_blocks", "v1"))
         if self.scheduler == "v1" and self.watermark != DEFAULT_WATERMARK:
-            raise ValueError('watermark is v0\'s admission rule: scheduler = "v1" admits without one, as vLLM v1 does')
+            raise ValueError(other_engines_field("watermark", "v1"))
         if not is_count(self.max_num_batched_tokens):
             raise ValueError(f"max_num_batched_tokens must be a positive integer; got {self.max_num_batched_tokens!r}")
         if self.scheduler == "v0" and self.max_num_batched_tokens != DEFAULT_MAX_NUM_BATCHED_TOKENS:
-            raise ValueError(
-                'max_num_batched_tokens is v1\'s token budget: scheduler = "v0" prefills whole prompts without one '
-                '(set scheduler = "v1" to use it)'
-            )
+            raise ValueError(other_engines_field("max_num_batched_tokens", "v0"))
         if not isinstance(self.model, str) or not self.model.strip():
             raise ValueError(f'model must be "synthetic", "smollm2-135m" or a path to a .gguf file; got {self.model!r}')
         if not isinstance(self.prefix_caching, bool):

@@ -25,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 
 from pagesim.core.checks import all_ints, is_count, is_int
-from pagesim.core.config import CacheConfig
+from pagesim.core.config import CacheConfig, other_engines_field
 from pagesim.core.errors import InvalidOperationError, PagesimError, ScenarioError
 from pagesim.core.language_model import SYNTHETIC
 from pagesim.core.operations import Add, Fork, Free, Grow, Operation, Schedule, Submit
@@ -87,7 +87,8 @@ class Scenario:
 
         doc: dict = {"name": self.name, "description": self.description}
         for f in fields(CacheConfig):
-            doc[f.name] = getattr(self.config, f.name)
+            if other_engines_field(f.name, self.config.scheduler) is None:  # (the other engine's: refused on load)
+                doc[f.name] = getattr(self.config, f.name)
         # One [[steps]] table per operation, the way people write them by hand.
         steps = "".join(
             f"\n[[steps]]\n{tomli_w.dumps(operation_to_dict(op) | ({'note': note} if note else {}))}"
@@ -250,6 +251,10 @@ def parse_scenario(text: str, source: str = "<memory>") -> Scenario:
     for name in TEXT_FIELDS:
         if not isinstance(doc.get(name, ""), str):
             raise ScenarioError(source, "must be a string", None, name)
+    scheduler = header.get("scheduler", "v0")
+    for name in header if scheduler in ("v0", "v1") else ():  # (another value: CacheConfig says so)
+        if (problem := other_engines_field(name, scheduler)) is not None:
+            raise ScenarioError(source, problem, None, name)
     try:
         config = CacheConfig(**header)
     except ValueError as exc:

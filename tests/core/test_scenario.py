@@ -61,6 +61,10 @@ seq = 0
         (HEADER + 'scheduler = "v1"\nwatermark = 0.5\n', None, "watermark", "v1.* admits without one"),
         (HEADER + 'scheduler = "v1"\nnum_cpu_blocks = 50\n', None, "num_cpu_blocks", "v1.* has no CPU pool"),
         (HEADER + "max_num_batched_tokens = 8\n", None, "max_num_batched_tokens", "v1's token budget.*v0"),
+        # (their defaults too: the value would suggest it did something)
+        (HEADER + 'scheduler = "v1"\nwatermark = 0.01\n', None, "watermark", "v1.* admits without one"),
+        (HEADER + 'scheduler = "v1"\nnum_cpu_blocks = 0\n', None, "num_cpu_blocks", "v1.* has no CPU pool"),
+        (HEADER + "max_num_batched_tokens = 2048\n", None, "max_num_batched_tokens", "v1's token budget.*v0"),
     ],
 )
 def test_malformed_scenarios_name_the_file_step_and_field(text, step, field, message):
