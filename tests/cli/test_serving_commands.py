@@ -378,3 +378,11 @@ def test_a_sweep_counts_aborted_requests_apart_from_those_that_never_fit(tmp_pat
     assert 0 < aborted < rejected and int(row["discarded_output_tokens"]) > 0
     assert f"{rejected - aborted} of 20 requests rejected" in out
     assert f"{aborted} aborted after running: grew past what the pool can hold" in out
+
+
+def test_latency_help_says_its_model_shape_and_gpu_are_required(capsys):
+    # (it refused without them while its usage line showed both as optional)
+    with pytest.raises(SystemExit):
+        main(["latency", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--model-shape SHAPE a published model shape" in text and text.count("(required)") == 2
