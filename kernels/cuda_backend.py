@@ -475,7 +475,7 @@ class CudaBackend(Backend):
         if "variant" not in uploaded:
             num_seqs, num_heads, _ = query.shape
             heads = heads_per_block(num_heads, key_cache.shape[2])
-            uploaded["variant"] = self._variant_for(key_cache, num_seqs, num_heads, uploaded["max_context"], heads)
+            uploaded["variant"] = self.variant_for(key_cache, num_seqs, num_heads, uploaded["max_context"], heads)
         with self._device:
             return self.launch_paged_attention(
                 query, key_cache, value_cache, uploaded["tables"], uploaded["lens"], uploaded["max_context"], scale,
@@ -560,7 +560,7 @@ class CudaBackend(Backend):
             )
             return out
 
-    def _variant_for(self, key_cache, num_seqs: int, num_heads: int, max_context: int, heads: int) -> str:
+    def variant_for(self, key_cache, num_seqs: int, num_heads: int, max_context: int, heads: int) -> str:
         """v1 or v2 for a launch: the backend's fixed choice, vLLM's rule, or the occupancy model's."""
         if self.variant in ("v1", "v2"):
             return self.variant
@@ -584,7 +584,7 @@ class CudaBackend(Backend):
             )
         inst, module = self._module_for(key_cache, heads)
         if variant is None:
-            variant = self._variant_for(key_cache, num_seqs, num_heads, max_context, heads)
+            variant = self.variant_for(key_cache, num_seqs, num_heads, max_context, heads)
         with self._device:
             q = xp.ascontiguousarray(query)
             if num_seqs == 0 or max_context == 0:

@@ -97,9 +97,16 @@ def torch_gather_sdpa(query, key_cache, value_cache, tables, context: int):
 def timed_launch(
     backend: CudaBackend, q, kc, vc, tables: np.ndarray, lens: np.ndarray, scale: float, variant=None, heads=None
 ):
-    """A launch to time: the tables and lengths uploaded once, here, outside the timed region."""
+    """A launch to time: the tables and lengths uploaded once, and the launch planned (heads a
+    thread block, v1 or v2 as the backend chooses: host work that an idle stream's events
+    would count), here, outside the timed region."""
     tables_dev, lens_dev = backend.to_device(tables), backend.to_device(lens)
     max_context = int(lens.max())
+    num_seqs, num_heads, _ = q.shape
+    if heads is None:
+        heads = heads_per_block(num_heads, kc.shape[2])
+    if variant is None:
+        variant = backend.variant_for(kc, num_seqs, num_heads, max_context, heads)
     return lambda: backend.launch_paged_attention(q, kc, vc, tables_dev, lens_dev, max_context, scale, variant, heads)
 
 
@@ -112,6 +119,7 @@ def bench_headline(backend: CudaBackend, copy_gbs: float, quick: bool) -> dict:
     paged_ms = event_median_ms(timed_launch(backend, q, kc, vc, scattered, lens, scale))
     identity_ms = event_median_ms(timed_launch(backend, q, kc, vc, identity, lens, scale))
     plan = backend.launch_plan(kc, b, h, t)
+    launched = backend.variant_for(kc, b, h, t, heads_per_block(h, h))  # (--cuda-kernel may force one)
     torch_ms = event_median_ms(torch_gather_sdpa(q, kc, vc, scattered, t))
     achieved = kv_bytes / (paged_ms * 1e-3) / 1e9
     return {
@@ -121,7 +129,8 @@ def bench_headline(backend: CudaBackend, copy_gbs: float, quick: bool) -> dict:
         "head_dim": d,
         "block_size": bs,
         "dtype": "float16",
-        "variant": plan.variant,  # what auto launched: the occupancy model's choice
+        "variant": launched,  # what was launched: the occupancy model's choice unless --cuda-kernel forced one
+        "occupancy_choice": plan.variant,
         "occupancy_plan": {"waves": plan.waves, "blocks_per_sm": plan.blocks_per_sm, "reason": plan.reason},
         "vllm_rule": choose_variant(t, b, h),
         "paged_ms": paged_ms,

@@ -140,8 +140,16 @@ def test_scenarios_lists_in_the_learners_order_from_headers_within_the_width(cap
 
 def test_bench_quick_writes_its_results(tmp_path, capsys):
     path = tmp_path / "bench.json"
-    assert main(["bench", "--quick", "--backend", "cpu", "--json", str(path)]) == 0
+    assert main(["bench", "--quick", "--backend", "cpu", "--cuda-kernel", "v2", "--json", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert "note: --cuda-kernel v2 is for the CUDA backend; this run uses cpu" in err  # (it was taken silently)
     result = json.loads(path.read_text())
+    # Each target's line says its verdict, with the target as the JSON has it (0.16 s read "0.2").
+    for name in ("engine", "scheduler", "scheduler_v1"):
+        row = result[name]
+        said = f"target ≤ {row['target_seconds']:.2f} s: {'met' if row['meets_target'] else 'MISSED'}"
+        assert said in out, said
+    assert f": {'met' if result['memory'][0]['meets_target'] else 'MISSED'}" in out.split("memory:")[1]
     case = result["kernel"][0]
     assert case["paged_ms"] > 0 and case["dense_sdpa_ms"] > 0 and case["max_abs_error"] < 1e-5
     assert result["engine"]["operations"] == 2000 and result["machine"]["backend"] == "cpu"
