@@ -39,7 +39,8 @@ makes, and what those warps have in flight. In `paged_attention.cu` each thread 
 takes a batch of TOKENS_PER_ITER = 2 tokens per iteration and loads the head slices of K
 and V of both (16 bytes a lane each, held raw until used) before it reduces any (dot
 products, xor shuffles, one rescale for the batch): a warp has 2 × 2 × tokens_per_warp ×
-head_dim × itemsize bytes in flight, 2 KB for every fp16 head dim up to 256. (The kernel's
+head_dim × itemsize bytes in flight: 2 KB at the fp16 head dims that are powers of two
+(8 to 256), less between them (1,088 B at 136, 1,280 B at 80 and 160). (The kernel's
 earlier loop loaded one token's K, reduced it and only then loaded its V: 512 B a warp.)
 Little's law says peak bandwidth × loaded latency must be in flight to stream at the peak:
 with 650 ns (H200, HBM3e 4.8 TB/s) and 550 ns (A100 80 GB, HBM2e 2.04 TB/s), 23.6 KB and
