@@ -67,7 +67,9 @@ def error_bounds(
     and the output, a weighted average of values, moves by at most max|v| times those.
     Kernel and dense each round: tol = 2·u·max|v|·(√d·S + 2S + √L + 4). It is tight enough
     to catch a wrong block at every context length and one zeroed slot up to a few
-    thousand tokens (a slot weighs ~1/L); :meth:`Simulator.verify_kv` catches the rest.
+    thousand tokens (a slot weighs ~1/L). Past that a lost slot hides under it; the kernel
+    tests prove every slot is read (:meth:`Simulator.verify_kv` proves the pool and tables
+    the kernel reads through, on the host, not the kernel's loads).
 
     ``query`` (num_seqs, num_heads, head_dim) float; ``k_norm_max``/``v_abs_max``
     (num_seqs, num_kv_heads)."""

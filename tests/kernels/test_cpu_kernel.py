@@ -146,6 +146,31 @@ def test_the_work_split_fills_the_cpu_with_whole_tiles_and_never_depends_on_the_
         numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("block_size", [1, 16])
+def test_every_slot_is_read_exactly_once_even_at_32k_tokens(cpu_backend, block_size, dtype):
+    # Against dense attention a lost slot weighs 1/L and hides under rounding past a few
+    # thousand tokens. Here it cannot: a zero query gives every score 0, every weight
+    # exp(0) = 1 and every rescale 1, so with small whole values in V the kernel's sums are
+    # exact and its output is the slots' sum / L to a rounding or two, while one slot lost
+    # or read twice moves a value by ≥ 1/L (60 of its ulps at 32k).
+    rng = np.random.default_rng(7)
+    lens = [32768, 1001]
+    query, key_cache, value_cache, tables, context_lens = make_case(
+        rng, num_seqs=2, context_lens=lens, block_size=block_size, num_heads=2, num_kv_heads=1, head_dim=8, dtype=dtype
+    )
+    query[:] = 0
+    codes = rng.integers(1, 14, size=value_cache.shape)  # whole values, exact in every dtype
+    value_cache[:] = np.where(np.isnan(value_cache.astype(np.float32)), np.nan, codes).astype(value_cache.dtype)
+    out = cpu_backend.paged_attention(query, key_cache, value_cache, tables, context_lens, 0.3)
+    for s, n in enumerate(lens):
+        positions = np.arange(n)
+        blocks, offsets = tables[s, positions // block_size], positions % block_size
+        expected = value_cache[blocks, offsets, 0].astype(np.float64).sum(axis=0) / n  # (head_dim,)
+        gap = np.abs(out[s].astype(np.float64) - expected[None, :])
+        assert (gap <= 4 * np.spacing(np.float32(expected.max()))).all(), (s, gap.max(), 1 / n)
+
+
 def test_kernel_matches_seed_gather_reference_on_the_article_example(cpu_backend):
     # The seed article's demo: torch.manual_seed(42), 8 blocks of 4, 2 heads, head dim 8.
     torch.manual_seed(42)
