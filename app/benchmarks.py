@@ -114,7 +114,7 @@ CPU_GENERATIONS = {
     ("AuthenticAMD", 25, 17): "Zen 4",
     ("AuthenticAMD", 25, 160): "Zen 4c",
     ("AuthenticAMD", 26, 2): "Zen 5",
-    ("AuthenticAMD", 26, 17): "Zen 5",
+    ("AuthenticAMD", 26, 17): "Zen 5c",
     ("GenuineIntel", 6, 85): "Skylake / Cascade Lake",
     ("GenuineIntel", 6, 106): "Ice Lake",
     ("GenuineIntel", 6, 143): "Sapphire Rapids",
@@ -636,6 +636,7 @@ def run_benchmarks(args: argparse.Namespace) -> int:
         )
         return 2
     if args.model:
+        say_unused_cuda_kernel(args, select_backend("cpu"))  # (the real model's benchmark runs on the CPU)
         return run_model_benchmarks(args, path)
     if backend.name == "cuda":
         write_results(path, run_cuda_benchmarks(args, backend))

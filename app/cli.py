@@ -289,8 +289,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                     failed.append(result.step)
                     if result.attention.attention_passed:  # (only the logits, or the tokens, left the bound)
                         logits_failed.append(result.step)
-                    elif not first_mismatch and result.attention.seq_ids:
-                        first_mismatch = _mismatch_at(result.step, result.attention)
+                if not result.attention.attention_passed and not first_mismatch and result.attention.seq_ids:
+                    first_mismatch = _mismatch_at(result.step, result.attention)  # (maybe after its inner checks)
                 if result.attention.layers is not None:
                     layer_steps += 1
                     logits_gap = max(logits_gap, result.attention.layers.logits_diff)

@@ -40,7 +40,7 @@ def format_step(result: StepResult) -> str:
         row, head = att.worst_head
         error, bound = att.head_errors[row, head], att.tolerances[row, head]
         err, tol, check = f"{error:9.2e}", f"{bound:7.1e}", "ok" if att.passed else "MISMATCH"
-        if not att.attention_passed and error > bound:
+        if not att.attention_passed and not error <= bound:  # (NaN too)
             check += f": {att.seq_ids[row]}, head {head}"
     util = f"{m.utilisation:.1%}" if m.slots_allocated else "–"  # nothing allocated: nothing to be utilised
     return (

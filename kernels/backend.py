@@ -201,10 +201,10 @@ def int32_indices(values: Any, name: str) -> np.ndarray:
         pass  # (whole numbers in a float array: nothing is lost)
     elif array.dtype.kind not in "iu":
         raise KernelInputError(f"{name} must hold integers; got dtype {array.dtype}")
-    low, high = array.min(), array.max()
+    low, high = int(array.min()), int(array.max())  # (exact: comparing in float32 rounds 2**31 - 1 up)
     if low < np.iinfo(np.int32).min or high > np.iinfo(np.int32).max:
         bad = low if low < np.iinfo(np.int32).min else high
-        raise KernelInputError(f"{name} holds {int(bad)}, outside the kernels' 32-bit indices")
+        raise KernelInputError(f"{name} holds {bad}, outside the kernels' 32-bit indices")
     return np.ascontiguousarray(array, dtype=np.int32)
 
 

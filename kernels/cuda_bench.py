@@ -178,7 +178,8 @@ def bench_single_context(backend: CudaBackend, context: int, copy_gbs: float) ->
     achieved = 2 * context * 8 * 128 * 2 / (ms * 1e-3) / 1e9
     return {
         "context": context,
-        "variant": backend.launch_plan(kc, 1, 32, context).variant,
+        "variant": backend.variant_for(kc, 1, 32, context, heads_per_block(32, 8)),  # (as launched)
+        "occupancy_choice": backend.launch_plan(kc, 1, 32, context).variant,
         "ms": ms,
         "achieved_gbs": achieved,
         "fraction_of_copy": achieved / copy_gbs,

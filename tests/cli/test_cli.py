@@ -103,6 +103,37 @@ def test_a_mismatch_shows_the_error_beside_its_own_heads_bound_and_names_the_hea
     assert step["sequences"]["chat"]["passed"] is False and step["sequences"]["doc"]["passed"] is True
 
 
+SCHEDULES = (
+    "num_blocks = 24\nblock_size = 4\nnum_heads = 2\nhead_dim = 8\n"
+    '[[steps]]\nop = "submit"\nrequest = "r1"\ntokens = 6\noutput = 10\n'
+    '[[steps]]\nop = "submit"\nrequest = "r2"\ntokens = 5\noutput = 10\n'
+    '[[steps]]\nop = "schedule"\nsteps = 3\n[[steps]]\nop = "schedule"\nsteps = 1\n'
+)
+
+
+@pytest.mark.parametrize("offset", [1e-2, float("nan")])
+def test_the_first_mismatch_named_is_the_first_step_that_missed(monkeypatch, capsys, tmp_path, offset):
+    # A schedule's earlier engine steps are checked inside it: step 3 failed there, and the
+    # summary named step 4 "first". A NaN error is named in the row too (NaN > bound is False).
+    from pagesim.kernels.cpu_backend import CpuBackend
+
+    real = CpuBackend._paged_attention
+
+    def off_on_row_zero(self, query, kc, vc, tables, lens, scale):
+        out = np.array(real(self, query, kc, vc, tables, lens, scale))
+        if lens.size:
+            out[0, 0, 0] += offset
+        return out
+
+    monkeypatch.setattr(CpuBackend, "_paged_attention", off_on_row_zero)
+    path = tmp_path / "schedules.toml"
+    path.write_text(SCHEDULES)
+    assert main(["run", str(path)]) == 1
+    out, err = capsys.readouterr()
+    assert "at steps [3, 4] (first at step 3: r1, head 0, |err|" in err, err
+    assert "MISMATCH: r1, head 0" in next(line for line in out.splitlines() if line.lstrip().startswith("4 "))
+
+
 def test_cuda_backend_without_a_device_fails_clearly(capsys):
     assert main(["run", "seed_demo", "--backend", "cuda"]) == 2
     assert "--backend cuda is not usable here" in capsys.readouterr().err

@@ -265,6 +265,15 @@ def test_bad_kernel_inputs_are_refused_before_launch(cpu_backend, mutate, messag
         CudaBackend.__new__(CudaBackend)._checked_decode_inputs(*args)
 
 
+def test_an_index_just_past_int32_in_a_float32_array_is_refused_by_its_own_value():
+    # (compared in float32, 2**31 - 1 rounds up to 2**31: the value passed and wrapped)
+    from pagesim.kernels.backend import int32_indices
+
+    with pytest.raises(KernelInputError, match="holds 2147483648, outside"):
+        int32_indices(np.array([2.0**31], np.float32), "block_tables")
+    np.testing.assert_array_equal(int32_indices(np.array([3.0, 0.0], np.float16), "x"), [3, 0])
+
+
 FIRST_RUN_PROBE = """
 import hashlib
 import numpy as np
