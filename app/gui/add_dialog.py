@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 
 from pagesim.core.sampling import SamplingParams
+from PySide6.QtCore import QEvent, Qt
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -45,7 +46,11 @@ class AddPromptDialog(QDialog):
         self.setWindowTitle(f"Add {seq}")
         self.prompt = QPlainTextEdit(DEFAULT_PROMPT)
         self.prompt.setTabChangesFocus(True)  # Tab moves on to the next field
-        self.prompt.setToolTip("The prompt, as plain text: the model's tokenizer turns it into token ids")
+        self.prompt.installEventFilter(self)  # Enter adds, Shift+Enter breaks the line
+        self.prompt.setToolTip(
+            "The prompt, as plain text: the model's tokenizer turns it into token ids. "
+            "Enter adds it; Shift+Enter starts a new line"
+        )
         self.prompt.setMinimumWidth(360)
         self.prompt.setFixedHeight(self.fontMetrics().lineSpacing() * 5)
         self.as_chat = QCheckBox("as a chat user message")
@@ -131,6 +136,19 @@ class AddPromptDialog(QDialog):
         self._follow_choices()
         self.prompt.setFocus()
         self.prompt.selectAll()
+
+    def eventFilter(self, watched, event) -> bool:
+        if (
+            watched is self.prompt
+            and event.type() == QEvent.Type.KeyPress
+            and event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+            and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier
+        ):
+            ok = self.buttons.button(QDialogButtonBox.StandardButton.Ok)
+            if ok.isEnabled():
+                ok.click()
+            return True  # (a newline typed by accident would become part of the prompt)
+        return super().eventFilter(watched, event)
 
     @property
     def as_request(self) -> bool:

@@ -300,6 +300,7 @@ class MainWindow(QMainWindow):
         show = self.setting("welcome_at_start")
         dialog = WelcomeDialog(self.open_shipped, self, show)
         dialog.finished.connect(lambda _: self.settings.setValue("welcome_at_start", dialog.at_start.isChecked()))
+        dialog.finished.connect(lambda _: self._take_focus_back())
         dialog.open()  # window-modal, returns at once
         return dialog
 
@@ -337,12 +338,19 @@ class MainWindow(QMainWindow):
             scheduled = any(isinstance(op, Submit | Schedule) for op in self.frame.operations)
             self.add_dialog = AddPromptDialog(self._new_name(), self, as_request=scheduled)
             self.add_dialog.accepted.connect(self._add_typed)
+            self.add_dialog.finished.connect(lambda _: self._take_focus_back())
             self.add_dialog.open()  # window-modal, returns at once
             return
         self.settings.setValue("prompt_len", self.actions.prompt_spin.value())
         name = self._new_name()
         self.selection.expect(name)
         self.controller.apply(Add(name, self.actions.prompt_spin.value()))
+
+    def _take_focus_back(self) -> None:
+        """The window active again once a dialog closes: its shortcuts (G to grow what was just
+        added) answer at once, not after a click."""
+        self.activateWindow()
+        self.setFocus(Qt.FocusReason.ActiveWindowFocusReason)
 
     def _add_typed(self) -> None:
         dialog = self.add_dialog

@@ -124,3 +124,22 @@ def test_a_request_of_n_greedy_samples_is_refused_by_the_engine():
 
     with pytest.raises(InvalidOperationError, match=r"2 samples at temperature 0 .* would all be the same text"):
         Submit("r", 4, prompt_len=3, n=2, sampling=SamplingParams(temperature=0.0, seed=1))
+
+
+def test_enter_adds_the_prompt_and_shift_enter_breaks_the_line(make_window, qtbot):
+    # (Enter typed a newline into the prompt, which became part of it)
+    from PySide6.QtCore import Qt
+
+    window = make_window("default", real=True)
+    before = wait_idle(qtbot, window, timeout=60_000)
+    window.add_sequence()
+    dialog = window.add_dialog
+    dialog.prompt.setPlainText("Hello")
+    dialog.prompt.moveCursor(dialog.prompt.textCursor().MoveOperation.End)
+    qtbot.keyClick(dialog.prompt, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+    assert dialog.prompt.toPlainText() == "Hello\n" and dialog.isVisible()
+    dialog.prompt.setPlainText("The capital of Italy is")
+    qtbot.keyClick(dialog.prompt, Qt.Key.Key_Return)
+    assert dialog.result() == dialog.DialogCode.Accepted and not dialog.isVisible()
+    qtbot.waitUntil(lambda: window.frame.position != before.position or window.last_error, timeout=60_000)
+    assert window.last_error is None
