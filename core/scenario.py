@@ -2,7 +2,7 @@
 
 ::
 
-    name = "Seed article demo"
+    name = "Two sequences on scattered blocks"
     num_blocks = 8
     block_size = 4
     num_heads = 2

@@ -40,7 +40,8 @@ blocks, less a small <i>watermark</i>, cover their prompt, which is prefilled wh
 schedule step decodes one token for every running sequence. When a step cannot get a block
 the newest request is <b>preempted</b> — by <i>recompute</i> (its blocks are freed and it
 returns to the front of the queue, to be prefilled again) or by <i>swap</i> (its blocks go
-to a CPU pool, red, and come back bit for bit, green). Parallel samples and beams are
+to a CPU pool, flashing red, and come back bit for bit, flashing green; at rest they keep
+their owner's colour). Parallel samples and beams are
 forks, preempted together.</p>
 <p><i>v1</i>: each step has one <b>token budget</b> (<code>max_num_batched_tokens</code>,
 the bar in the Scheduler tab), spent on the running requests first, then on waiting ones.

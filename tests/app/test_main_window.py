@@ -513,12 +513,12 @@ def test_open_example_lists_the_shipped_scenarios_in_a_learners_order(window, qt
     menu = window.actions.examples_menu
     menu.aboutToShow.emit()  # filled when first opened
     titles = [a.text() for a in menu.actions()]
-    assert len(titles) == len(shipped_scenarios()) and titles[0] == "1. Seed article demo"
+    assert len(titles) == len(shipped_scenarios()) and titles[0] == "1. Two sequences on scattered blocks"
     assert titles[1] == "2. A tour of paged KV memory" and SUGGESTED_ORDER[1] == "default"
     assert all(a.toolTip() for a in menu.actions())  # each says in a line what it shows
     menu.actions()[0].trigger()
     frame = wait_idle(qtbot, window)
-    assert frame.scenario_name == "Seed article demo" and frame.position == 0
+    assert frame.scenario_name == "Two sequences on scattered blocks" and frame.position == 0
     assert (shipped_folder() / "default.toml").exists()  # File → Open starts there
 
 
@@ -596,7 +596,7 @@ def test_the_welcome_lists_the_examples_in_order_and_opens_one(window, qtbot, se
     from pagesim.core.scenario import shipped_scenarios
 
     assert dialog.list.count() == len(shipped_scenarios())
-    assert dialog.list.item(0).text().startswith("1. Seed article demo")
+    assert dialog.list.item(0).text().startswith("1. Two sequences on scattered blocks")
     dialog.list.setCurrentRow(3)  # 4. prefix caching
     name = dialog.list.currentItem().data(Qt.ItemDataRole.UserRole)
     dialog.at_start.setChecked(False)

@@ -11,7 +11,7 @@ from PySide6.QtWidgets import QSizePolicy, QToolTip, QWidget
 
 LANES = (
     ("waiting", "waiting: queued, no blocks yet"),
-    ("running", "running: decoding, blocks on the GPU"),
+    ("running", "running: prefill or decode, blocks on the GPU"),
     ("swapped", "swapped: preempted, K/V in the CPU pool"),
     ("finished", "finished"),
 )
