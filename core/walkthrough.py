@@ -39,6 +39,11 @@ class WalkThrough:
         return float(np.abs(self.trace.output - self.kernel_output).max())
 
     @property
+    def rescales(self) -> int:
+        """How many times a new maximum rescaled what was summed before it."""
+        return sum(1 for s in self.trace.steps if s.m_before != float("-inf") and s.m_after > s.m_before)
+
+    @property
     def num_stages(self) -> int:
         return len(self.stage_token)
 
@@ -47,6 +52,8 @@ class WalkThrough:
         trace = self.trace
         if stage < len(trace.steps):
             text = _describe_step(trace.steps[stage], self.kernel, split=bool(trace.partitions))
+            if stage == 0 and not self.rescales:  # (a short context: one tile, one batch)
+                text += " · no later max: nothing rescaled (a longer context shows it)"
             return text + _thread_block_note(trace)
         if stage - len(trace.steps) < len(trace.merges):
             return _describe_merge(trace.merges[stage - len(trace.steps)])
@@ -76,7 +83,8 @@ def _describe_step(step, kernel: str, split: bool = False) -> str:
     )
     # A kernel takes the max of the tokens it handles together (a tile, a thread group's
     # batch) before any of their exps: m can be a later token's score, not this one's.
-    ahead = " (the highest score of the tokens taken with this one, found before their exps)"
+    together = "tile" if kernel == "cpu" else "batch"
+    ahead = f" (the highest score in this token's {together}: the kernel finds it before taking any exp)"
     if step.m_before == float("-inf"):
         text += f" · m starts at {step.m_after:+.3f}" + (ahead if step.m_after > step.score else "")
     elif step.m_after > step.m_before:

@@ -145,5 +145,22 @@ def test_a_stage_whose_max_came_from_a_later_token_says_so():
     trace = trace_cpu(*inputs, 0, 0, 0.5)
     walk = WalkThrough("A", 0, "cpu", 512, trace, trace.output, trace.output, 1e-6, 0.0, (0,))
     first, peak = walk.stage_text(0), walk.stage_text(2)
-    assert "m starts at +2.000 (the highest score of the tokens taken with this one" in first, first
+    assert "m starts at +2.000 (the highest score in this token's tile: the kernel finds it before" in first, first
     assert "score q·k·scale = +0.000" in first and "highest" not in peak
+    # One tile holds the whole context: nothing is rescaled, and the first stage says why.
+    assert walk.rescales == 0 and "no later max: nothing rescaled (a longer context shows it)" in first
+    assert "nothing rescaled" not in peak
+
+
+def test_a_context_of_several_tiles_rescales_and_says_nothing_of_one_tile():
+    from pagesim.core.walkthrough import WalkThrough
+
+    rng = np.random.default_rng(3)
+    blocks = 40  # more than one tile of the CPU kernel
+    keys = rng.standard_normal((blocks, 4, 1, 4)).astype(np.float32)
+    keys[-1] *= 8  # a late, larger score: a new maximum after the first tile
+    query = np.ones((1, 1, 4), np.float32)
+    inputs = (query, keys, keys, np.arange(blocks, dtype=np.int32)[None], np.array([blocks * 4], np.int32))
+    trace = trace_cpu(*inputs, 0, 0, 0.5)
+    walk = WalkThrough("A", 0, "cpu", 512, trace, trace.output, trace.output, 1e-6, 0.0, (0,))
+    assert walk.rescales >= 1 and "nothing rescaled" not in walk.stage_text(0)
