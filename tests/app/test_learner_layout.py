@@ -335,7 +335,7 @@ def test_a_v1_pool_shows_its_null_block_and_the_legend_says_what_it_is(make_wind
     assert "null block" in legend.labels() and legend.swatch_rect("null") is not None
     window.load(load_shipped("seed_demo"))  # a v0 pool
     frame = wait_idle(qtbot, window)
-    qtbot.waitUntil(lambda: window.frame.scenario_name.startswith("Seed"), timeout=10_000)
+    qtbot.waitUntil(lambda: window.frame.scenario_name.startswith("Two sequences"), timeout=10_000)
     assert not any(item.null for item in pool.items) and "null block" not in legend.labels()
 
 
@@ -501,18 +501,20 @@ def test_the_more_box_of_a_long_table_says_what_it_holds(long_and_short, qtbot):
     window = long_and_short
     view = window.sequence_view
     grid = view._entry_grid("long")
-    shown, length = grid[3], grid[4]
-    if shown >= length:  # the panel is wide enough for every entry: make it narrow
+    length, head, tail = grid[3:]
+    if head + tail >= length:  # the panel is wide enough for every entry: make it narrow
         window.resizeDocks([window.sequences_dock], [220], Qt.Orientation.Horizontal)
         QApplication.processEvents()
         view.executeDelayedItemsLayout()
         grid = view._entry_grid("long")
-        shown, length = grid[3], grid[4]
-    assert shown < length
-    box = view._grid_box(grid, shown)
+        length, head, tail = grid[3:]
+    assert head + tail < length
+    box = view._grid_box(grid, head)
     table = window.frame.sequence("long").block_table
     tip = view.more_tooltip(box.center())
-    assert tip.startswith(f"long's table has {length - shown} more entries") and f"L{shown}→#{table[shown]}" in tip
+    hidden = length - head - tail
+    assert tip.startswith(f"long's table has {hidden} more entries") and f"L{head}→#{table[head]}" in tip
+    assert f"L{length - 1}→" not in tip  # (the last entry has its own box)
     assert view.more_tooltip(view._grid_box(grid, 0).center()) is None  # an entry of its own: its usual tip
 
 

@@ -212,8 +212,10 @@ def test_a_long_block_table_wraps_in_the_selected_row_and_counts_the_rest(make_w
     rects = view.entry_rects("doc")
     lines = view.max_lines("doc")
     assert 1 < lines <= MAX_LINES
-    assert len(rects) == per_line * lines - 1  # the last box counts the rest
+    assert len(rects) == per_line * lines - 1  # one box counts the middle
     assert len({r.y() for _, r in rects}) == lines  # on that many lines
+    # The table's last entries keep their boxes (where the next token goes), after the count.
+    assert [logical for logical, _ in rects[-2:]] == [len(table) - 2, len(table) - 1]
     chat = view.entry_rects("chat")  # not selected: one line
     assert len({r.y() for _, r in chat}) == 1 and len(chat) == len(window.frame.sequence("chat").block_table)
 
@@ -231,10 +233,14 @@ def test_an_unselected_long_block_table_takes_one_line_and_counts_the_rest(make_
     assert 1 < per_line < len(table)
     rects = view.entry_rects("doc")
     assert len(rects) == per_line - 1 and len({r.y() for _, r in rects}) == 1
+    assert rects[-1][0] == len(table) - 1  # the last entry keeps a box of its own
+    head = next(i for i, (logical, _) in enumerate(rects) if logical != i)
     cell = view.visualRect(view.indexFromItem(view._rows["doc"], 3))
-    more = view.entry_box("doc", len(table) - 1)  # a hidden entry: the box that counts it
+    more = view.entry_box("doc", head)  # a hidden entry: the box that counts it
     assert more.right() <= view.viewport().width() and cell.contains(more)
-    assert view.more_tooltip(more.center()).startswith(f"doc's table has {len(table) - per_line + 1} more entries")
+    assert more.left() > rects[head - 1][1].left() and more.right() < rects[head][1].left()  # between the two
+    hidden = len(table) - len(rects)
+    assert view.more_tooltip(more.center()).startswith(f"doc's table has {hidden} more entries")
 
 
 @pytest.mark.parametrize("size", [(1024, 700), (1920, 1080)])

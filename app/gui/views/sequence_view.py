@@ -51,19 +51,19 @@ class BlockTableDelegate(QStyledItemDelegate):
         small = painter.font()
         small.setPointSizeF(7.0)
         lookup = self.view.lookup
-        per_line, shown = self.view.entries_shown(seq_id, len(table))
-        for logical, physical in enumerate(table):
-            if logical == shown:  # the rest, counted in the last box
-                line, column = divmod(logical, per_line)
-                box = QRectF(
-                    option.rect.x() + 3 + column * (ENTRY_W + 3), option.rect.y() + 3 + line * (ENTRY_H + 3),
-                    ENTRY_W, ENTRY_H,
-                )  # fmt: skip
-                painter.setPen(QColor(theme.muted))
-                painter.setFont(small)
-                painter.drawText(box, Qt.AlignmentFlag.AlignCenter, f"+{len(table) - shown}\nmore")
-                break
-            line, column = divmod(logical, per_line)
+        per_line, head, tail = self.view.entries_shown(seq_id, len(table))
+        if head + tail < len(table):  # the middle, counted in one box between the head and the tail
+            line, column = divmod(head, per_line)
+            box = QRectF(
+                option.rect.x() + 3 + column * (ENTRY_W + 3), option.rect.y() + 3 + line * (ENTRY_H + 3),
+                ENTRY_W, ENTRY_H,
+            )  # fmt: skip
+            painter.setPen(QColor(theme.muted))
+            painter.setFont(small)
+            painter.drawText(box, Qt.AlignmentFlag.AlignCenter, f"+{len(table) - head - tail}\nmore")
+        for logical, position in shown_positions(len(table), head, tail):
+            physical = table[logical]
+            line, column = divmod(position, per_line)
             box = QRectF(
                 option.rect.x() + 3 + column * (ENTRY_W + 3),
                 option.rect.y() + 3 + line * (ENTRY_H + 3),
@@ -90,6 +90,14 @@ class BlockTableDelegate(QStyledItemDelegate):
                 box.adjusted(0, ENTRY_H / 2 - 2, 0, 0), Qt.AlignmentFlag.AlignCenter, f"{physical}{shared}"
             )
         painter.restore()
+
+
+def shown_positions(count: int, head: int, tail: int) -> list[tuple[int, int]]:
+    """(logical block, box position) of the entries with a box of their own: the first
+    ``head``, then (after the "+N more" box at position ``head``) the last ``tail``."""
+    if head + tail >= count:
+        return [(i, i) for i in range(count)]
+    return [(i, i) for i in range(head)] + [(count - tail + j, head + 1 + j) for j in range(tail)]
 
 
 class SequenceView(QTreeWidget):
@@ -287,7 +295,9 @@ class SequenceView(QTreeWidget):
         """(logical block, its box in viewport coordinates) of a sequence's block table, as
         the delegate paints them."""
         grid = self._entry_grid(seq_id)
-        return [] if grid is None else [(i, self._grid_box(grid, i)) for i in range(grid[3])]
+        if grid is None:
+            return []
+        return [(logical, self._grid_box(grid, position)) for logical, position in shown_positions(*grid[3:])]
 
     def more_tooltip(self, pos: QPoint) -> str | None:
         """What a "+N more" box under ``pos`` (viewport coordinates) stands for; None elsewhere."""
@@ -296,10 +306,13 @@ class SequenceView(QTreeWidget):
             return None
         seq_id = item.data(0, Qt.ItemDataRole.UserRole)
         grid = self._entry_grid(seq_id)
-        if grid is None or grid[3] >= grid[4] or not self._grid_box(grid, grid[3]).contains(pos):
+        if grid is None:
+            return None
+        count, head, tail = grid[3:]
+        if head + tail >= count or not self._grid_box(grid, head).contains(pos):
             return None
         table = item.data(TABLE_COLUMN, Qt.ItemDataRole.UserRole) or ()
-        hidden = [f"L{logical}→#{table[logical]}" for logical in range(grid[3], len(table))]
+        hidden = [f"L{logical}→#{table[logical]}" for logical in range(head, count - tail)]
         listed = ", ".join(hidden[:16]) + (f", … ({len(hidden)} in all)" if len(hidden) > 16 else "")
         return (
             f"{seq_id}'s table has {len(hidden)} more entries than fit here: {listed}. Widen this panel to see "
@@ -328,19 +341,23 @@ class SequenceView(QTreeWidget):
     def entry_box(self, seq_id: str, logical: int) -> QRect | None:
         """The box that shows ``logical``: its own, or the "+N more" box that counts it."""
         grid = self._entry_grid(seq_id)
-        if grid is None or not 0 <= logical < grid[4]:
+        if grid is None or not 0 <= logical < grid[3]:
             return None
-        return self._grid_box(grid, min(logical, grid[3]))
+        count, head, tail = grid[3:]
+        if logical < head or head + tail >= count:
+            return self._grid_box(grid, logical)
+        return self._grid_box(grid, head + 1 + logical - (count - tail) if logical >= count - tail else head)
 
     def _entry_grid(self, seq_id: str):
-        """(x, y, entries per line, boxes shown, table length) of a sequence's table cell."""
+        """(x, y, entries per line, table length, entries shown first, entries shown last) of a
+        sequence's table cell (see :meth:`entries_shown`)."""
         item = self._rows.get(seq_id)
         if item is None:
             return None
         cell = self.visualRect(self.indexFromItem(item, TABLE_COLUMN))
         table = item.data(TABLE_COLUMN, Qt.ItemDataRole.UserRole) or ()
-        per_line, shown = self.entries_shown(seq_id, len(table))
-        return cell.x() + 3, cell.y() + 3, per_line, shown, len(table)
+        per_line, head, tail = self.entries_shown(seq_id, len(table))
+        return cell.x() + 3, cell.y() + 3, per_line, len(table), head, tail
 
     @staticmethod
     def _grid_box(grid, i: int) -> QRect:
@@ -367,12 +384,17 @@ class SequenceView(QTreeWidget):
         lines = (height - others * row) // line if fits else height // 2 // line
         return max(1, min(MAX_LINES, lines))
 
-    def entries_shown(self, seq_id: str | None, count: int) -> tuple[int, int]:
-        """(boxes per line, entries with a box of their own) of a table of ``count`` entries:
-        where they do not all fit, the last box counts the rest ("+N more")."""
+    def entries_shown(self, seq_id: str | None, count: int) -> tuple[int, int, int]:
+        """(boxes per line, entries shown first, entries shown last) of a table of ``count``
+        entries: where they do not all fit, one box between the two counts the middle ("+N
+        more"). The last entries stay in sight: where forks part (beams, samples) and where
+        the next token is written."""
         per_line = self.entries_per_line(seq_id, count)
         room = per_line * self.max_lines(seq_id)
-        return per_line, count if count <= room else room - 1
+        if count <= room:
+            return per_line, count, 0
+        tail = min(2, (room - 1) // 2)
+        return per_line, room - 1 - tail, tail
 
     def set_lookup(self, lookup: tuple[str, int] | None) -> None:
         if lookup != self.lookup:
