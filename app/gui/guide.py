@@ -15,7 +15,8 @@ allocated. The legend above the pool shows each kind of tile (hover an entry).</
 <p><b>Ref count</b>: the badge ×2, ×3 … on a tile counts the block tables that hold the
 block. Forking a sequence (parallel sampling, beam search, or Fork by hand) shares all its
 blocks: no copy, ref counts go up, and the tile shows one band per holder, in each holder's
-colour.</p>
+colour (the samples or beams of one request share its colour, so their bands look alike: the
+×N badge counts them, and a tile's tooltip names each holder).</p>
 <p><b>Copy-on-write</b>: when a sequence writes a new token into a <i>shared</i>, partly
 filled last block, it first gets its own copy (the arrow) and the ref count of the
 original drops. Full shared blocks stay shared for ever.</p>
@@ -37,7 +38,10 @@ names them). The scenario's header says which engine: <code>scheduler = "v0"</co
 (vLLM's former engine, the default) or <code>"v1"</code> (its current one).
 <i>v0</i>: requests wait in a first-come-first-served queue and are admitted while the free
 blocks, less a small <i>watermark</i>, cover their prompt, which is prefilled whole; each
-schedule step decodes one token for every running sequence. When a step cannot get a block
+schedule step decodes one token for every running sequence. Here the step that admits a
+request writes its prompt's K/V and samples nothing, and the next step samples the first
+token and writes its K/V with it (vLLM v0 sampled the first token in the prefill step itself:
+the same tokens and blocks, one step earlier; v1 below does it as vLLM does). When a step cannot get a block
 the newest request is <b>preempted</b> — by <i>recompute</i> (its blocks are freed and it
 returns to the front of the queue, to be prefilled again) or by <i>swap</i> (its blocks go
 to a CPU pool, flashing red, and come back bit for bit, flashing green; at rest they keep

@@ -34,7 +34,12 @@ ENTRIES = (
         "Free but cached (dashed): it still holds a full block of a prefix that a new prompt with the same "
         "tokens takes instead of computing them again; evicted when allocation reaches it",
     ),
-    LegendEntry("in use", "in use", "Held by a request's block table; a filled cell holds one token's K/V"),
+    LegendEntry(
+        "in use",
+        "in use: owner's colour",
+        "Held by a request's block table and drawn in that request's colour (each has its own: the colour "
+        "names the owner, not the state); a filled cell holds one token's K/V",
+    ),
     LegendEntry(
         "shared",
         "shared ×2",
@@ -51,9 +56,9 @@ ENTRIES = (
 NULL = LegendEntry("null", "null block", f"Block 0, the null block: {NULL_BLOCK_ROLE}")
 HATCH = LegendEntry(
     "hatch",
-    "hatched: 8th+ request",
-    "There are seven colours: from the eighth request on, colours come back lighter or darker with a hatch, "
-    "so that two requests never look alike",
+    "hatched: 8th+ owner",
+    "There are seven colours: from the eighth owner on (a request, a sequence you added, a fork), colours "
+    "come back lighter or darker with a hatch, so that two owners never look alike",
 )
 
 
