@@ -39,8 +39,11 @@ def beats_for(
     hit_colour: QColor | None = None,
     evicted_colour: QColor | None = None,
 ) -> list[Beat]:
-    if frame.events is None or speed <= 0:
+    if frame.events is None:
         return []
+    if speed <= 0:  # instant: nothing moves, but a copy-on-write stays marked (a beat of no length)
+        copies = [(e.src, e.dst, colour_of(e.seq)) for e in frame.events if isinstance(e, ev.BlockCopied)]
+        return [Beat(0.0, arrows=copies)] if copies else []
     scale = 1.0 / speed
     change = Beat(CHANGE_MS * scale)
     moves = Beat(SWAP_MS * scale)
@@ -91,6 +94,7 @@ class AnimationDirector(QObject):
         self.scheduler_view = scheduler_view  # where the CPU pool's tiles are, for swaps
         self.swap_flight = swap_flight
         self.beats: list[Beat] = []
+        self._copies: list = []  # this frame's copy-on-write arrows: (source, copy, colour)
         self._current = -1
         self._animation = QVariantAnimation(self)
         self._animation.setStartValue(0.0)
@@ -105,10 +109,15 @@ class AnimationDirector(QObject):
         return self._animation.state() == QVariantAnimation.State.Running
 
     def play(self, beats: list[Beat]) -> None:
+        self._copies = []  # (the last frame's copies go with it)
         self.stop()
         self.beats = beats
+        # A copy-on-write stays marked (its arrow, "copy of #n") until the next frame: the
+        # beats after it, and the rest, show it too; at the instant speed it is all there is.
+        self._copies = [arrow for beat in beats for arrow in beat.arrows]
         total = sum(b.duration for b in beats)
         if total <= 0:
+            self._show_copies(self._copies)
             return
         self._animation.setDuration(max(1, int(total)))
         self._animation.start()
@@ -130,8 +139,8 @@ class AnimationDirector(QObject):
         progress = (t - start) / beat.duration if beat.duration else 1.0
         if index != self._current:
             self.pool_view.clear_overlays()
-            for src, dst, colour in beat.arrows:
-                self.pool_view.add_copy_arrow(src, dst, colour)
+            so_far = [arrow for earlier in self.beats[: index + 1] for arrow in earlier.arrows]
+            self._show_copies(so_far, labelled=beat.lookup is None)  # (a lookup labels its own tiles)
             self.sequence_view.set_lookup(beat.lookup)
             if self.swap_flight is not None:
                 self.swap_flight.start(self._flights(beat))
@@ -163,10 +172,15 @@ class AnimationDirector(QObject):
             flights.append((src, dst, colour, f"#{block}"))  # the GPU block it leaves or lands in
         return flights
 
+    def _show_copies(self, arrows, labelled: bool = True) -> None:
+        for src, dst, colour in arrows:
+            self.pool_view.add_copy_arrow(src, dst, colour, labelled=labelled)
+
     def _finish(self) -> None:
         self._current = -1
         self.beats = []
         if self.swap_flight is not None:
             self.swap_flight.stop()
         self.pool_view.clear_overlays()
+        self._show_copies(self._copies)
         self.sequence_view.set_lookup(None)

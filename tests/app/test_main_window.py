@@ -252,8 +252,29 @@ def test_animations_follow_events_and_never_touch_the_model(make_window, qtbot):
     assert_pool_matches_frame(window)
     qtbot.waitUntil(lambda: not window.director.running, timeout=10_000)
     assert all(item.glow is None for item in window.pool_view.items)
-    assert not window.pool_view._overlays and window.sequence_view.lookup is None
+    assert window.sequence_view.lookup is None
+    # The copy stays marked once the step has played (it was gone in under half a second)...
+    texts = [o.text() for o in window.pool_view._overlays if hasattr(o, "text")]
+    assert texts == [f"copy of #{copied[0].src}"]
+    qtbot.keyClick(window, Qt.Key.Key_Right)  # ... until the next step, which copies nothing
+    frame = wait_idle(qtbot, window)
+    assert not any(isinstance(e, ev.BlockCopied) for e in frame.events)
+    qtbot.waitUntil(lambda: not window.director.running, timeout=10_000)
+    assert not window.pool_view._overlays
     assert_pool_matches_frame(window)
+
+
+def test_at_the_instant_speed_a_copy_on_write_is_marked_too(make_window, qtbot):
+    # (the instant speed drew no beat at all: a screenshot of the copy step showed no copy)
+    window = make_window(speed=0.0)
+    window.actions.scrubber.setValue(6)
+    wait_idle(qtbot, window)
+    qtbot.keyClick(window, Qt.Key.Key_Right)  # step 7: copy-on-write for A2
+    frame = wait_idle(qtbot, window)
+    (copied,) = [e for e in frame.events if isinstance(e, ev.BlockCopied)]
+    qtbot.waitUntil(lambda: bool(window.pool_view._overlays), timeout=5_000)
+    texts = [o.text() for o in window.pool_view._overlays if hasattr(o, "text")]
+    assert texts == [f"copy of #{copied.src}"]
 
 
 def test_lookup_beats_follow_the_kernels_access_order(window, qtbot):

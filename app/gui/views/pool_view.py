@@ -415,7 +415,7 @@ class PoolView(QGraphicsView):
         return QRectF(rect.translated(self.viewport().mapTo(widget, QPoint(0, 0))))
 
     # -- overlays for animations ------------------------------------------------------
-    def add_copy_arrow(self, src: int, dst: int, colour: QColor) -> QGraphicsPathItem:
+    def add_copy_arrow(self, src: int, dst: int, colour: QColor, labelled: bool = True) -> QGraphicsPathItem:
         colour = readable_on(colour, self.theme.window)
         a = self.items[src].sceneBoundingRect().center()
         b = self.items[dst].sceneBoundingRect().center()
@@ -438,7 +438,8 @@ class PoolView(QGraphicsView):
         overlay.setToolTip(f"copy-on-write: block #{src} copied into #{dst}")
         self.scene().addItem(overlay)
         self._overlays.append(overlay)
-        self.add_block_label(dst, f"copy of #{src}", colour)  # inside the copy: no other tile covered
+        if labelled:
+            self.add_block_label(dst, f"copy of #{src}", colour)  # inside the copy: no other tile covered
         return overlay
 
     def add_block_label(self, block: int, text: str, colour: QColor) -> QGraphicsSimpleTextItem | None:
