@@ -713,6 +713,26 @@ def test_nothing_is_cut_without_an_ellipsis_at_1024_by_700(make_window, qtbot, n
     assert title.text() == title.full_text or (title.text().endswith("…") and title.toolTip() == title.full_text)
 
 
+@pytest.mark.qt_log_ignore("does not support raise")  # (the offscreen platform, raising the tooltip)
+def test_a_click_on_the_cut_description_shows_it_whole(make_window, qtbot):
+    # From step 1 on the description keeps to one line: its tooltip, which nothing pointed
+    # at, was the only way to read the rest.
+    from PySide6.QtWidgets import QToolTip
+
+    window = make_window("default")
+    window.resize(1024, 700)
+    window.actions.scrubber.setValue(3)
+    wait_idle(qtbot, window)
+    qtbot.wait(50)
+    description = window.header.scenario_description
+    assert description.max_lines == 1 and description.elided
+    assert description.cursor().shape() == Qt.CursorShape.PointingHandCursor
+    QToolTip.hideText()
+    qtbot.mouseClick(description, Qt.MouseButton.LeftButton)
+    assert QToolTip.text() == description.full_text
+    QToolTip.hideText()
+
+
 def window_at(make_window, qtbot, scenario: str, size: tuple[int, int], step: int):
     """A window of ``size`` showing ``scenario`` at ``step``, its layout settled."""
     window = make_window(scenario)

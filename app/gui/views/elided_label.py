@@ -3,11 +3,13 @@ goes on (the whole text in its tooltip), instead of being cut mid-line."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, Qt
+from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtWidgets import QLabel, QSizePolicy
 
 
 class ElidedLabel(QLabel):
+    clicked = Signal()  # (a holder may show a cut text whole on a click)
+
     def __init__(self, max_lines: int = 3, parent=None, separator: str | None = None) -> None:
         super().__init__(parent)
         self.max_lines = max_lines
@@ -46,6 +48,15 @@ class ElidedLabel(QLabel):
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
         self._fit()
+
+    def mouseReleaseEvent(self, event) -> None:
+        super().mouseReleaseEvent(event)
+        if event.button() == Qt.MouseButton.LeftButton:
+            self.clicked.emit()
+
+    @property
+    def elided(self) -> bool:
+        return self.text() != self.full_text
 
     def fits(self, text: str) -> bool:
         rect = self.contentsRect().adjusted(0, 0, 0, 100_000)

@@ -8,7 +8,8 @@ import html
 from pagesim.app.gui.views.elided_label import ElidedLabel
 from pagesim.app.gui.views.live_text import LiveText
 from pagesim.core.view_model import Frame
-from PySide6.QtCore import QEvent, QObject
+from PySide6.QtCore import QEvent, QObject, Qt
+from PySide6.QtWidgets import QToolTip
 
 NARRATION_MAX_LINES = 12  # it grows to its text (no box that scrolls); a longer one ends in "…"
 NARRATION_SHARE = 0.35  # of the centre's height at most: the pool below keeps the rest
@@ -62,6 +63,11 @@ class ScenarioHeader:
         # Three lines at most, ending in "…" where it goes on (the whole text in the tooltip).
         self.scenario_description = ElidedLabel(max_lines=DESCRIPTION_LINES)
         self.scenario_description.setObjectName("scenarioDescription")
+        # A click shows the whole description over the window (the layout stays as it is: the
+        # narration keeps its room): from step 1 on it keeps to one line, and a tooltip that
+        # nothing pointed at was the only way to read the rest.
+        self.scenario_description.setCursor(Qt.CursorShape.PointingHandCursor)
+        self.scenario_description.clicked.connect(self.show_whole_description)
         self.pool_caption = ElidedLabel(max_lines=1, separator=" · ")
         # What the step just did: the scenario's note, then the engine's sentence. It grows to
         # its text rather than scroll in a box; it shrinks back only at a new start (or a
@@ -70,6 +76,11 @@ class ScenarioHeader:
         self.step_caption.setObjectName("narration")
         self.step_caption.setToolTip("What this step did to the block tables and the pool (Step log: every step)")
         self._caption_html = ""
+
+    def show_whole_description(self) -> None:
+        label = self.scenario_description
+        if label.elided:  # (a text shown whole has nothing more to say)
+            QToolTip.showText(label.mapToGlobal(label.rect().bottomLeft()), label.full_text, label)
 
     @property
     def widgets(self) -> tuple:
