@@ -237,25 +237,34 @@ def test_every_shipped_scenario_plays_to_the_end(make_window, qtbot, name):
     assert_pool_matches_frame(window)
 
 
-def test_animations_follow_events_and_never_touch_the_model(make_window, qtbot):
-    window = make_window(speed=4.0)
+def _step_to_the_copy(make_window, qtbot, speed: float):
+    """The tour played into its step 7, where A2's write copies the block it shares with A:
+    (the window, the copy's event)."""
+    window = make_window(speed=speed)
     window.actions.scrubber.setValue(6)
     wait_idle(qtbot, window)
-    qtbot.keyClick(window, Qt.Key.Key_Right)  # step 7: copy-on-write for A2
+    qtbot.keyClick(window, Qt.Key.Key_Right)
     frame = wait_idle(qtbot, window)
-    copied = [e for e in frame.events if isinstance(e, ev.BlockCopied)]
-    assert len(copied) == 1
+    (copied,) = [e for e in frame.events if isinstance(e, ev.BlockCopied)]
+    return window, copied
+
+
+def _overlay_texts(window) -> list[str]:
+    return [o.text() for o in window.pool_view._overlays if hasattr(o, "text")]
+
+
+def test_animations_follow_events_and_never_touch_the_model(make_window, qtbot):
+    window, copy = _step_to_the_copy(make_window, qtbot, speed=4.0)
+    copied = [copy]
     qtbot.waitUntil(lambda: window.pool_view.items[copied[0].dst].glow is not None, timeout=5_000)
     assert window.pool_view._overlays, "the copy-on-write arrow is drawn"
-    texts = [o.text() for o in window.pool_view._overlays if hasattr(o, "text")]
-    assert f"copy of #{copied[0].src}" in texts  # and labelled, inside the copy's own tile
+    assert f"copy of #{copied[0].src}" in _overlay_texts(window)  # and labelled, inside the copy's own tile
     assert_pool_matches_frame(window)
     qtbot.waitUntil(lambda: not window.director.running, timeout=10_000)
     assert all(item.glow is None for item in window.pool_view.items)
     assert window.sequence_view.lookup is None
     # The copy stays marked once the step has played (it was gone in under half a second)...
-    texts = [o.text() for o in window.pool_view._overlays if hasattr(o, "text")]
-    assert texts == [f"copy of #{copied[0].src}"]
+    assert _overlay_texts(window) == [f"copy of #{copied[0].src}"]
     qtbot.keyClick(window, Qt.Key.Key_Right)  # ... until the next step, which copies nothing
     frame = wait_idle(qtbot, window)
     assert not any(isinstance(e, ev.BlockCopied) for e in frame.events)
@@ -266,15 +275,9 @@ def test_animations_follow_events_and_never_touch_the_model(make_window, qtbot):
 
 def test_at_the_instant_speed_a_copy_on_write_is_marked_too(make_window, qtbot):
     # (the instant speed drew no beat at all: a screenshot of the copy step showed no copy)
-    window = make_window(speed=0.0)
-    window.actions.scrubber.setValue(6)
-    wait_idle(qtbot, window)
-    qtbot.keyClick(window, Qt.Key.Key_Right)  # step 7: copy-on-write for A2
-    frame = wait_idle(qtbot, window)
-    (copied,) = [e for e in frame.events if isinstance(e, ev.BlockCopied)]
+    window, copied = _step_to_the_copy(make_window, qtbot, speed=0.0)
     qtbot.waitUntil(lambda: bool(window.pool_view._overlays), timeout=5_000)
-    texts = [o.text() for o in window.pool_view._overlays if hasattr(o, "text")]
-    assert texts == [f"copy of #{copied.src}"]
+    assert _overlay_texts(window) == [f"copy of #{copied.src}"]
 
 
 def test_lookup_beats_follow_the_kernels_access_order(window, qtbot):
