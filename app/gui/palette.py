@@ -153,6 +153,7 @@ def contrast(a: QColor, b: QColor) -> float:
 
 
 LINE_CONTRAST = 3.0  # WCAG's minimum for graphics: a thin line stays visible on the background
+TEXT_CONTRAST = 4.5  # WCAG's minimum for ordinary text
 
 
 def ink_on(fill: QColor | str) -> QColor:

@@ -97,3 +97,21 @@ def test_a_title_too_wide_for_its_plot_gives_way_to_a_shorter_one(qtbot):
     assert plot.title_item.item.boundingRect().width() <= plot.width()
     shown(qtbot, view, 700, 200)
     assert plot.title_item.text == WALK_TITLES[0]
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_a_plot_titles_coloured_keys_read_as_text_on_its_background(qtbot, theme):
+    # (the curves' orange and sky blue keys were pale on the light theme's white)
+    import re
+
+    from pagesim.app.gui.palette import TEXT_CONTRAST, contrast
+    from PySide6.QtGui import QColor
+
+    panel = MemoryPanel(THEMES[theme])
+    qtbot.addWidget(panel)
+    background = QColor(THEMES[theme].plot_background)
+    for plot in (panel.blocks_plot, panel.util_plot):
+        colours = re.findall(r"color:\s*(#[0-9A-Fa-f]{6})", plot.title_item.text)
+        assert len(colours) >= 2, plot.title_item.text
+        for colour in colours:
+            assert contrast(QColor(colour), background) >= TEXT_CONTRAST, (theme, colour)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pyqtgraph as pg
 from pagesim.app.gui.controller import LIVE_TIMERS
-from pagesim.app.gui.palette import Theme
+from pagesim.app.gui.palette import TEXT_CONTRAST, Theme, readable_on
 from pagesim.app.gui.views.layer_box import LayerBox
 from pagesim.app.gui.views.live_text import LiveText
 from pagesim.app.gui.views.presets import gpu_box, model_shape_box
@@ -53,6 +54,16 @@ SUMMARY_LINES = 4  # blocks, then the prefix cache and the scheduler's queues wh
 QUEUE_NAMES_SHOWN = 8  # per scheduler queue in the summary; the Scheduler dock shows them all
 KERNEL_COLOUR, DENSE_COLOUR, UTIL_COLOUR, FRAG_COLOUR = "#E69F00", "#56B4E9", "#009E73", "#D55E00"
 HIT_COLOUR = "#CC79A7"
+
+
+def readable_keys(title: str, background: str) -> str:
+    """A title's coloured keys darkened (or lightened) to read as text on ``background``: the
+    curves' orange and sky blue were pale on the light theme's white."""
+    return re.sub(
+        r"color:\s*(#[0-9A-Fa-f]{6})",
+        lambda m: f"color:{readable_on(QColor(m.group(1)), background, TEXT_CONTRAST).name()}",
+        title,
+    )
 
 
 def _key(colour: str, text: str) -> str:
@@ -197,7 +208,7 @@ def _style_plot(
     plot: Plot, theme: Theme, title: str, left: str, bottom: str, grid: bool = True, left_short: str | None = None
 ) -> None:
     plot.title_choices = None  # (a fixed title now: a resize must not bring back an earlier choice)
-    plot.setTitle(title, color=theme.text, size="9pt")
+    plot.setTitle(readable_keys(title, theme.plot_background), color=theme.text, size="9pt")
     set_side_label(plot, "left", left, theme.muted, left_short)
     plot.setLabel("bottom", bottom, color=theme.muted)
     plot.showGrid(x=grid, y=grid, alpha=0.15)
