@@ -108,13 +108,16 @@ class AnimationDirector(QObject):
     def running(self) -> bool:
         return self._animation.state() == QVariantAnimation.State.Running
 
-    def play(self, beats: list[Beat]) -> None:
+    def play(self, beats: list[Beat], keep_copies: bool = False) -> None:
+        """Play ``beats``; ``keep_copies``: the same step shown again (another sequence
+        selected), whose copy-on-write stays marked though its frame carries no events."""
+        copies = self._copies if keep_copies else [arrow for beat in beats for arrow in beat.arrows]
         self._copies = []  # (the last frame's copies go with it)
         self.stop()
         self.beats = beats
-        # A copy-on-write stays marked (its arrow, "copy of #n") until the next frame: the
+        # A copy-on-write stays marked (its arrow, "copy of #n") until the next step: the
         # beats after it, and the rest, show it too; at the instant speed it is all there is.
-        self._copies = [arrow for beat in beats for arrow in beat.arrows]
+        self._copies = copies
         total = sum(b.duration for b in beats)
         if total <= 0:
             self._show_copies(self._copies)
@@ -175,6 +178,7 @@ class AnimationDirector(QObject):
     def _show_copies(self, arrows, labelled: bool = True) -> None:
         for src, dst, colour in arrows:
             self.pool_view.add_copy_arrow(src, dst, colour, labelled=labelled)
+        self.pool_view.set_lasting_arrows([(src, dst, colour, labelled) for src, dst, colour in arrows])
 
     def _finish(self) -> None:
         self._current = -1

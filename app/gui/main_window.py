@@ -349,8 +349,7 @@ class MainWindow(QMainWindow):
     def _take_focus_back(self) -> None:
         """The window active again once a dialog closes: its shortcuts (G to grow what was just
         added) answer at once, not after a click."""
-        self.activateWindow()
-        self.setFocus(Qt.FocusReason.ActiveWindowFocusReason)
+        self.activateWindow()  # (its last focused widget gets the keyboard back)
 
     def _add_typed(self) -> None:
         dialog = self.add_dialog
@@ -495,7 +494,11 @@ class MainWindow(QMainWindow):
         if stale_focus and attended:
             self.controller.set_focus(self.selected_seq)
         muted, good, bad = (QColor(c) for c in (self.theme.muted, self.theme.good, self.theme.bad))
-        self.director.play(beats_for(frame, self.selected_seq, self.colours, muted, self.speed, good, bad))
+        # (a frame of the same step without events: another sequence selected, the copy stays marked)
+        same_step = frame.events is None and frame.position == getattr(self, "_played_position", None)
+        self._played_position = frame.position
+        beats = beats_for(frame, self.selected_seq, self.colours, muted, self.speed, good, bad)
+        self.director.play(beats, keep_copies=same_step)
 
     # -- shutdown --------------------------------------------------------------------
     def closeEvent(self, event) -> None:

@@ -278,6 +278,18 @@ def test_at_the_instant_speed_a_copy_on_write_is_marked_too(make_window, qtbot):
     window, copied = _step_to_the_copy(make_window, qtbot, speed=0.0)
     qtbot.waitUntil(lambda: bool(window.pool_view._overlays), timeout=5_000)
     assert _overlay_texts(window) == [f"copy of #{copied.src}"]
+    # Still there once the pool is laid out again for another width, and once another
+    # sequence is selected (its frame, of the same step, carries no events).
+    # (the arrow, whose tooltip names it: the label inside the copy goes where tiles are small)
+    arrow = f"copy-on-write: block #{copied.src} copied into #{copied.dst}"
+    columns = window.pool_view.columns
+    window.resize(1600, 600)
+    qtbot.waitUntil(lambda: window.pool_view.columns != columns, timeout=5_000)
+    assert [o.toolTip() for o in window.pool_view._overlays if o.toolTip()] == [arrow]
+    window.select_sequence("B")
+    wait_idle(qtbot, window)
+    qtbot.wait(50)
+    assert [o.toolTip() for o in window.pool_view._overlays if o.toolTip()] == [arrow]
 
 
 def test_lookup_beats_follow_the_kernels_access_order(window, qtbot):
@@ -730,6 +742,9 @@ def test_a_click_on_the_cut_description_shows_it_whole(make_window, qtbot):
     description = window.header.scenario_description
     assert description.max_lines == 1 and description.elided
     assert description.cursor().shape() == Qt.CursorShape.PointingHandCursor
+    description.set_full_text("short")  # (shown whole: nothing to click for)
+    assert not description.elided and description.cursor().shape() == Qt.CursorShape.ArrowCursor
+    description.set_full_text(window.frame.scenario_description)
     QToolTip.hideText()
     qtbot.mouseClick(description, Qt.MouseButton.LeftButton)
     assert QToolTip.text() == description.full_text

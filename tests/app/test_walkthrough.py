@@ -299,3 +299,14 @@ def test_the_selected_rows_lines_leave_every_other_row_in_sight(make_window, qtb
         assert len(rows) >= 2
         bottom = max(view.visualItemRect(item).bottom() for item in rows)
         assert bottom <= view.viewport().height(), (height, view.max_lines("doc"))
+
+
+def test_a_table_with_room_for_two_boxes_keeps_its_last_entry(make_window, qtbot):
+    # (room 2 showed "L0, +N more": the last entry, where the next token goes, hidden)
+    _, view = _long_doc_selected(make_window, qtbot)
+    view.entries_per_line = lambda seq_id, count: 2
+    view.max_lines = lambda seq_id: 1
+    assert view.entries_shown("doc", 10) == (2, 0, 1)
+    assert view.entries_shown("doc", 2) == (2, 2, 0)
+    view.entries_per_line = lambda seq_id, count: 4
+    assert view.entries_shown("doc", 10) == (4, 1, 2)

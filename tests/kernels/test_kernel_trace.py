@@ -152,6 +152,18 @@ def test_a_stage_whose_max_came_from_a_later_token_says_so():
     assert "nothing rescaled" not in peak
 
 
+def test_a_cuda_replay_whose_merges_rescale_says_nothing_of_one_tile():
+    # (its thread groups' maxima are rescaled at the merges: "nothing rescaled" was wrong there)
+    from pagesim.core.walkthrough import WalkThrough
+
+    query = np.ones((1, 1, 8), np.float32)
+    keys = np.random.default_rng(1).standard_normal((4, 16, 1, 8)).astype(np.float32)
+    inputs = (query, keys, keys, np.arange(4, dtype=np.int32)[None], np.array([60], np.int32))
+    trace = trace_cuda(*inputs, 0, 0, 0.35, "v1", 512)
+    walk = WalkThrough("A", 0, "cuda-v1", 512, trace, trace.output, trace.output, 1e-6, 0.0, (0,))
+    assert trace.merges and "nothing rescaled" not in walk.stage_text(0)
+
+
 def test_a_context_of_several_tiles_rescales_and_says_nothing_of_one_tile():
     from pagesim.core.walkthrough import WalkThrough
 

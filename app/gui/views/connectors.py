@@ -164,6 +164,10 @@ class TableToPoolLines(QWidget):
         out = []
         if few:
             entries = self.sequence_view.entry_rects(self.seq_id)
+            lit = self.lit
+            if lit is not None and 0 <= lit < len(self.table) and all(logical != lit for logical, _ in entries):
+                box = self.sequence_view.entry_box(self.seq_id, lit)  # (hidden: from the "+N more" box)
+                entries = entries + ([] if box is None else [(lit, box)])
         else:  # the lit entry's box, or the "+N more" box that counts it
             box = self.sequence_view.entry_box(self.seq_id, self.lit)
             entries = [] if box is None else [(self.lit, box)]

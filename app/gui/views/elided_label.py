@@ -17,6 +17,7 @@ class ElidedLabel(QLabel):
         # first, not half a part ("… · 9 …" said nothing of "9 heads × head dim 64").
         self.separator = separator
         self.full_text = ""
+        self.opens_on_click = False  # a holder shows the whole text on a click (``clicked``)
         self.setWordWrap(True)
         self.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
         self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
@@ -51,8 +52,13 @@ class ElidedLabel(QLabel):
 
     def mouseReleaseEvent(self, event) -> None:
         super().mouseReleaseEvent(event)
-        if event.button() == Qt.MouseButton.LeftButton:
+        if event.button() == Qt.MouseButton.LeftButton and self.rect().contains(event.position().toPoint()):
             self.clicked.emit()
+
+    def setText(self, text: str) -> None:
+        super().setText(text)
+        if self.opens_on_click:  # (the pointer says so only where there is more to show)
+            self.setCursor(Qt.CursorShape.PointingHandCursor if self.elided else Qt.CursorShape.ArrowCursor)
 
     @property
     def elided(self) -> bool:

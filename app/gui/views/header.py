@@ -8,7 +8,7 @@ import html
 from pagesim.app.gui.views.elided_label import ElidedLabel
 from pagesim.app.gui.views.live_text import LiveText
 from pagesim.core.view_model import Frame
-from PySide6.QtCore import QEvent, QObject, Qt
+from PySide6.QtCore import QEvent, QObject
 from PySide6.QtWidgets import QToolTip
 
 NARRATION_MAX_LINES = 12  # it grows to its text (no box that scrolls); a longer one ends in "…"
@@ -66,7 +66,7 @@ class ScenarioHeader:
         # A click shows the whole description over the window (the layout stays as it is: the
         # narration keeps its room): from step 1 on it keeps to one line, and a tooltip that
         # nothing pointed at was the only way to read the rest.
-        self.scenario_description.setCursor(Qt.CursorShape.PointingHandCursor)
+        self.scenario_description.opens_on_click = True
         self.scenario_description.clicked.connect(self.show_whole_description)
         self.pool_caption = ElidedLabel(max_lines=1, separator=" · ")
         # What the step just did: the scenario's note, then the engine's sentence. It grows to

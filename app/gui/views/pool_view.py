@@ -285,6 +285,7 @@ class PoolView(QGraphicsView):
         self._user_zoomed = False
         self._shown: Frame | None = None  # the frame the items show
         self._overlays: list[QGraphicsItem] = []
+        self._lasting_arrows: list[tuple] = []  # copy arrows drawn again when the grid is re-laid out
         self._glowing: set[BlockItem] = set()
         self.refusal: tuple[int, int] | None = None  # (needed, free) while a refusal is shown
         self.refusal_banner = QLabel(self.viewport())
@@ -310,6 +311,7 @@ class PoolView(QGraphicsView):
 
     def layout_pool(self, num_blocks: int, block_size: int) -> None:
         scene = self.scene()
+        self._lasting_arrows = []  # (another pool: its blocks are not these)
         self.clear_overlays()
         for item in self.items:
             scene.removeItem(item)
@@ -365,6 +367,8 @@ class PoolView(QGraphicsView):
         for overlay in self._overlays:  # arrows and labels were placed for the old grid
             self.scene().removeItem(overlay)
         self._overlays.clear()
+        for src, dst, colour, labelled in self._lasting_arrows:  # (a copy stays marked until the next step)
+            self.add_copy_arrow(src, dst, colour, labelled)
 
     def bind(self, controller, selection) -> None:
         """Follow the controller's frames, ``selection``'s blocks highlighted (``selection`` is
@@ -509,6 +513,10 @@ class PoolView(QGraphicsView):
             if item.refused is not None:
                 item.refused = None
                 item.update()
+
+    def set_lasting_arrows(self, arrows: list[tuple]) -> None:
+        """Copy arrows ((source, copy, colour, labelled)) that outlive a re-layout of the grid."""
+        self._lasting_arrows = [a for a in arrows if max(a[0], a[1]) < len(self.items)]
 
     def clear_overlays(self) -> None:
         for overlay in self._overlays:

@@ -393,7 +393,7 @@ class SequenceView(QTreeWidget):
         room = per_line * self.max_lines(seq_id)
         if count <= room:
             return per_line, count, 0
-        tail = min(2, (room - 1) // 2)
+        tail = min(2, room // 2)
         return per_line, room - 1 - tail, tail
 
     def set_lookup(self, lookup: tuple[str, int] | None) -> None:

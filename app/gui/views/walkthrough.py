@@ -16,6 +16,7 @@ from pagesim.app.gui.views.plots import (
     Plot,
     _key,
     _style_plot,
+    readable_keys,
     set_side_label,
     vertical_scroll,
 )
@@ -398,7 +399,10 @@ class WalkThroughPanel(QWidget):
             key = f"{_key(KERNEL_COLOUR, '— replay')} · × kernel · {_key(DENSE_COLOUR, '○ dense')}"
             _style_plot(plot, self.theme, key, "value", "dimension")
             # (a narrow dock keeps the key whole: the stage's line above says the error too)
-            titles = (f"{key} (|replay − kernel| {walk.trace_error:.1e})", key)
+            titles = tuple(
+                readable_keys(title, self.theme.plot_background)
+                for title in (f"{key} (|replay − kernel| {walk.trace_error:.1e})", key)
+            )
             plot.set_fitting_title(titles, color=self.theme.text, size="9pt")
         else:
             # The CPU kernel folds whole tiles of ≥ 32 tokens: a short context is one tile, and
