@@ -205,11 +205,10 @@ def _same_path(a: Path, b: Path) -> bool:
 def _mismatch_at(step: int, att) -> str:
     """``" (first at step 2: chat, head 0, |err| 1.0e-04 > bound 1.5e-05)"``, or "" when no head
     of this step left its bound (a real model's layers did)."""
-    row, head = att.worst_head
-    error, bound = att.head_errors[row, head], att.tolerances[row, head]
-    if error <= bound:
+    near = att.nearest_bound()
+    if not near.exceeded:
         return ""
-    return f" (first at step {step}: {att.seq_ids[row]}, head {head}, |err| {error:.1e} > bound {bound:.1e})"
+    return f" (first at step {step}: {near.seq_id}, head {near.head}, |err| {near.error:.1e} > bound {near.bound:.1e})"
 
 
 def cmd_run(args: argparse.Namespace) -> int:

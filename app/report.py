@@ -37,11 +37,10 @@ def format_step(result: StepResult) -> str:
     elif not att.seq_ids:  # a real model's forward checked layer by layer, and then every sequence finished
         err, tol, check = "-", "-", ("ok" if att.passed else "MISMATCH") + ": its forward (no sequence left)"
     else:
-        row, head = att.worst_head
-        error, bound = att.head_errors[row, head], att.tolerances[row, head]
-        err, tol, check = f"{error:9.2e}", f"{bound:7.1e}", "ok" if att.passed else "MISMATCH"
-        if not att.attention_passed and not error <= bound:  # (NaN too)
-            check += f": {att.seq_ids[row]}, head {head}"
+        near = att.nearest_bound()
+        err, tol, check = f"{near.error:9.2e}", f"{near.bound:7.1e}", "ok" if att.passed else "MISMATCH"
+        if not att.attention_passed and near.exceeded:
+            check += f": {near.seq_id}, head {near.head}"
     util = f"{m.utilisation:.1%}" if m.slots_allocated else "–"  # nothing allocated: nothing to be utilised
     return (
         f"{result.step:>4}  {result.op.describe():<28.28} {m.used_blocks:>5} {m.free_blocks:>5} "
@@ -123,13 +122,10 @@ def step_report(result: StepResult) -> dict:
             sequences={seq: _sequence_check(att, i) for i, seq in enumerate(att.seq_ids)},
         )
         if attended:
-            row, head = att.worst_head
+            near = att.nearest_bound()
             out["nearest_bound"] = {
-                "sequence": att.seq_ids[row],
-                "head": head,
-                "max_abs_error": float(att.head_errors[row, head]),
-                "bound": float(att.tolerances[row, head]),
-            }
+                "sequence": near.seq_id, "head": near.head, "max_abs_error": near.error, "bound": near.bound,
+            }  # fmt: skip
         if att.layers is not None:
             layers = att.layers
             out["layers"] = {
@@ -149,12 +145,12 @@ def step_report(result: StepResult) -> dict:
 
 def _sequence_check(att, row: int) -> dict:
     """A sequence's check in a JSON report: its largest error, and its head nearest its bound."""
-    errors, bounds, head = att.head_errors[row], att.tolerances[row], att.worst_head_of(row)
+    errors, near = att.head_errors[row], att.nearest_bound(row)
     return {
         "context_len": int(att.context_lens[row]),
         "max_abs_error": float(errors.max()),
-        "passed": bool((errors <= bounds).all()),
-        "nearest_bound": {"head": head, "max_abs_error": float(errors[head]), "bound": float(bounds[head])},
+        "passed": bool((errors <= att.tolerances[row]).all()),
+        "nearest_bound": {"head": near.head, "max_abs_error": near.error, "bound": near.bound},
     }
 
 

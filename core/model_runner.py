@@ -16,6 +16,7 @@ import itertools
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 from pagesim.core import events as ev
@@ -30,6 +31,17 @@ from pagesim.core.sequence import Sequence
 from pagesim.core.token_model import MEMORY_ONLY_VOCAB, VOCAB_SIZE, TokenModel
 from pagesim.kernels.backend import Backend, default_scale, host_memory_available
 from pagesim.kernels.dtypes import storage_dtype
+
+
+class NearestBound(NamedTuple):
+    seq_id: str
+    head: int
+    error: float  # its max abs error against dense attention
+    bound: float  # what rounding explains for it
+
+    @property
+    def exceeded(self) -> bool:
+        return not self.error <= self.bound  # (NaN too)
 
 
 @dataclass(frozen=True)
@@ -93,18 +105,18 @@ class AttentionReport:
         """The loosest row's bound (for a one-number summary; ``passed`` checks every row)."""
         return float(self.tolerances.max()) if self.seq_ids else 0.0
 
-    @property
-    def worst_head(self) -> tuple[int, int] | None:
-        """(row, head) nearest its bound (the largest error / bound): the pair a one-line
-        summary shows, since the largest error may sit on a head with a looser bound."""
+    def nearest_bound(self, row: int | None = None) -> NearestBound | None:
+        """The (sequence, head) nearest its bound (the largest error / bound), of the step or
+        of sequence ``row``: the pair a one-line summary shows, since the largest error may
+        sit on a head with a looser bound. None when the step attended no sequence."""
         if not self.seq_ids:
             return None
-        row, head = np.unravel_index(int(np.argmax(self._margins)), self._margins.shape)
-        return int(row), int(head)
-
-    def worst_head_of(self, row: int) -> int:
-        """The head of sequence ``row`` nearest its bound."""
-        return int(np.argmax(self._margins[row]))
+        if row is None:
+            row, head = (int(i) for i in np.unravel_index(int(np.argmax(self._margins)), self._margins.shape))
+        else:
+            head = int(np.argmax(self._margins[row]))
+        error, bound = float(self.head_errors[row, head]), float(self.tolerances[row, head])
+        return NearestBound(self.seq_ids[row], head, error, bound)
 
     @functools.cached_property
     def _margins(self) -> np.ndarray:

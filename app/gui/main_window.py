@@ -78,6 +78,7 @@ class MainWindow(QMainWindow):
         self.colours = SequenceColours()
         self.theme = THEMES[self.setting("theme")]
         self.frame: Frame | None = None
+        self._played_position: int | None = None  # the step the animations last played
         self.selection = Selection()
         gc_guard.acquire(self)  # cyclic GC on this thread only while the worker runs
         self._gc_held = True
@@ -495,7 +496,7 @@ class MainWindow(QMainWindow):
             self.controller.set_focus(self.selected_seq)
         muted, good, bad = (QColor(c) for c in (self.theme.muted, self.theme.good, self.theme.bad))
         # (a frame of the same step without events: another sequence selected, the copy stays marked)
-        same_step = frame.events is None and frame.position == getattr(self, "_played_position", None)
+        same_step = frame.events is None and frame.position == self._played_position
         self._played_position = frame.position
         beats = beats_for(frame, self.selected_seq, self.colours, muted, self.speed, good, bad)
         self.director.play(beats, keep_copies=same_step)
