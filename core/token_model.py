@@ -49,8 +49,8 @@ _S30, _S27, _S31, _VOCAB64 = np.uint64(30), np.uint64(27), np.uint64(31), np.uin
 
 
 def _mix_array_from(z: np.ndarray, *words) -> np.ndarray:
-    """:func:`_mix_from` for arrays, reduced to token ids; ``z`` (the caller's own, fresh)
-    is worked on in place. uint64 array arithmetic wraps like the mask, silently."""
+    """:func:`_mix_from` for arrays, reduced to token ids (the compiled mixer's reference in
+    the tests); ``z`` (the caller's own, fresh) is worked on in place. uint64 array arithmetic wraps like the mask, silently."""
     for word in words:
         z += word
         z += _GOLDEN
@@ -246,8 +246,9 @@ class TokenModel:
         stream = self._stream_of[seq_id] & _MASK64
         if count <= 8:
             return [_mix_from(stream, p) % VOCAB_SIZE for p in range(start, start + count)]
-        states = np.full(count, stream, dtype=np.uint64)
-        return _mix_array_from(states, np.arange(start, start + count, dtype=np.uint64)).tolist()
+        out = np.empty(count, np.int64)
+        _position_mixer()(np.full(count, stream, np.uint64), np.arange(start, start + count, dtype=np.uint64), out)
+        return out.tolist()
 
     def next_token_ids(self, seq_ids: list[str], positions: list[int], sampling=None) -> list[int]:
         """One token per sequence (a decode step), computed together: each sequence's
