@@ -50,7 +50,8 @@ _S30, _S27, _S31, _VOCAB64 = np.uint64(30), np.uint64(27), np.uint64(31), np.uin
 
 def _mix_array_from(z: np.ndarray, *words) -> np.ndarray:
     """:func:`_mix_from` for arrays, reduced to token ids (the compiled mixer's reference in
-    the tests); ``z`` (the caller's own, fresh) is worked on in place. uint64 array arithmetic wraps like the mask, silently."""
+    the tests); ``z`` (the caller's own, fresh) is worked on in place. uint64 array
+    arithmetic wraps like the mask, silently."""
     for word in words:
         z += word
         z += _GOLDEN
