@@ -11,7 +11,7 @@ import tempfile
 import threading
 import time
 
-from pagesim.app.benchmarks import describe_cpu, machine_info, write_results
+from pagesim.app.benchmarks import describe_cpu, describe_python, machine_info, write_results
 from pagesim.app.gui.main_window import BASE_STEP_MS, MainWindow
 from pagesim.app.options import bench_json, writable_problem
 from pagesim.core.config import CacheConfig
@@ -227,7 +227,10 @@ def main(args: argparse.Namespace) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the app sets it (app/main.py)
 
     machine = machine_info(select_backend("cpu"))
-    print(f"gui: measured on {describe_cpu(machine)} · {machine['cores']} cores · {' '.join(machine['cpu_flags'])}")
+    print(
+        f"gui: measured on {describe_cpu(machine)} · {machine['cores']} cores · {' '.join(machine['cpu_flags'])}"
+        f" · {describe_python(machine)}"
+    )
     app = QApplication.instance() or QApplication(sys.argv[:1])
     num_seqs, steps = (32, 10) if args.quick else (256, 120)
     scratch = tempfile.mkdtemp(prefix="pagesim-bench-")

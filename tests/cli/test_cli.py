@@ -340,6 +340,24 @@ def test_a_benchmark_names_the_cpu_generation_that_the_vms_model_name_leaves_out
     assert bare["cpu_generation"] is None and describe_cpu({**bare, "cpu": "x86_64"}) == "x86_64"
 
 
+def test_a_benchmark_names_the_interpreter_it_ran_on():
+    # The same CPython version ran the schedulers 12 % slower as pyenv builds it (no PGO, no
+    # LTO) than as the distribution does: a result names the interpreter's real path.
+    import os
+    import sys
+
+    from pagesim.app.benchmarks import describe_python, machine_info
+    from pagesim.kernels.selection import select_backend
+
+    info = machine_info(select_backend("cpu"))
+    assert info["python_interpreter"] == os.path.realpath(sys._base_executable)
+    assert os.path.isabs(info["python_interpreter"]) and os.path.exists(info["python_interpreter"])
+    assert describe_python({"python": "3.11.2", "python_interpreter": "/usr/bin/python3.11"}) == (
+        "Python 3.11.2 (/usr/bin/python3.11)"
+    )
+    assert describe_python({"python": "3.11.2"}) == "Python 3.11.2"  # (results written before it was recorded)
+
+
 @pytest.mark.parametrize("extra", [["--gui"], ["--model"], ["--backend", "cuda"]])
 def test_bench_repeats_is_refused_where_no_one_core_benchmark_runs(extra, capsys):
     assert main(["bench", "--repeats", "3", *extra]) == 2
