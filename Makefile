@@ -1,12 +1,14 @@
 # Two commands do all the set-up on a fresh machine:
 #   make app    creates .venv, installs pagesim, opens the app on the default scenario
 #   make test   creates .venv, installs pagesim, runs lint, the import contract and every test
-# The interpreter .venv is built on: the system's own CPython where it is 3.11 or newer, else
-# python3 from PATH (PYTHON=... chooses). Distributions build CPython with profile-guided
-# optimisation and LTO; pyenv's default build has neither, and pagesim's Python-bound engine
-# and schedulers run 12-14 % slower on it (docs/benchmarks.md).
+# The interpreter .venv is built on: the system's own CPython where it is 3.11 or newer and
+# can make a venv (ensurepip: Debian's python3-venv), else python3 from PATH, which also
+# overrides an active virtualenv's or conda's python3; PYTHON=... chooses. Distributions
+# build CPython with profile-guided optimisation and LTO; pyenv's default build has neither,
+# and pagesim's Python-bound engine and schedulers took 13-16 % longer on it
+# (docs/benchmarks.md#the-interpreter).
 SYSTEM_PYTHON := /usr/bin/python3
-PYTHON ?= $(shell $(SYSTEM_PYTHON) -c 'import sys, venv; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 \
+PYTHON ?= $(shell $(SYSTEM_PYTHON) -c 'import sys, ensurepip; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 \
 	&& echo $(SYSTEM_PYTHON) || echo python3)
 VENV := .venv
 BIN := $(VENV)/bin
@@ -21,9 +23,9 @@ STAMP := $(VENV)/.installed
 
 .PHONY: app test lint bench verify-kernels clean
 
-# (a system Python without its venv package makes no usable venv: python3 from PATH then)
+# (a venv that failed halfway is removed, so the next make starts it again)
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV) && python3 -m venv $(VENV); }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet -e ".[gui,dev]"

@@ -79,8 +79,9 @@ def _mix_positions(states: np.ndarray, positions: np.ndarray, out: np.ndarray) -
 
 @functools.cache
 def _position_mixer():
-    """:func:`_mix_positions` compiled on first use (Numba loads with the first step, not
-    with the window): a decode step's ids cost one call instead of a dozen array passes."""
+    """:func:`_mix_positions` compiled on first use (Numba loads with the first step or
+    generated prompt, not with the window): a decode step's ids, or a prompt's, cost one
+    call instead of a dozen array passes."""
     import numba
 
     # Typed up front: int64 positions would mix uint64 with int64, which Numba does in float64.

@@ -118,8 +118,9 @@ def test_a_decode_steps_ids_are_the_same_splitmix_compiled_as_in_arrays():
 
 
 def test_a_long_run_of_ids_is_the_same_as_each_id_on_its_own():
-    """token_ids hashes a name's (seed, name) rounds once, in Python, then runs one array
-    round per position: each id must be token_id's, short runs and long, large seeds too."""
+    """token_ids hashes a name's (seed, name) rounds once, in Python, then the compiled
+    mixer runs a round per position: each id must be token_id's, short runs and long,
+    large seeds too."""
     for seed in (0, 7, 2**63 + 11):
         model = TokenModel(config(seed=seed))
         for name, start, count in (("x", 0, 8), ("x", 0, 9), ("r12/s3", 5, 300), ("shared", 2**40, 64)):
