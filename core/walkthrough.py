@@ -52,9 +52,8 @@ class WalkThrough:
         trace = self.trace
         if stage < len(trace.steps):
             text = _describe_step(trace.steps[stage], self.kernel, split=bool(trace.partitions))
-            if (
-                stage == 0 and not self.rescales and not trace.merges
-            ):  # (the CPU kernel's one tile; CUDA merges rescale)
+            # (the CPU kernel's one tile; CUDA's merges rescale)
+            if stage == 0 and not self.rescales and not trace.merges:
                 text += " · no later max: nothing rescaled (a longer context shows it)"
             return text + _thread_block_note(trace)
         if stage - len(trace.steps) < len(trace.merges):

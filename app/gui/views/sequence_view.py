@@ -92,12 +92,19 @@ class BlockTableDelegate(QStyledItemDelegate):
         painter.restore()
 
 
+def box_position(logical: int, count: int, head: int, tail: int) -> int:
+    """The box that shows entry ``logical`` of a table of ``count`` (``head`` shown first,
+    ``tail`` last): its own, or the "+N more" box at position ``head`` that counts it."""
+    if logical < head or head + tail >= count:
+        return logical
+    return head + 1 + logical - (count - tail) if logical >= count - tail else head
+
+
 def shown_positions(count: int, head: int, tail: int) -> list[tuple[int, int]]:
     """(logical block, box position) of the entries with a box of their own: the first
     ``head``, then (after the "+N more" box at position ``head``) the last ``tail``."""
-    if head + tail >= count:
-        return [(i, i) for i in range(count)]
-    return [(i, i) for i in range(head)] + [(count - tail + j, head + 1 + j) for j in range(tail)]
+    logicals = range(count) if head + tail >= count else [*range(head), *range(count - tail, count)]
+    return [(i, box_position(i, count, head, tail)) for i in logicals]
 
 
 class SequenceView(QTreeWidget):
@@ -343,10 +350,7 @@ class SequenceView(QTreeWidget):
         grid = self._entry_grid(seq_id)
         if grid is None or not 0 <= logical < grid[3]:
             return None
-        count, head, tail = grid[3:]
-        if logical < head or head + tail >= count:
-            return self._grid_box(grid, logical)
-        return self._grid_box(grid, head + 1 + logical - (count - tail) if logical >= count - tail else head)
+        return self._grid_box(grid, box_position(logical, *grid[3:]))
 
     def _entry_grid(self, seq_id: str):
         """(x, y, entries per line, table length, entries shown first, entries shown last) of a
