@@ -113,10 +113,23 @@ def _load(x, kind):
 # one head's slice at a stride of num_kv_heads · head_dim — the access pattern whose speed
 # depended on which CPU's prefetcher ran it. A GQA group's query heads share each row while it
 # is in L1: K/V are read once per KV head, not once per query head. Scores are gathered for a
-# tile of whole blocks (≥ TILE_TOKENS tokens) before one online-softmax rescale per head, so
-# block size 1 does not pay an exp and a rescale per token. A few long sequences are split
-# into partitions (split-K, as vLLM's v2) whose states a second loop merges.
+# tile of whole blocks (≥ TILE_TOKENS tokens, ≥ TILE_STREAMS blocks) before one online-softmax
+# rescale per head, so block size 1 does not pay an exp and a rescale per token. Within a tile
+# the blocks are read side by side, token t of each in turn: scattered blocks are that many
+# streams at once, where one block after another was one stream restarting at every block (on
+# Intel Xeon the large case read K/V at 0.7 of SDPA's rate that way; figures in
+# docs/benchmarks.md). A few long sequences are split into partitions (split-K, as vLLM's v2)
+# whose states a second loop merges.
 TILE_TOKENS = 32
+TILE_STREAMS = 4
+
+
+def tile_blocks_for(block_size: int) -> int:
+    """Blocks per tile: at least TILE_TOKENS tokens and TILE_STREAMS blocks."""
+    return max(TILE_STREAMS, TILE_TOKENS // block_size)
+
+
+_tile_blocks = numba.njit(inline="always")(tile_blocks_for)
 # When the kernel prefetches the next tile's blocks: when the launch reads more K/V than the
 # caches would still hold from the last launch, and a tile's K and V are small enough for the
 # next one to sit in L1/L2 beside them (larger blocks are long runs the hardware prefetcher
@@ -133,7 +146,7 @@ TARGET_WORK_ITEMS = 16
 def work_split(num_seqs: int, max_blocks: int, block_size: int) -> tuple[int, int, int]:
     """(blocks per tile, blocks per partition, partitions) for a launch. (Splitting few short
     sequences by KV heads instead would bring the strided reads back.)"""
-    tile_blocks = max(1, TILE_TOKENS // block_size)
+    tile_blocks = tile_blocks_for(block_size)
     parts = 1
     if 0 < num_seqs < TARGET_WORK_ITEMS:
         longest_parts = max(1, max_blocks * block_size // MIN_PARTITION_TOKENS)
@@ -143,11 +156,12 @@ def work_split(num_seqs: int, max_blocks: int, block_size: int) -> tuple[int, in
     return tile_blocks, part_blocks, -(-max(1, max_blocks) // part_blocks)
 
 
-def _build_kernel(head_size: int):
+def _build_kernel(head_size: int, fixed_kind: int = -1):
     """The kernel, for any head size (``head_size`` 0: read from the query's shape) or for one
     fixed at compile time, as vLLM instantiates its attention kernels per head size: with a
     known trip count LLVM's dot products and value updates need no loop set-up and remainder
-    per 64-element row (figures in docs/benchmarks.md)."""
+    per 64-element row (figures in docs/benchmarks.md). ``fixed_kind``: the storage kind it
+    is compiled for (its argument ``kind`` then ignored), or -1: the one passed."""
 
     @numba.njit(parallel=True, fastmath=_FASTMATH, cache=True, boundscheck=False)
     def kernel(
@@ -167,11 +181,13 @@ def _build_kernel(head_size: int):
     ):
         num_seqs, num_heads, query_dim = query.shape
         head_dim = query_dim if head_size == 0 else head_size  # (folded: head_size is a constant)
+        if fixed_kind >= 0:
+            kind = fixed_kind
         block_size = key_cache.shape[1]
         num_kv = key_cache.shape[2]
         group = num_heads // num_kv
         num_parts = part_m.shape[1]
-        tile_blocks = max(1, TILE_TOKENS // block_size)
+        tile_blocks = _tile_blocks(block_size)
         # A GQA group's query heads share each fp16/bf16 row: widen it once into `row` for all of
         # them (widening per head repeats the work for every head of the group). fp32 rows are
         # read in place, and so is a row one head uses.
@@ -194,6 +210,7 @@ def _build_kernel(head_size: int):
             running_sum = np.zeros(num_heads, np.float32)
             scores = np.empty((num_heads, tile_blocks * block_size), np.float32)
             row = np.empty(head_dim, np.float32)
+            physicals = np.empty(tile_blocks, np.int64)
             for tile_first in range(first_block, last_block, tile_blocks):
                 tile_last = min(last_block, tile_first + tile_blocks)
                 # The next tile's blocks, asked for now: scattered blocks give the hardware
@@ -210,12 +227,18 @@ def _build_kernel(head_size: int):
                         for offset in range(0, block_elements, line_elements):
                             _prefetch_block(key_cache, ahead, offset)
                             _prefetch_block(value_cache, ahead, offset)
-                n = 0
-                for logical in range(tile_first, tile_last):
-                    physical = block_tables[seq, logical]
-                    tokens_here = min(block_size, context_len - logical * block_size)
-                    for t in range(tokens_here):
-                        for kvh in range(num_kv):
+                # The tile's blocks side by side (see TILE_STREAMS); only the sequence's last
+                # block may hold fewer tokens, and it is the tile's last.
+                streams = tile_last - tile_first
+                for j in range(streams):
+                    physicals[j] = block_tables[seq, tile_first + j]
+                last_tokens = min(block_size, context_len - (tile_last - 1) * block_size)
+                n = (streams - 1) * block_size + last_tokens
+                for t in range(block_size):
+                    reading = streams if t < last_tokens else streams - 1
+                    for kvh in range(num_kv):
+                        for j in range(reading):
+                            physical = physicals[j]
                             if widen_once:
                                 for d in range(head_dim):
                                     row[d] = _load(key_cache[physical, t, kvh, d], kind)
@@ -228,8 +251,7 @@ def _build_kernel(head_size: int):
                                 else:
                                     for d in range(head_dim):
                                         s += q[h, d] * _load(key_cache[physical, t, kvh, d], kind)
-                                scores[h, n] = s
-                        n += 1
+                                scores[h, j * block_size + t] = s
                 for h in range(num_heads):
                     tile_max = running_max[h]
                     for i in range(n):
@@ -243,25 +265,23 @@ def _build_kernel(head_size: int):
                         scores[h, i] = p
                         running_sum[h] += p
                     running_max[h] = tile_max
-                n = 0
-                for logical in range(tile_first, tile_last):
-                    physical = block_tables[seq, logical]
-                    tokens_here = min(block_size, context_len - logical * block_size)
-                    for t in range(tokens_here):
-                        for kvh in range(num_kv):
+                for t in range(block_size):
+                    reading = streams if t < last_tokens else streams - 1
+                    for kvh in range(num_kv):
+                        for j in range(reading):
+                            physical = physicals[j]
                             if widen_once:
                                 for d in range(head_dim):
                                     row[d] = _load(value_cache[physical, t, kvh, d], kind)
                             for g in range(group):
                                 h = kvh * group + g
-                                p = scores[h, n]
+                                p = scores[h, j * block_size + t]
                                 if widen_once:
                                     for d in range(head_dim):
                                         acc[h, d] += p * row[d]
                                 else:
                                     for d in range(head_dim):
                                         acc[h, d] += p * _load(value_cache[physical, t, kvh, d], kind)
-                        n += 1
             if num_parts == 1:
                 for h in range(num_heads):
                     inv = np.float32(1.0) / running_sum[h] if running_sum[h] > 0 else np.float32(0.0)
@@ -296,17 +316,19 @@ def _build_kernel(head_size: int):
     return kernel
 
 
-_paged_attention_kernel = _build_kernel(0)
-# The head sizes with their own fp32 kernel: those it makes faster than the generic one (64, the
-# app's heavy case); 32 and 128 gain nothing from it and stay generic (docs/benchmarks.md).
-# fp16/bf16 rows are widened into a buffer first either way.
-_FP32_KERNELS = {64: _build_kernel(64)}
+_paged_attention_kernel = _build_kernel(0)  # any storage kind, any head size
+# fp32 launches run kernels compiled for fp32 alone (no storage-kind branches in the loops), and
+# the head sizes with their own: those it makes faster (64, the app's heavy case; 128, the
+# benchmark's large cases, on Intel Xeon); 32 ran slower with its own and stays generic
+# (docs/benchmarks.md). fp16/bf16 rows are widened into a buffer first either way.
+_FP32_GENERIC = 0
+_FP32_KERNELS = {size: _build_kernel(size, KIND_FLOAT32) for size in (_FP32_GENERIC, 64, 128)}
 
 
 def kernel_for(head_dim: int, kind: int):
     """The compiled kernel that runs a launch: a head size's own, else the generic one."""
-    if kind == KIND_FLOAT32 and head_dim in _FP32_KERNELS:
-        return _FP32_KERNELS[head_dim]
+    if kind == KIND_FLOAT32:
+        return _FP32_KERNELS.get(head_dim, _FP32_KERNELS[_FP32_GENERIC])
     return _paged_attention_kernel
 
 

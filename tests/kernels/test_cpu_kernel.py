@@ -106,8 +106,8 @@ def test_a_head_size_kernel_computes_what_the_generic_kernel_does(cpu_backend, l
     split into partitions or not, with GQA, it must agree with the generic kernel and dense."""
     from pagesim.kernels.cpu_backend import KIND_FLOAT32, _paged_attention_kernel, kernel_for, work_split
 
-    assert kernel_for(64, KIND_FLOAT32) is not _paged_attention_kernel
-    assert kernel_for(32, KIND_FLOAT32) is _paged_attention_kernel
+    assert kernel_for(64, KIND_FLOAT32) is not kernel_for(32, KIND_FLOAT32)  # 32: fp32's generic kernel
+    assert kernel_for(32, KIND_FLOAT32) is not _paged_attention_kernel  # (compiled for fp32 alone)
     rng = np.random.default_rng(len(lens))
     case = make_case(
         rng, num_seqs=len(lens), context_lens=lens, block_size=16, num_heads=8, num_kv_heads=2, head_dim=64,
@@ -132,13 +132,14 @@ def test_a_head_size_kernel_computes_what_the_generic_kernel_does(cpu_backend, l
 
 
 def test_the_work_split_fills_the_cpu_with_whole_tiles_and_never_depends_on_the_thread_count():
-    from pagesim.kernels.cpu_backend import TARGET_WORK_ITEMS, TILE_TOKENS, work_split
+    from pagesim.kernels.cpu_backend import TARGET_WORK_ITEMS, TILE_STREAMS, TILE_TOKENS, work_split
 
-    assert work_split(16, 128, 16) == (TILE_TOKENS // 16, 128, 1)  # enough sequences: no split
-    assert work_split(1, 8, 16) == (2, 8, 1)  # too short to split
+    assert work_split(16, 128, 16) == (TILE_STREAMS, 128, 1)  # enough sequences: no split
+    assert work_split(1, 8, 16) == (TILE_STREAMS, 8, 1)  # too short to split
     tile_blocks, part_blocks, parts = work_split(1, 2048, 16)  # one 32k sequence
     assert parts == TARGET_WORK_ITEMS and parts * part_blocks >= 2048
-    assert work_split(3, 10, 64)[0] == 1  # a block of 64 is a tile of its own
+    assert work_split(3, 10, 1)[0] == TILE_TOKENS  # blocks of one token: a tile of TILE_TOKENS
+    assert work_split(3, 10, 64)[0] == TILE_STREAMS  # large blocks: TILE_STREAMS of them side by side
     numba.set_num_threads(1)
     try:
         assert work_split(1, 2048, 16) == (tile_blocks, part_blocks, parts)

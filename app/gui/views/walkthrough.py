@@ -70,9 +70,10 @@ class WalkThroughPanel(QWidget):
             self.kernel_box.addItem(label.split(":")[0], key)  # short in the box, the whole name as its tip
             self.kernel_box.setItemData(self.kernel_box.count() - 1, label, Qt.ItemDataRole.ToolTipRole)
         self.kernel_box.setToolTip(
-            "Which kernel's algorithm to replay: the CPU kernel folds a tile of whole blocks (≥ 32 tokens) at a time, "
-            "a long sequence split into partitions; the CUDA kernel splits the "
-            "tokens over 4 warps × thread groups (v1), and over 512-token partitions with a reduce (v2, split-K)"
+            "Which kernel's algorithm to replay: the CPU kernel folds a tile of whole blocks "
+            "(at least 4 blocks and 32 tokens) at a time, a long sequence split into partitions; "
+            "the CUDA kernel splits the tokens over 4 warps × thread groups (v1), "
+            "and over 512-token partitions with a reduce (v2, split-K)"
         )
         self.head_box = QSpinBox()
         self.head_box.setPrefix("head ")
@@ -405,7 +406,7 @@ class WalkThroughPanel(QWidget):
             )
             plot.set_fitting_title(titles, color=self.theme.text, size="9pt")
         else:
-            # The CPU kernel folds whole tiles of ≥ 32 tokens: a short context is one tile, and
+            # The CPU kernel folds whole tiles (≥ 4 blocks, ≥ 32 tokens): a short context is one tile, and
             # a plot of every token in tile 0 says nothing. It shows from two tiles on.
             self.lane_plot.setVisible(walk.trace.geometry is not None or len(walk.trace.block_folds) > 1)
             axis = "lane (warp, group)" if walk.trace.geometry is not None else "tile (CPU fold)"
