@@ -14,9 +14,7 @@ import math
 
 import numba
 import numpy as np
-from llvmlite import ir
 from numba import types
-from numba.core import cgutils
 from numba.extending import intrinsic
 from pagesim.kernels.backend import Backend
 from pagesim.kernels.dtypes import STORAGE_KINDS
@@ -53,35 +51,6 @@ def _float32_as_bits(typingctx, value):
     return sig, codegen
 
 
-@intrinsic
-def _prefetch_block(typingctx, array, block, offset):
-    """A hint to fetch the cache line of ``array[block]``'s element ``offset`` (counted in
-    elements from the block's start) into every cache level: LLVM's ``llvm.prefetch``
-    (read, high locality), which compiles to ``prefetcht0`` and never faults."""
-    sig = types.void(array, types.intp, types.intp)
-
-    def codegen(context, builder, signature, args):
-        array_type = signature.args[0]
-        data = context.make_array(array_type)(context, builder, args[0])
-        address = builder.add(
-            builder.ptrtoint(data.data, ir.IntType(64)),
-            builder.add(
-                builder.mul(args[1], builder.extract_value(data.strides, 0)),
-                builder.mul(args[2], context.get_constant(types.intp, array_type.dtype.bitwidth // 8)),
-            ),
-        )
-        byte_pointer = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        # (p0i8: the typed-pointer name, which LLVMs with opaque pointers upgrade to p0)
-        prefetch = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [byte_pointer, i32, i32, i32]), "llvm.prefetch.p0i8"
-        )
-        builder.call(prefetch, [builder.inttoptr(address, byte_pointer), i32(0), i32(3), i32(1)])
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
 @numba.njit(inline="always")
 def _half_to_float32(h):
     # Shift the half's exponent and mantissa into fp32 position, then fix up
@@ -108,18 +77,18 @@ def _load(x, kind):
 
 
 # The work split. A work item is one (sequence, partition) with every query head: it walks
-# the partition's blocks in table order, and each token's K (then V) row holds every KV head
-# side by side, so a block is read as one contiguous run (the cache is block-major) instead of
-# one head's slice at a stride of num_kv_heads · head_dim — the access pattern whose speed
-# depended on which CPU's prefetcher ran it. A GQA group's query heads share each row while it
-# is in L1: K/V are read once per KV head, not once per query head. Scores are gathered for a
-# tile of whole blocks (≥ TILE_TOKENS tokens, ≥ TILE_STREAMS blocks) before one online-softmax
-# rescale per head, so block size 1 does not pay an exp and a rescale per token. Within a tile
-# the blocks are read side by side, token t of each in turn: scattered blocks are that many
-# streams at once, where one block after another was one stream restarting at every block (on
-# Intel Xeon the large case read K/V at 0.7 of SDPA's rate that way; figures in
-# docs/benchmarks.md). A few long sequences are split into partitions (split-K, as vLLM's v2)
-# whose states a second loop merges.
+# the partition's blocks in table order, a tile at a time, and each token's K (then V) row
+# holds every KV head side by side (the cache is block-major), so each block is read front to
+# back in whole rows instead of one head's slice at a stride of num_kv_heads · head_dim — the
+# access pattern whose speed depended on which CPU's prefetcher ran it. A GQA group's query
+# heads share each row while it is in L1: K/V are read once per KV head, not once per query
+# head. Scores are gathered for a tile of whole blocks (≥ TILE_TOKENS tokens, ≥ TILE_STREAMS
+# blocks) before one online-softmax rescale per head, so block size 1 does not pay an exp and a
+# rescale per token. Within a tile the blocks are read side by side, token t of each in turn:
+# scattered blocks are that many streams at once, where one block after another was one stream
+# restarting at every block (on Intel Xeon the large case read K/V at 0.7 of SDPA's rate that
+# way; figures in docs/benchmarks.md). A few long sequences are split into partitions (split-K,
+# as vLLM's v2) whose states a second loop merges.
 TILE_TOKENS = 32
 TILE_STREAMS = 4
 
@@ -130,13 +99,6 @@ def tile_blocks_for(block_size: int) -> int:
 
 
 _tile_blocks = numba.njit(inline="always")(tile_blocks_for)
-# When the kernel prefetches the next tile's blocks: when the launch reads more K/V than the
-# caches would still hold from the last launch, and a tile's K and V are small enough for the
-# next one to sit in L1/L2 beside them (larger blocks are long runs the hardware prefetcher
-# streams once started, and hinting a quarter of a megabyte ahead evicted the tile in use:
-# head dim 128 × 8 KV heads ran 1.2-1.4x slower with it). Figures in docs/benchmarks.md.
-PREFETCH_MIN_BYTES = 2 << 20
-PREFETCH_MAX_TILE_BYTES = 64 << 10
 MIN_PARTITION_TOKENS = 512
 # Work items wanted per launch: a constant, not the thread count, so that the output (its
 # summation order) is the same on every machine.
@@ -177,7 +139,6 @@ def _build_kernel(head_size: int, fixed_kind: int = -1):
         part_m,
         part_l,
         part_acc,
-        prefetch,
     ):
         num_seqs, num_heads, query_dim = query.shape
         head_dim = query_dim if head_size == 0 else head_size  # (folded: head_size is a constant)
@@ -192,8 +153,6 @@ def _build_kernel(head_size: int, fixed_kind: int = -1):
         # them (widening per head repeats the work for every head of the group). fp32 rows are
         # read in place, and so is a row one head uses.
         widen_once = kind != KIND_FLOAT32 and group > 1
-        block_elements = block_size * num_kv * head_dim
-        line_elements = 16 if kind == KIND_FLOAT32 else 32  # a 64-byte cache line
         for work in numba.prange(num_seqs * num_parts):
             seq = work // num_parts
             part = work % num_parts
@@ -213,20 +172,6 @@ def _build_kernel(head_size: int, fixed_kind: int = -1):
             physicals = np.empty(tile_blocks, np.int64)
             for tile_first in range(first_block, last_block, tile_blocks):
                 tile_last = min(last_block, tile_first + tile_blocks)
-                # The next tile's blocks, asked for now: scattered blocks give the hardware
-                # prefetcher no stream to follow from one block to the next, so each block
-                # began with misses (the K/V of a real model's decode step read 10 % slower
-                # than SDPA's contiguous rows; with this, as fast). A block that physically
-                # follows the one before it is on the stream already: hinting it only cost
-                # time (the app's pool, mostly allocated in order: 0.8-0.9x without).
-                if prefetch:
-                    for logical in range(tile_last, min(last_block, tile_last + tile_blocks)):
-                        ahead = block_tables[seq, logical]
-                        if ahead == block_tables[seq, logical - 1] + 1:
-                            continue
-                        for offset in range(0, block_elements, line_elements):
-                            _prefetch_block(key_cache, ahead, offset)
-                            _prefetch_block(value_cache, ahead, offset)
                 # The tile's blocks side by side (see TILE_STREAMS); only the sequence's last
                 # block may hold fewer tokens, and it is the tile's last.
                 streams = tile_last - tile_first
@@ -320,7 +265,7 @@ _paged_attention_kernel = _build_kernel(0)  # any storage kind, any head size
 # fp32 launches run kernels compiled for fp32 alone (no storage-kind branches in the loops), and
 # the head sizes with their own: those it makes faster (64, the app's heavy case; 128, the
 # benchmark's large cases, on Intel Xeon); 32 ran slower with its own and stays generic
-# (docs/benchmarks.md). fp16/bf16 rows are widened into a buffer first either way.
+# (docs/benchmarks.md). fp16/bf16 launches run the any-kind kernel.
 _FP32_GENERIC = 0
 _FP32_KERNELS = {size: _build_kernel(size, KIND_FLOAT32) for size in (_FP32_GENERIC, 64, 128)}
 
@@ -380,12 +325,7 @@ class CpuBackend(Backend):
     def _paged_attention(self, query, key_cache, value_cache, block_tables, context_lens, scale):
         kind = _KINDS[self.kv_dtype_name(key_cache.dtype)]
         num_seqs, num_heads, head_dim = query.shape
-        tile_blocks, part_blocks, parts = work_split(num_seqs, block_tables.shape[1], key_cache.shape[1])
-        block_bytes = 2 * key_cache[0].nbytes  # a block's K and V
-        prefetch = (
-            tile_blocks * block_bytes <= PREFETCH_MAX_TILE_BYTES
-            and int(context_lens.sum()) * block_bytes // key_cache.shape[1] > PREFETCH_MIN_BYTES
-        )
+        _, part_blocks, parts = work_split(num_seqs, block_tables.shape[1], key_cache.shape[1])
         out = np.empty(query.shape, dtype=np.float32)
         part_m = np.empty((num_seqs, parts, num_heads), np.float32)
         part_l = np.empty((num_seqs, parts, num_heads), np.float32)
@@ -403,6 +343,5 @@ class CpuBackend(Backend):
             part_m,
             part_l,
             part_acc,
-            prefetch,
         )
         return out

@@ -14,6 +14,8 @@ item and used by every query row of the tile that may see it (causal: position â
 and every query head of the KV head's GQA group. Scores are gathered for a tile of whole
 blocks (â‰¥ TILE_TOKENS tokens) before one online-softmax rescale per (query row, head).
 Rows see a prefix of each tile's tokens, so the mask is a loop bound, never a -inf score.
+(Unlike the decode kernel it reads a tile's blocks one after another: it widens them into
+buffers once per work item and then computes from those, so reading is not what bounds it.)
 
 A prefill does head_dim multiply-adds per (row, token) pair, so unlike the decode kernel it
 is bound by arithmetic, not by reading K/V. So a tile's K and V rows are widened once into

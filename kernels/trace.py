@@ -3,9 +3,11 @@ what the kernel walk-through shows, in plain NumPy, outside Qt.
 
 The replay follows each kernel's own order of work, so its stages are the kernel's:
 - the CPU kernel (``kernels/cpu_backend.py``) folds one tile of whole blocks at a time
-  (≥ 32 tokens): the block-table lookups, the tile's scores, its max, the rescale of the
+  (≥ 4 blocks, ≥ 32 tokens): the block-table lookups, the tile's scores, its max, the rescale of the
   running sum and accumulator by exp(m_old − m_new), then the tile's exp-weighted values; a
-  few long sequences are split into partitions, reduced at the end as v2's are;
+  few long sequences are split into partitions, reduced at the end as v2's are (inside a
+  tile the kernel reads token t of each block in turn; the replay lists the tokens in
+  order, which changes only the order of the value sums, not the running max or ℓ);
 - the CUDA kernel (``kernels/paged_attention.cu``) attends up to 4 query heads of one KV
   group in a thread block (each K/V load serves all of them; a head's walk is the same
   whichever block it shares), and gives each of its 4 warps thread groups

@@ -1,4 +1,3 @@
-import itertools
 import os
 import subprocess
 import sys
@@ -100,34 +99,45 @@ def test_few_long_sequences_are_split_into_partitions_and_merged_exactly_enough(
     np.testing.assert_allclose(out, dense_for(*case, scale), atol=tolerance(dtype) / 10, rtol=0)
 
 
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
 @pytest.mark.parametrize("lens", [[3000, 1100, 5], [200 + 37 * i for i in range(20)]], ids=["partitioned", "one-part"])
-def test_a_head_size_kernel_computes_what_the_generic_kernel_does(cpu_backend, lens):
-    """fp32 head size 64 runs its own compiled kernel (its trip counts fixed at compile time);
-    split into partitions or not, with GQA, it must agree with the generic kernel and dense."""
-    from pagesim.kernels.cpu_backend import KIND_FLOAT32, _paged_attention_kernel, kernel_for, work_split
+def test_an_fp32_kernel_computes_what_the_any_kind_kernel_does(cpu_backend, lens, head_dim):
+    """fp32 launches run kernels compiled for fp32 alone, head sizes 64 and 128 each its own
+    (trip counts fixed at compile time), 32 the fp32 generic one; split into partitions or
+    not, with GQA, each must agree with the any-kind kernel and with dense."""
+    from pagesim.kernels.cpu_backend import (
+        KIND_BFLOAT16,
+        KIND_FLOAT16,
+        KIND_FLOAT32,
+        _paged_attention_kernel,
+        kernel_for,
+        work_split,
+    )
 
-    assert kernel_for(64, KIND_FLOAT32) is not kernel_for(32, KIND_FLOAT32)  # 32: fp32's generic kernel
-    assert kernel_for(32, KIND_FLOAT32) is not _paged_attention_kernel  # (compiled for fp32 alone)
-    rng = np.random.default_rng(len(lens))
+    fp32_kernels = {size: kernel_for(size, KIND_FLOAT32) for size in (32, 64, 96, 128)}
+    assert len({id(k) for k in fp32_kernels.values()}) == 3  # 64 and 128 their own; 32 and 96 one generic
+    assert fp32_kernels[32] is fp32_kernels[96] and _paged_attention_kernel not in fp32_kernels.values()
+    assert all(kernel_for(head_dim, kind) is _paged_attention_kernel for kind in (KIND_FLOAT16, KIND_BFLOAT16))
+    rng = np.random.default_rng(len(lens) + head_dim)
     case = make_case(
-        rng, num_seqs=len(lens), context_lens=lens, block_size=16, num_heads=8, num_kv_heads=2, head_dim=64,
+        rng, num_seqs=len(lens), context_lens=lens, block_size=16, num_heads=8, num_kv_heads=2, head_dim=head_dim,
         dtype="float32",
     )  # fmt: skip
     query, key_cache, value_cache, block_tables, context_lens = case
     _, part_blocks, parts = work_split(len(lens), block_tables.shape[1], 16)
     outputs = []
-    for kernel, prefetch in itertools.product((kernel_for(64, KIND_FLOAT32), _paged_attention_kernel), (False, True)):
+    for kernel in (kernel_for(head_dim, KIND_FLOAT32), _paged_attention_kernel):
         out = np.empty(query.shape, np.float32)
         part_m = np.empty((len(lens), parts, 8), np.float32)
         part_l = np.empty((len(lens), parts, 8), np.float32)
-        part_acc = np.empty((len(lens), parts, 8, 64) if parts > 1 else (1, 1, 1, 1), np.float32)
-        scale = np.float32(default_scale(64))
+        part_acc = np.empty((len(lens), parts, 8, head_dim) if parts > 1 else (1, 1, 1, 1), np.float32)
+        scale = np.float32(default_scale(head_dim))
         kernel(out, query, key_cache, value_cache, block_tables, context_lens, scale, KIND_FLOAT32, part_blocks,
-               part_m, part_l, part_acc, prefetch)  # fmt: skip
+               part_m, part_l, part_acc)  # fmt: skip
         outputs.append(out)
-    assert np.array_equal(outputs[0], outputs[1]) and np.array_equal(outputs[2], outputs[3])  # a hint, no more
-    np.testing.assert_allclose(outputs[0], outputs[2], atol=1e-6, rtol=0)
-    np.testing.assert_allclose(outputs[0], dense_for(*case, default_scale(64)), atol=tolerance("float32") / 10, rtol=0)
+    np.testing.assert_allclose(outputs[0], outputs[1], atol=1e-6, rtol=0)
+    expected = dense_for(*case, default_scale(head_dim))
+    np.testing.assert_allclose(outputs[0], expected, atol=tolerance("float32") / 10, rtol=0)
     assert (parts > 1) == (len(lens) == 3)
 
 
