@@ -1,11 +1,12 @@
 """The compiled CPU backend: a Numba paged-attention decode kernel (the prefill kernel, in
 ``cpu_prefill``, builds on this module's helpers).
 
-Numba compiles the kernel below to native code with LLVM (threads over
-(sequence, head) pairs via ``prange``), so the CPU path runs the same loop as the
-CUDA kernel, written once in readable Python, with no C toolchain needed at install
-time. Numba has no float16/bfloat16 on the CPU, so half-precision caches are passed
-as their uint16 bit patterns and widened to fp32 inside the loop.
+Numba compiles the kernel below to native code with LLVM (threads over (sequence,
+partition) work items via ``prange``), so the CPU path runs the algorithm of the CUDA
+kernel (block-table lookups, online softmax, split-K partitions), written once in readable
+Python, with no C toolchain needed at install time. Numba has no float16/bfloat16 on the
+CPU, so half-precision caches are passed as their uint16 bit patterns and widened to fp32
+inside the loop.
 """
 
 from __future__ import annotations
