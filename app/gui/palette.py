@@ -28,6 +28,10 @@ class Theme:
     good: str
     bad: str
     plot_background: str
+    # A selected row, the scrubber's filled part: a neutral slate, never an owner's colour (it
+    # was Okabe-Ito blue, the fifth request's, so a selected row read as that request's).
+    selection: str
+    selection_text: str
 
 
 THEMES = {
@@ -44,6 +48,8 @@ THEMES = {
         "#4cc38a",
         "#ff6b6b",
         "#1b1c20",
+        "#59616e",
+        "#ffffff",
     ),
     "light": Theme(
         "light",
@@ -58,6 +64,8 @@ THEMES = {
         "#1a7f4b",
         "#c62828",
         "#ffffff",
+        "#c5ccd6",
+        "#1f2328",
     ),
 }
 
@@ -192,6 +200,6 @@ def qpalette(theme: Theme) -> QPalette:
     }
     for role, colour in roles.items():
         palette.setColor(role, QColor(colour))
-    palette.setColor(QPalette.ColorRole.Highlight, QColor("#0072B2"))
-    palette.setColor(QPalette.ColorRole.HighlightedText, QColor("#ffffff"))
+    palette.setColor(QPalette.ColorRole.Highlight, QColor(theme.selection))
+    palette.setColor(QPalette.ColorRole.HighlightedText, QColor(theme.selection_text))
     return palette

@@ -591,6 +591,21 @@ def test_one_colour_system_owners_apart_and_free_never_an_owner_colour(window, q
     assert frame.focus.seq_id == seq
 
 
+def test_a_selected_row_is_never_read_as_an_owners_colour(qapp):
+    """The selection (a selected row, the scrubber's filled part) is a neutral grey: owners'
+    colours are saturated, and the selection had been Okabe-Ito blue, the fifth request's."""
+    from pagesim.app.gui.palette import SequenceColours, qpalette
+    from PySide6.QtGui import QPalette
+
+    colours = SequenceColours()
+    owners = [colours(f"s{i}") for i in range(28)]
+    least_saturated = min(owner.hsvSaturationF() for owner in owners)
+    for theme in THEMES.values():
+        selection = qpalette(theme).color(QPalette.ColorRole.Highlight)
+        assert selection.hsvSaturationF() < min(0.25, least_saturated - 0.1), theme.name
+        assert selection.name() not in {owner.name() for owner in owners}
+
+
 def test_the_scheduler_shows_its_queues_as_lanes_and_the_cpu_pool_as_tiles(make_window, qtbot):
     window = make_window("preemption_swap")
     window.actions.scrubber.setValue(15)  # r3 is preempted by swap
