@@ -71,7 +71,7 @@ def test_the_step_bar_shows_prefill_decode_and_skipped_prefix_tokens(qtbot, sett
     bar, rows = window.step_work_bar, window.sequence_view
     seek(qtbot, window, 1)
     assert [(w.seq, w.kind, w.tokens, skipped) for _, w, skipped in bar.segments] == [("A", PREFILL, 9, False)]
-    assert "prefill 9 tokens" in bar.title() and rows._rows["A"].text(1) == "9  +9 prefill"
+    assert "prefill 9 tokens" in bar.title() and rows._rows["A"].text(1) == "9 (+9 prefill)"
 
     seek(qtbot, window, 2)  # B's first two blocks are A's: a prefix-cache hit, not computed
     (skip_rect, hit, skipped), (rect, computed, _) = bar.segments
@@ -85,7 +85,7 @@ def test_the_step_bar_shows_prefill_decode_and_skipped_prefix_tokens(qtbot, sett
     assert (work.seq, work.kind, work.tokens) == ("A", DECODE, 1)
     assert rect.width() < bar.bar_rect().width() / 3  # one token against A's 10: small
     assert bar.tooltip_at(rect.center()).startswith("A: decode, 1 token")
-    assert "+1 decode" in rows._rows["A"].text(1)
+    assert rows._rows["A"].text(1) == "10 (+1 decode)"  # the count holds the new token: not read as 11
 
     seek(qtbot, window, 4)  # a submit computes nothing, but the kernel's check still ran (the badge says ✓)
     assert bar.work is None and not bar.segments and window.frame.attention is not None
@@ -174,12 +174,12 @@ def test_a_decode_step_does_not_remeasure_the_rows_unless_a_cell_outgrows_its_co
     measured = []
     real_resize = rows.resizeColumnToContents
     monkeypatch.setattr(rows, "resizeColumnToContents", lambda column: (measured.append(column), real_resize(column)))
-    for step in (3, 4):  # "11  +1 decode", "12  +1 decode": as wide as the one the column was sized for
+    for step in (3, 4):  # "11 (+1 decode)", "12 (+1 decode)": as wide as the one the column was sized for
         seek(qtbot, window, step)
         assert "+1 decode" in rows._rows["A"].text(1)
     assert measured == []
-    seek(qtbot, window, 5)  # "132  +120 prefill": wider
-    assert rows._rows["A"].text(1) == "132  +120 prefill" and 1 in measured
+    seek(qtbot, window, 5)  # "132 (+120 prefill)": wider
+    assert rows._rows["A"].text(1) == "132 (+120 prefill)" and 1 in measured
     assert rows.columnWidth(1) >= rows.sizeHintForColumn(1)  # the new text is not cut off
     window.close()
 

@@ -279,7 +279,7 @@ def test_the_pool_legend_names_each_kind_of_tile_in_the_themes_colours(window, q
     window.apply_theme(theme)
     legend = window.pool_legend
     assert legend.isVisible()
-    assert legend.labels() == ["free", "cached", "in use: owner's colour", "shared ×2", "copy-on-write"]
+    assert legend.labels() == ["free", "cached", "in use: owner's colour", "shared ×N", "copy-on-write"]
     # Its swatches are drawn as the tiles are, in the theme's colours.
     free = legend.swatch_rect("free")
     assert _pixel(legend, (free.topLeft() + QRectF(0, 0, 3, 3).bottomRight()).toPoint()) == THEMES[theme].free_block

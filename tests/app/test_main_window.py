@@ -114,7 +114,7 @@ def test_block_table_rows_follow_every_step_there_and_back(window, qtbot):
         assert set(rows) == {s.seq_id for s in frame.sequences}
         for seq in frame.sequences:
             item = rows[seq.seq_id]
-            # (the Tokens cell may add what the step computed: "6  +6 prefill")
+            # (the Tokens cell may add what the step computed: "6 (+6 prefill)")
             assert (item.text(1).split()[0], item.text(2)) == (str(seq.num_tokens), str(len(seq.block_table)))
             assert tuple(item.data(TABLE_COLUMN, Qt.ItemDataRole.UserRole)) == seq.block_table
             refs = item.data(TABLE_COLUMN, Qt.ItemDataRole.UserRole + 2)

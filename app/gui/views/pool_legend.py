@@ -42,7 +42,7 @@ ENTRIES = (
     ),
     LegendEntry(
         "shared",
-        "shared ×2",
+        "shared ×N",
         "Held by two or more block tables at once (ref count ×2, ×3 …): forks and cached prefixes share "
         "one copy, a band per holder",
     ),

@@ -259,7 +259,7 @@ class SequenceView(QTreeWidget):
         self._shown[seq.seq_id] = (seq.num_tokens, seq.block_table, refs)
 
     def _show_phases(self, frame: Frame) -> bool:
-        """Each row's Tokens cell says what this step did to it: "+38 prefill" or "+1 decode"
+        """Each row's Tokens cell says what this step did to it: "(+38 prefill)" or "(+1 decode)"
         (only rows the step or the last one computed). True: a cell needs a wider column."""
         work = {w.seq: w for w in frame.step_work.sequences} if frame.step_work is not None else {}
         phased = self._phased
@@ -272,7 +272,8 @@ class SequenceView(QTreeWidget):
             done = work.get(seq_id)
             text = str(counts[seq_id])
             if done is not None:
-                text += f"  +{done.tokens} {done.kind}" if done.tokens else "  prefix hit"
+                # (in brackets: the count already holds them, "17 +4" read as 21)
+                text += f" (+{done.tokens} {done.kind})" if done.tokens else " (prefix hit)"
             with QSignalBlocker(self.model()):
                 item.setText(1, text)
                 item.setToolTip(1, f"This step: {done.describe()}" if done is not None else "Tokens it holds")
