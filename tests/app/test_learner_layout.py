@@ -4,6 +4,8 @@ colour that stands out in both themes, its label inside its own tile), the pool'
 Check panel folded to a badge, a narration that grows, controls that apply to the kernel in
 use only, and the welcome's primer in three pictures."""
 
+import re
+
 import pytest
 from pagesim.app.gui.palette import OKABE_ITO, THEMES, SequenceColours, contrast, readable_on
 from pagesim.core.scenario import load_shipped, parse_scenario
@@ -833,3 +835,24 @@ def test_the_memory_summary_says_what_length_the_contiguous_baseline_reserves(wi
     assert f"contiguous (each sequence reserving max_model_len, {length} tokens) would hold" in (
         window.memory_panel.summary.text()
     )
+
+
+def test_a_line_of_the_narration_never_breaks_inside_a_quoted_token():
+    """A token that is one space, quoted in a sentence, had wrapped into a stray quote at the
+    end of one line and another at the start of the next."""
+    from pagesim.app.gui.views.header import unbreakable_quotes
+
+    text = 'wrote one token\'s K/V each (r1 "ara", r2 " ", r3/s0 " the")'
+    fixed = unbreakable_quotes(text)
+    assert fixed == 'wrote one token\'s K/V each (r1\u00a0"ara", r2\u00a0"\u00a0", r3/s0\u00a0"\u00a0the")'
+    assert unbreakable_quotes("no quotes here") == "no quotes here"
+
+
+def test_the_step_caption_keeps_each_quoted_token_on_one_line(make_window, qtbot):
+    window = make_window("preemption_v1")
+    window.actions.scrubber.setValue(12)
+    frame = wait_idle(qtbot, window)
+    shown = window.header.step_caption.text()
+    assert frame.caption and '"' in frame.caption
+    quoted = re.findall(r"&quot;([^&]*)&quot;", shown)
+    assert quoted and not [q for q in quoted if " " in q]

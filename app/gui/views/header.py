@@ -4,6 +4,7 @@ step just did: the scenario's own note on it first, then the engine's sentence."
 from __future__ import annotations
 
 import html
+import re
 
 from pagesim.app.gui.views.elided_label import ElidedLabel
 from pagesim.app.gui.views.live_text import LiveText
@@ -14,6 +15,14 @@ from PySide6.QtWidgets import QToolTip
 NARRATION_MAX_LINES = 12  # it grows to its text (no box that scrolls); a longer one ends in "…"
 NARRATION_SHARE = 0.35  # of the centre's height at most: the pool below keeps the rest
 DESCRIPTION_LINES = 3  # at step 0; from step 1 on, one line (whole in its tooltip): the narration needs the room
+_QUOTED = re.compile(r' ?"[^"\n]*"')  # (with the space before it: a name stays with its token)
+
+
+def unbreakable_quotes(text: str) -> str:
+    """``text`` with the spaces inside its quoted token texts, and the one before each, made
+    non-breaking: a line must not break inside a token (a token that is one space read as a
+    stray quote on each line) or between a sequence's name and its token."""
+    return _QUOTED.sub(lambda quote: quote.group(0).replace(" ", "\u00a0"), text)
 
 
 class Narration(LiveText):
@@ -107,7 +116,7 @@ class ScenarioHeader:
             text = f"Step 0 of {frame.length}: nothing yet. → plays the first step; the Step log lists them all."
         else:
             text = f"<b>Step {frame.position}</b> · "
-            what = html.escape(frame.caption or frame.label)
+            what = html.escape(unbreakable_quotes(frame.caption or frame.label))
             # The scenario's own words on the step first (why it matters), then what the engine did.
             text += f"<i>{html.escape(frame.note)}</i><br>{what}" if frame.note else what
         if text != self._caption_html:  # relaying out rich text on every step costs
