@@ -86,6 +86,11 @@ def test_the_step_bar_shows_prefill_decode_and_skipped_prefix_tokens(qtbot, sett
     assert rect.width() < bar.bar_rect().width() / 3  # one token against A's 10: small
     assert bar.tooltip_at(rect.center()).startswith("A: decode, 1 token")
     assert rows._rows["A"].text(1) == "10 (+1 decode)"  # the count holds the new token: not read as 11
+    # The bar's empty end says what its full width is (a bar read as a budget being filled).
+    assert bar.scale_labels()[0] == "full width: 10 tokens, the longest context"
+    image, empty = bar.grab().toImage(), bar.bar_rect().adjusted(rect.width() + 8, 2, -2, -2)
+    inked = {image.pixel(int(x), int(empty.center().y())) for x in range(int(empty.left()), int(empty.right()))}
+    assert len(inked) > 2  # text drawn there, not the bare fill
 
     seek(qtbot, window, 4)  # a submit computes nothing, but the kernel's check still ran (the badge says ✓)
     assert bar.work is None and not bar.segments and window.frame.attention is not None

@@ -101,6 +101,14 @@ class StepWorkBar(QWidget):
         self._layout()
         super().resizeEvent(event)
 
+    def scale_labels(self) -> tuple[str, ...]:
+        """What the bar's empty end says its full width is, longest first (the first that fits is
+        drawn): without it a bar read as a budget being filled."""
+        if self.work is None or not self.segments:
+            return ()
+        longest = self.work.longest
+        return (f"full width: {longest} tokens, the longest context", f"of {longest} tokens")
+
     def tooltip_at(self, pos: QPointF) -> str:
         for rect, work, skipped in self.segments:
             if rect.contains(pos):
@@ -158,4 +166,16 @@ class StepWorkBar(QWidget):
             if metrics.horizontalAdvance(label) <= rect.width() - 4:
                 painter.setPen(label_colour)
                 painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, label)
+        if self.segments:  # the scale, in the bar's empty end where it fits
+            bar = self.bar_rect()
+            free = QRectF(
+                self.segments[-1][0].right() + 6,
+                bar.top(),
+                bar.right() - self.segments[-1][0].right() - 12,
+                bar.height(),
+            )
+            fitting = [t for t in self.scale_labels() if metrics.horizontalAdvance(t) <= free.width()]
+            if fitting:
+                painter.setPen(QColor(theme.muted))
+                painter.drawText(free, Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignRight, fitting[0])
         painter.end()
