@@ -143,8 +143,8 @@ class SequenceView(QTreeWidget):
         self._tokens_margin: int | None = None
         self.headerItem().setToolTip(
             1,
-            "Tokens it holds; then what this step computed for it: +N prefill (a prompt, or several tokens in "
-            "one pass) or +1 decode (one new token)",
+            "Tokens it holds; then, in brackets, what this step computed for it (already counted): +N prefill "
+            "(a prompt, or several tokens in one pass) or +1 decode (one new token)",
         )
         self._shown: dict[str, tuple] = {}  # per row: (tokens, table, ref counts) it shows
         self._updating = False
