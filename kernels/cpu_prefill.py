@@ -63,127 +63,149 @@ def _exp_nonpositive(x):
     return p * _bits_as_float32(np.uint32(np.int32(n) + np.int32(127)) << np.uint32(23))
 
 
-@numba.njit(parallel=True, fastmath=_FASTMATH, cache=True, boundscheck=False)
-def _prefill_kernel(
-    out, query, key_cache, value_cache, query_starts, block_tables, context_lens, scale, kind, work_seqs, work_rows
-):
-    num_heads = query.shape[1]
-    head_dim = query.shape[2]
-    block_size = key_cache.shape[1]
-    num_kv = key_cache.shape[2]
-    group = num_heads // num_kv
-    tile_blocks = max(1, TILE_TOKENS // block_size)
-    for work in numba.prange(work_seqs.shape[0]):
-        seq = work_seqs[work]
-        row0 = work_rows[work]
-        q_begin = query_starts[seq]
-        q_end = query_starts[seq + 1]
-        rows = min(QUERY_TILE, q_end - row0)
-        context_len = context_lens[seq]
-        # Query row i of the tile sits at position first_pos + i and sees positions 0..first_pos + i.
-        first_pos = context_len - (q_end - q_begin) + (row0 - q_begin)
-        kv_len = first_pos + rows  # the tile's last row sees this many tokens
-        q = np.empty((rows, num_heads, head_dim), np.float32)
-        for i in range(rows):
-            for h in range(num_heads):
-                for d in range(head_dim):
-                    q[i, h, d] = _load(query[row0 + i, h, d], kind) * scale
-        acc = np.zeros((rows, num_heads, head_dim), np.float32)
-        running_max = np.full((rows, num_heads), -np.inf, np.float32)
-        running_sum = np.zeros((rows, num_heads), np.float32)
-        tile_tokens = tile_blocks * block_size
-        keys = np.empty((tile_tokens, num_kv, head_dim), np.float32)  # the tile's K and V rows, widened
-        values = np.empty((tile_tokens, num_kv, head_dim), np.float32)
-        scores = np.empty((2, tile_tokens), np.float32)  # a row pair's for one head, then their weights
-        kv_blocks = (kv_len + block_size - 1) // block_size
-        for tile_first in range(0, kv_blocks, tile_blocks):
-            tile_last = min(kv_blocks, tile_first + tile_blocks)
-            tile_pos = tile_first * block_size  # position of the tile's first token
-            n = 0
-            for logical in range(tile_first, tile_last):
-                physical = block_tables[seq, logical]
-                tokens_here = min(block_size, kv_len - logical * block_size)
-                for t in range(tokens_here):
-                    for kvh in range(num_kv):
-                        for d in range(head_dim):
-                            keys[n, kvh, d] = _load(key_cache[physical, t, kvh, d], kind)
-                    for kvh in range(num_kv):
-                        for d in range(head_dim):
-                            values[n, kvh, d] = _load(value_cache[physical, t, kvh, d], kind)
-                    n += 1
-            # Rows before i_begin see none of this tile; row i sees its first n_i tokens. Rows go
-            # in pairs (a, b): each load of a K or V row serves both. (An odd last row pairs
-            # with itself: its copy's weights are zeroed, so it adds nothing.)
-            i_begin = max(0, tile_pos - first_pos)
-            for a in range(i_begin, rows, 2):
-                b = min(a + 1, rows - 1)
-                n_a = min(n, first_pos + a + 1 - tile_pos)
-                n_b = min(n, first_pos + b + 1 - tile_pos)
-                both = n_a - n_a % 4  # tokens both rows see, four at a time
+def _build_prefill_kernel(head_size: int, fixed_kind: int = -1):
+    """The kernel for any head size (``head_size`` 0) or one fixed at compile time, and for any
+    storage kind (``fixed_kind`` -1: the one passed) or one (as the decode kernel's: figures in
+    docs/benchmarks.md)."""
+
+    @numba.njit(parallel=True, fastmath=_FASTMATH, cache=True, boundscheck=False)
+    def kernel(
+        out, query, key_cache, value_cache, query_starts, block_tables, context_lens, scale, kind, work_seqs, work_rows
+    ):
+        if fixed_kind >= 0:
+            kind = fixed_kind
+        num_heads = query.shape[1]
+        head_dim = query.shape[2] if head_size == 0 else head_size  # (folded: head_size is a constant)
+        block_size = key_cache.shape[1]
+        num_kv = key_cache.shape[2]
+        group = num_heads // num_kv
+        tile_blocks = max(1, TILE_TOKENS // block_size)
+        for work in numba.prange(work_seqs.shape[0]):
+            seq = work_seqs[work]
+            row0 = work_rows[work]
+            q_begin = query_starts[seq]
+            q_end = query_starts[seq + 1]
+            rows = min(QUERY_TILE, q_end - row0)
+            context_len = context_lens[seq]
+            # Query row i of the tile sits at position first_pos + i and sees positions 0..first_pos + i.
+            first_pos = context_len - (q_end - q_begin) + (row0 - q_begin)
+            kv_len = first_pos + rows  # the tile's last row sees this many tokens
+            q = np.empty((rows, num_heads, head_dim), np.float32)
+            for i in range(rows):
                 for h in range(num_heads):
-                    kvh = h // group
-                    max_a, max_b = running_max[a, h], running_max[b, h]
-                    for k in range(0, both, 4):
-                        a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
-                        for d in range(head_dim):
-                            qa, qb = q[a, h, d], q[b, h, d]
-                            k0, k1 = keys[k, kvh, d], keys[k + 1, kvh, d]
-                            k2, k3 = keys[k + 2, kvh, d], keys[k + 3, kvh, d]
-                            a0 += qa * k0
-                            a1 += qa * k1
-                            a2 += qa * k2
-                            a3 += qa * k3
-                            b0 += qb * k0
-                            b1 += qb * k1
-                            b2 += qb * k2
-                            b3 += qb * k3
-                        scores[0, k], scores[0, k + 1], scores[0, k + 2], scores[0, k + 3] = a0, a1, a2, a3
-                        scores[1, k], scores[1, k + 1], scores[1, k + 2], scores[1, k + 3] = b0, b1, b2, b3
-                        max_a = max(max_a, max(max(a0, a1), max(a2, a3)))
-                        max_b = max(max_b, max(max(b0, b1), max(b2, b3)))
-                    for k in range(both, n_b):
-                        sa = sb = np.float32(0.0)
-                        for d in range(head_dim):
-                            sa += q[a, h, d] * keys[k, kvh, d]
-                            sb += q[b, h, d] * keys[k, kvh, d]
-                        if k < n_a:
-                            scores[0, k] = sa
-                            max_a = max(max_a, sa)
-                        scores[1, k] = sb
-                        max_b = max(max_b, sb)
-                    for r, i, n_i, tile_max in ((0, a, n_a, max_a), (1, b, n_b, max_b)):
-                        if r == 1 and b == a:
-                            scores[1, :n_i] = 0.0
-                            break
-                        correction = np.float32(math.exp(running_max[i, h] - tile_max))
-                        total = np.float32(0.0)
-                        for k in range(n_i):
-                            p = _exp_nonpositive(scores[r, k] - tile_max)
-                            scores[r, k] = p
-                            total += p
-                        running_sum[i, h] = running_sum[i, h] * correction + total
-                        running_max[i, h] = tile_max
-                        for d in range(head_dim):
-                            acc[i, h, d] *= correction
-                    for k in range(0, both, 4):
-                        pa0, pa1, pa2, pa3 = scores[0, k], scores[0, k + 1], scores[0, k + 2], scores[0, k + 3]
-                        pb0, pb1, pb2, pb3 = scores[1, k], scores[1, k + 1], scores[1, k + 2], scores[1, k + 3]
-                        for d in range(head_dim):
-                            v0, v1 = values[k, kvh, d], values[k + 1, kvh, d]
-                            v2, v3 = values[k + 2, kvh, d], values[k + 3, kvh, d]
-                            acc[a, h, d] += pa0 * v0 + pa1 * v1 + pa2 * v2 + pa3 * v3
-                            acc[b, h, d] += pb0 * v0 + pb1 * v1 + pb2 * v2 + pb3 * v3
-                    for k in range(both, n_b):
-                        pa, pb = scores[0, k], scores[1, k]
-                        for d in range(head_dim):
+                    for d in range(head_dim):
+                        q[i, h, d] = _load(query[row0 + i, h, d], kind) * scale
+            acc = np.zeros((rows, num_heads, head_dim), np.float32)
+            running_max = np.full((rows, num_heads), -np.inf, np.float32)
+            running_sum = np.zeros((rows, num_heads), np.float32)
+            tile_tokens = tile_blocks * block_size
+            keys = np.empty((tile_tokens, num_kv, head_dim), np.float32)  # the tile's K and V rows, widened
+            values = np.empty((tile_tokens, num_kv, head_dim), np.float32)
+            scores = np.empty((2, tile_tokens), np.float32)  # a row pair's for one head, then their weights
+            kv_blocks = (kv_len + block_size - 1) // block_size
+            for tile_first in range(0, kv_blocks, tile_blocks):
+                tile_last = min(kv_blocks, tile_first + tile_blocks)
+                tile_pos = tile_first * block_size  # position of the tile's first token
+                n = 0
+                for logical in range(tile_first, tile_last):
+                    physical = block_tables[seq, logical]
+                    tokens_here = min(block_size, kv_len - logical * block_size)
+                    for t in range(tokens_here):
+                        for kvh in range(num_kv):
+                            for d in range(head_dim):
+                                keys[n, kvh, d] = _load(key_cache[physical, t, kvh, d], kind)
+                        for kvh in range(num_kv):
+                            for d in range(head_dim):
+                                values[n, kvh, d] = _load(value_cache[physical, t, kvh, d], kind)
+                        n += 1
+                # Rows before i_begin see none of this tile; row i sees its first n_i tokens. Rows go
+                # in pairs (a, b): each load of a K or V row serves both. (An odd last row pairs
+                # with itself: its copy's weights are zeroed, so it adds nothing.)
+                i_begin = max(0, tile_pos - first_pos)
+                for a in range(i_begin, rows, 2):
+                    b = min(a + 1, rows - 1)
+                    n_a = min(n, first_pos + a + 1 - tile_pos)
+                    n_b = min(n, first_pos + b + 1 - tile_pos)
+                    both = n_a - n_a % 4  # tokens both rows see, four at a time
+                    for h in range(num_heads):
+                        kvh = h // group
+                        max_a, max_b = running_max[a, h], running_max[b, h]
+                        for k in range(0, both, 4):
+                            a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
+                            for d in range(head_dim):
+                                qa, qb = q[a, h, d], q[b, h, d]
+                                k0, k1 = keys[k, kvh, d], keys[k + 1, kvh, d]
+                                k2, k3 = keys[k + 2, kvh, d], keys[k + 3, kvh, d]
+                                a0 += qa * k0
+                                a1 += qa * k1
+                                a2 += qa * k2
+                                a3 += qa * k3
+                                b0 += qb * k0
+                                b1 += qb * k1
+                                b2 += qb * k2
+                                b3 += qb * k3
+                            scores[0, k], scores[0, k + 1], scores[0, k + 2], scores[0, k + 3] = a0, a1, a2, a3
+                            scores[1, k], scores[1, k + 1], scores[1, k + 2], scores[1, k + 3] = b0, b1, b2, b3
+                            max_a = max(max_a, max(max(a0, a1), max(a2, a3)))
+                            max_b = max(max_b, max(max(b0, b1), max(b2, b3)))
+                        for k in range(both, n_b):
+                            sa = sb = np.float32(0.0)
+                            for d in range(head_dim):
+                                sa += q[a, h, d] * keys[k, kvh, d]
+                                sb += q[b, h, d] * keys[k, kvh, d]
                             if k < n_a:
-                                acc[a, h, d] += pa * values[k, kvh, d]
-                            acc[b, h, d] += pb * values[k, kvh, d]
-        for i in range(rows):
-            for h in range(num_heads):
-                inv = np.float32(1.0) / running_sum[i, h] if running_sum[i, h] > 0 else np.float32(0.0)
-                for d in range(head_dim):
-                    out[row0 + i, h, d] = acc[i, h, d] * inv
+                                scores[0, k] = sa
+                                max_a = max(max_a, sa)
+                            scores[1, k] = sb
+                            max_b = max(max_b, sb)
+                        for r, i, n_i, tile_max in ((0, a, n_a, max_a), (1, b, n_b, max_b)):
+                            if r == 1 and b == a:
+                                scores[1, :n_i] = 0.0
+                                break
+                            correction = np.float32(math.exp(running_max[i, h] - tile_max))
+                            total = np.float32(0.0)
+                            for k in range(n_i):
+                                p = _exp_nonpositive(scores[r, k] - tile_max)
+                                scores[r, k] = p
+                                total += p
+                            running_sum[i, h] = running_sum[i, h] * correction + total
+                            running_max[i, h] = tile_max
+                            for d in range(head_dim):
+                                acc[i, h, d] *= correction
+                        for k in range(0, both, 4):
+                            pa0, pa1, pa2, pa3 = scores[0, k], scores[0, k + 1], scores[0, k + 2], scores[0, k + 3]
+                            pb0, pb1, pb2, pb3 = scores[1, k], scores[1, k + 1], scores[1, k + 2], scores[1, k + 3]
+                            for d in range(head_dim):
+                                v0, v1 = values[k, kvh, d], values[k + 1, kvh, d]
+                                v2, v3 = values[k + 2, kvh, d], values[k + 3, kvh, d]
+                                acc[a, h, d] += pa0 * v0 + pa1 * v1 + pa2 * v2 + pa3 * v3
+                                acc[b, h, d] += pb0 * v0 + pb1 * v1 + pb2 * v2 + pb3 * v3
+                        for k in range(both, n_b):
+                            pa, pb = scores[0, k], scores[1, k]
+                            for d in range(head_dim):
+                                if k < n_a:
+                                    acc[a, h, d] += pa * values[k, kvh, d]
+                                acc[b, h, d] += pb * values[k, kvh, d]
+            for i in range(rows):
+                for h in range(num_heads):
+                    inv = np.float32(1.0) / running_sum[i, h] if running_sum[i, h] > 0 else np.float32(0.0)
+                    for d in range(head_dim):
+                        out[row0 + i, h, d] = acc[i, h, d] * inv
+
+    return kernel
+
+
+_prefill_any_kind = _build_prefill_kernel(0)
+# fp32 launches: compiled for fp32 alone, SmolLM2's head size 64 with its own (0.94x the time
+# of the any-kind kernel on Intel, alternated in one process).
+_PREFILL_FP32 = {size: _build_prefill_kernel(size, _KINDS["float32"]) for size in (0, 64)}
+
+
+def prefill_kernel_for(head_dim: int, kind: int):
+    """The compiled prefill kernel that runs a launch."""
+    if kind == _KINDS["float32"]:
+        return _PREFILL_FP32.get(head_dim, _PREFILL_FP32[0])
+    return _prefill_any_kind
 
 
 def paged_prefill(query, key_cache, value_cache, query_starts, block_tables, context_lens, scale, kind_name):
@@ -194,8 +216,9 @@ def paged_prefill(query, key_cache, value_cache, query_starts, block_tables, con
         return out
     # Tiles late in a long prompt see more tokens than early ones: hand the work items out one
     # at a time rather than in equal contiguous runs (the output does not depend on the order).
+    kind = _KINDS[kind_name]
     with numba.parallel_chunksize(1):
-        _prefill_kernel(
+        prefill_kernel_for(query.shape[2], kind)(
             out,
             _kernel_view(np.ascontiguousarray(query)),
             _kernel_view(key_cache),
@@ -204,7 +227,7 @@ def paged_prefill(query, key_cache, value_cache, query_starts, block_tables, con
             block_tables,
             context_lens,
             np.float32(scale),
-            _KINDS[kind_name],
+            kind,
             work_seqs,
             work_rows,
         )

@@ -197,3 +197,28 @@ def test_bad_prefill_inputs_are_refused_before_launch(cpu_backend, mutate, messa
     mutate(args)
     with pytest.raises(KernelInputError, match=message):
         cpu_backend.paged_prefill(*args, 0.3)
+
+
+@pytest.mark.parametrize("head_dim", [32, 64])
+def test_an_fp32_prefill_kernel_computes_what_the_any_kind_kernel_does(head_dim):
+    """fp32 launches run prefill kernels compiled for fp32 alone (head size 64 its own); each
+    must agree with the any-kind kernel and with dense causal attention."""
+    from pagesim.kernels.cpu_prefill import _KINDS, _prefill_any_kind, prefill_kernel_for
+
+    fp32 = _KINDS["float32"]
+    assert prefill_kernel_for(64, fp32) is not prefill_kernel_for(32, fp32)
+    assert prefill_kernel_for(32, fp32) is prefill_kernel_for(96, fp32) is not _prefill_any_kind
+    assert all(prefill_kernel_for(head_dim, _KINDS[k]) is _prefill_any_kind for k in ("float16", "bfloat16"))
+    rng = np.random.default_rng(head_dim)
+    case = prefill_case(rng, mixed_batch(16), block_size=16, num_heads=6, num_kv_heads=2, head_dim=head_dim,
+                        dtype="float32")  # fmt: skip
+    query, key_cache, value_cache, query_starts, tables, lens = case
+    work_seqs, work_rows = query_tiles(query_starts, QUERY_TILE)
+    scale = np.float32(default_scale(head_dim))
+    outputs = []
+    for kernel in (prefill_kernel_for(head_dim, fp32), _prefill_any_kind):
+        out = np.empty(query.shape, np.float32)
+        kernel(out, query, key_cache, value_cache, query_starts, tables, lens, scale, fp32, work_seqs, work_rows)
+        outputs.append(out)
+    np.testing.assert_allclose(outputs[0], outputs[1], atol=1e-6, rtol=0)
+    np.testing.assert_allclose(outputs[0], paged_prefill_reference(*case, scale).numpy(), atol=ATOL, rtol=0)
