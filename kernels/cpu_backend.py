@@ -262,20 +262,27 @@ def _build_kernel(head_size: int, fixed_kind: int = -1):
     return kernel
 
 
-_paged_attention_kernel = _build_kernel(0)  # any storage kind, any head size
-# fp32 launches run kernels compiled for fp32 alone (no storage-kind branches in the loops), and
-# the head sizes with their own: those it makes faster (64, the app's heavy case; 128, the
-# benchmark's large cases, on Intel Xeon); 32 ran slower with its own and stays generic
-# (docs/benchmarks.md). fp16/bf16 launches run the any-kind kernel.
-_FP32_GENERIC = 0
-_FP32_KERNELS = {size: _build_kernel(size, KIND_FLOAT32) for size in (_FP32_GENERIC, 64, 128)}
+class KernelChoice:
+    """A kernel builder's compiled instances and the rule that picks one for a launch: fp32
+    launches run instances compiled for fp32 alone (no storage-kind branches in the loops), the
+    head sizes in ``fp32_head_sizes`` each its own; fp16/bf16 launches run the any-kind one.
+    ``build(head_size, fixed_kind=-1)``: head size 0 reads it at run time."""
+
+    def __init__(self, build, fp32_head_sizes: tuple[int, ...]) -> None:
+        self.any_kind = build(0)
+        self._fp32 = {size: build(size, KIND_FLOAT32) for size in (0, *fp32_head_sizes)}
+
+    def __call__(self, head_dim: int, kind: int):
+        if kind == KIND_FLOAT32:
+            return self._fp32.get(head_dim, self._fp32[0])
+        return self.any_kind
 
 
-def kernel_for(head_dim: int, kind: int):
-    """The compiled kernel that runs a launch: a head size's own, else the generic one."""
-    if kind == KIND_FLOAT32:
-        return _FP32_KERNELS.get(head_dim, _FP32_KERNELS[_FP32_GENERIC])
-    return _paged_attention_kernel
+# The head sizes with their own fp32 kernel: those it makes faster (64, the app's heavy case;
+# 128, the benchmark's large cases, on Intel Xeon); 32 ran slower with its own and stays
+# generic (docs/benchmarks.md).
+kernel_for = KernelChoice(_build_kernel, (64, 128))
+_paged_attention_kernel = kernel_for.any_kind
 
 
 @numba.njit(cache=True, boundscheck=False)

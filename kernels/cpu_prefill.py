@@ -34,7 +34,15 @@ import math
 import numba
 import numpy as np
 from pagesim.kernels.backend import query_tiles
-from pagesim.kernels.cpu_backend import _FASTMATH, _KINDS, TILE_TOKENS, _bits_as_float32, _kernel_view, _load
+from pagesim.kernels.cpu_backend import (
+    _FASTMATH,
+    _KINDS,
+    TILE_TOKENS,
+    KernelChoice,
+    _bits_as_float32,
+    _kernel_view,
+    _load,
+)
 
 QUERY_TILE = 32  # query rows a work item attends together (sharing each K/V row it reads)
 
@@ -195,17 +203,10 @@ def _build_prefill_kernel(head_size: int, fixed_kind: int = -1):
     return kernel
 
 
-_prefill_any_kind = _build_prefill_kernel(0)
-# fp32 launches: compiled for fp32 alone, SmolLM2's head size 64 with its own (0.94x the time
-# of the any-kind kernel on Intel, alternated in one process).
-_PREFILL_FP32 = {size: _build_prefill_kernel(size, _KINDS["float32"]) for size in (0, 64)}
-
-
-def prefill_kernel_for(head_dim: int, kind: int):
-    """The compiled prefill kernel that runs a launch."""
-    if kind == _KINDS["float32"]:
-        return _PREFILL_FP32.get(head_dim, _PREFILL_FP32[0])
-    return _prefill_any_kind
+# SmolLM2's head size 64 with its own fp32 kernel (0.95x the time of the any-kind kernel on
+# Intel, alternated in one process).
+prefill_kernel_for = KernelChoice(_build_prefill_kernel, (64,))
+_prefill_any_kind = prefill_kernel_for.any_kind
 
 
 def paged_prefill(query, key_cache, value_cache, query_starts, block_tables, context_lens, scale, kind_name):

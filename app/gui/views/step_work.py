@@ -167,13 +167,8 @@ class StepWorkBar(QWidget):
                 painter.setPen(label_colour)
                 painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, label)
         if self.segments:  # the scale, in the bar's empty end where it fits
-            bar = self.bar_rect()
-            free = QRectF(
-                self.segments[-1][0].right() + 6,
-                bar.top(),
-                bar.right() - self.segments[-1][0].right() - 12,
-                bar.height(),
-            )
+            bar, used = self.bar_rect(), self.segments[-1][0].right()
+            free = QRectF(used + 6, bar.top(), bar.right() - used - 12, bar.height())
             fitting = [t for t in self.scale_labels() if metrics.horizontalAdvance(t) <= free.width()]
             if fitting:
                 painter.setPen(QColor(theme.muted))
