@@ -1,5 +1,5 @@
 import numpy as np
-from pagesim.core.block_manager import holders_from_tables
+from pagesim.core.block_manager import NULL_BLOCK, holders_from_tables
 from pagesim.core.engine import Simulator
 
 
@@ -47,6 +47,9 @@ def check_invariants(sim: Simulator) -> None:
     # ... and in the order the sequences took each block, which a restore rebuilds from the tables.
     rebuilt = holders_from_tables(sim.sequences.values())
     assert {b: tuple(h.items()) for b, h in rebuilt.items()} == sim.holders_map()
+    if sim.config.scheduler == "v1":  # the null block: held from the start, in no table
+        holders[NULL_BLOCK] += 1
+        assert NULL_BLOCK not in expected_map, "the null block is in a block table"
     free = set(pool.free_blocks())
     for seq in sim.swapped.values():  # swapped sequences hold CPU blocks only
         assert all(0 <= b < sim.config.num_cpu_blocks for b in seq.block_table)

@@ -1,6 +1,7 @@
 """Random operations of every kind — add (synthetic, shared-prefix, placed), grow (counts
 and explicit ids), fork, free, submit (samples, beams), schedule (preemption by recompute
-or swap), timeline seeks back and forth — checking the invariants after every one.
+or swap), timeline seeks back and forth — checking the invariants after every one, under
+the v0 scheduler and under v1 (chunked prompts beside the user's own sequences).
 
 Planted mutations this catches (``test_planted_pool_mutations_are_caught`` below keeps
 two of them honest): a prefix-cache hit that forgets to take its block off the free count
@@ -133,6 +134,54 @@ EngineMachine.TestCase.settings = settings(
     max_examples=80, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestEngineStateful = EngineMachine.TestCase
+
+
+class V1EngineMachine(EngineMachine):
+    """The same operations under the v1 scheduler: a token budget small enough to chunk
+    prompts, recompute only, the null block held from the start."""
+
+    @initialize(
+        block_size=st.sampled_from([1, 3, 4]),
+        dtype=st.sampled_from(["float32", "float16", "bfloat16"]),
+        prefix_caching=st.booleans(),
+        budget=st.sampled_from([4, 7, 64]),
+    )
+    def start(self, block_size, dtype, prefix_caching, budget):
+        config = CacheConfig(
+            num_blocks=12,
+            block_size=block_size,
+            num_heads=2,
+            num_kv_heads=1,
+            head_dim=8,
+            dtype=dtype,
+            prefix_caching=prefix_caching,
+            max_num_seqs=6,
+            scheduler="v1",
+            max_num_batched_tokens=budget,
+        )
+        self.timeline = Timeline(Scenario("random", "", config, ()), BACKEND, snapshot_every=4)
+        self.requests = 0
+
+    # More traffic than the shared rules give, so steps chunk, preempt and finish often.
+    @rule(
+        prompts=st.lists(st.integers(1, 12), min_size=1, max_size=3),
+        output=st.integers(1, 6),
+        n=st.sampled_from([1, 1, 2]),
+        shared=st.booleans(),
+    )
+    def submit_burst(self, prompts, output, n, shared):
+        for prompt in prompts:
+            self.submit(prompt, output, {"n": n} if n > 1 else {}, shared)
+
+    @rule(steps=st.integers(2, 8))
+    def run_steps(self, steps):
+        self._try(Schedule(steps))
+
+
+V1EngineMachine.TestCase.settings = settings(
+    max_examples=80, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+TestV1EngineStateful = V1EngineMachine.TestCase
 
 
 def _exercise(sim):
