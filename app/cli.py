@@ -733,6 +733,20 @@ def _main(argv: list[str] | None = None) -> int:
         # The app when it can be shown; otherwise the same default scenario, headless.
         command = "run" if _qt_missing() else "gui"
         args = parser.parse_args([command])
+    try:
+        return _dispatch(args, command)
+    except OSError as exc:  # a path the system refuses (too long, a folder not to be entered)
+        if exc.filename is None:
+            raise
+        print(f"error: {_shortened(str(exc.filename))}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+
+
+def _shortened(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else f"{text[: limit // 2]}…{text[-limit // 2 :]}"
+
+
+def _dispatch(args: argparse.Namespace, command: str) -> int:
     if reason := overwrites_input(args):
         print(f"error: {reason}", file=sys.stderr)
         return 2

@@ -200,17 +200,21 @@ class KVEventPublisher:
 
 
 # -- pagesim run --kv-events ----------------------------------------------------------------
+DEFAULT_TOPIC = ""
+DEFAULT_LINGER_SECONDS = 1.0
+
+
 def add_run_options(parser) -> None:
     group = parser.add_argument_group("KV events (vLLM's wire format, over ZeroMQ)")
     group.add_argument(
         "--kv-events", metavar="ENDPOINT", help="publish each step's KV events here, e.g. tcp://127.0.0.1:5557"
     )
     group.add_argument("--kv-events-replay", metavar="ENDPOINT", help="answer replay requests here (a ROUTER)")
-    group.add_argument("--kv-events-topic", default="", metavar="TOPIC", help="the topic frame (default: empty)")
+    # (no defaults here: given without --kv-events they would be ignored, so that is refused)
+    group.add_argument("--kv-events-topic", metavar="TOPIC", help="the topic frame (default: empty)")
     group.add_argument(
         "--kv-events-linger",
         type=float,
-        default=1.0,
         metavar="S",
         help="seconds to wait for subscribers before the first step and for replays after the last (default 1)",
     )
@@ -238,10 +242,19 @@ class StepPublisher:
 def check_publisher_options(args) -> None:
     """Refuse ``--kv-events``' options that cannot work, before the scenario (maybe a model)
     loads: a refusal after seconds of loading tells nothing the options did not."""
+    given = {
+        "--kv-events-replay": args.kv_events_replay,
+        "--kv-events-topic": args.kv_events_topic,
+        "--kv-events-linger": args.kv_events_linger,
+    }
     if args.kv_events is None:
-        if args.kv_events_replay is not None:
-            raise PublisherError("--kv-events-replay needs --kv-events")
+        if stray := [option for option, value in given.items() if value is not None]:
+            raise PublisherError(f"{stray[0]} needs --kv-events")
         return
+    if args.kv_events_topic is None:
+        args.kv_events_topic = DEFAULT_TOPIC
+    if args.kv_events_linger is None:
+        args.kv_events_linger = DEFAULT_LINGER_SECONDS
     if not 0 <= args.kv_events_linger <= 600:
         raise PublisherError(f"--kv-events-linger must be between 0 and 600 seconds; got {args.kv_events_linger}")
     for endpoint, option in ((args.kv_events, "--kv-events"), (args.kv_events_replay, "--kv-events-replay")):

@@ -139,7 +139,8 @@ def _source(args, hardware: Hardware | None) -> Source:
             setattr(args, name, default)
     if args.workload is None:
         # Memory only (no K/V): a real model's scenario runs on the synthetic model, as in the app.
-        scenario, note = memory_only(load_scenario(args.scenario or "default"))
+        # (None: no scenario given, the default; "" is a name the user typed, refused by the loader)
+        scenario, note = memory_only(load_scenario("default" if args.scenario is None else args.scenario))
         if note:
             print(f"note: {note}", file=sys.stderr)
         if not any(isinstance(op, Submit) for op in scenario.operations):

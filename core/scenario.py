@@ -163,7 +163,7 @@ def parse_step(raw: dict, source: str, step: int) -> Operation:
     if not isinstance(raw, dict):
         raise ScenarioError(source, "each [[steps]] entry must be a table", step)
     op = raw.get("op")
-    if op not in STEP_FIELDS:
+    if not isinstance(op, str) or op not in STEP_FIELDS:  # (a table or array is no key of the dict)
         raise ScenarioError(source, f"op must be one of {', '.join(STEP_FIELDS)}; got {op!r}", step, "op")
     unknown = sorted(set(raw) - STEP_FIELDS[op] - {"op"})
     if unknown:

@@ -107,6 +107,10 @@ def parse_workload(doc, source: str = "<memory>") -> Workload:
         if not valid:
             kind = "true or false" if key == "enable_prefix_caching" else "a positive integer"
             raise WorkloadError(source, f"config.{key} must be {kind}; got {value!r}")
+    if config["num_gpu_blocks"] < 2:  # (vLLM's engine refuses a cache with no block to give)
+        raise WorkloadError(source, "config.num_gpu_blocks must be at least 2: block 0 is the null block, never given")
+    if "seed" in doc and not (is_int(doc["seed"]) and doc["seed"] >= 0):
+        raise WorkloadError(source, f"seed must be a non-negative integer; got {doc['seed']!r}")
     max_steps = doc.get("max_steps", DEFAULT_MAX_STEPS)
     if not is_count(max_steps) or max_steps > MAX_STEPS:
         raise WorkloadError(source, f"max_steps must be an integer from 1 to {MAX_STEPS:,}; got {max_steps!r}")
@@ -150,10 +154,27 @@ def load_workload(path: str | Path) -> Workload:
     source = str(path)
     text = read_scenario_text(path, "workload file", "JSON")  # a regular file of bounded size, in UTF-8
     try:
-        doc = json.loads(text)
+        doc = json.loads(text, object_pairs_hook=_object_without_repeats)
+    except _RepeatedKey as exc:
+        raise WorkloadError(source, f"{exc.key!r} is given twice in one object: which one is meant?") from None
     except (ValueError, RecursionError) as exc:  # (JSONDecodeError, or an integer of thousands of digits)
         raise WorkloadError(source, f"not valid JSON: {exc}") from None
     return parse_workload(doc, source)
+
+
+class _RepeatedKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _object_without_repeats(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object as a dict, refused when a key repeats (the last would silently win)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        raise _RepeatedKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return out
 
 
 # -- running a workload -------------------------------------------------------------------

@@ -290,3 +290,31 @@ def test_a_model_option_that_names_no_model_says_which_option(argv, said, capsys
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--quiet", "a" * 300 + ".toml"],
+        ["trace", "WORKLOAD", "-o", "OUT/" + "a" * 300 + "/trace.jsonl"],
+        ["waste", "--requests", "10", "--json", "OUT/" + "a" * 300],
+    ],
+)
+def test_a_path_the_system_refuses_is_one_line_naming_it(argv, tmp_path, monkeypatch, capsys):
+    """A name longer than the file system takes (or a folder the user may not enter) raised
+    OSError from the checks made before a run: a traceback."""
+    monkeypatch.chdir(tmp_path)
+    workload = str(Path(__file__).parents[1] / "traces" / "vllm_v1" / "workload-1.json")
+    argv = [workload if a == "WORKLOAD" else a.replace("OUT", str(tmp_path)) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "File name too long" in err and "…" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["latency", "", "--model-shape", "llama-3-8b", "--gpu", "h200"], ["sweep", "", "--set", "block_size=4,8"]],
+)
+def test_an_empty_scenario_name_is_refused_not_taken_as_the_default(argv, capsys):
+    assert main(argv) == 2
+    assert "an empty name" in capsys.readouterr().err

@@ -484,6 +484,8 @@ def test_publisher_options_are_refused_before_the_scenario_loads(capsys):
     """They were checked after the scenario (a real model: seconds) had loaded and its header printed."""
     for extra, said in (
         (["--kv-events-replay", "tcp://127.0.0.1:5558"], "--kv-events-replay needs --kv-events"),
+        (["--kv-events-topic", "kv"], "--kv-events-topic needs --kv-events"),  # (it was ignored)
+        (["--kv-events-linger", "5"], "--kv-events-linger needs --kv-events"),
         (["--kv-events", "tcp://127.0.0.1:*", "--kv-events-linger", "900"], "--kv-events-linger must be between"),
     ):
         assert cli_main(["run", "default", *extra]) == 2

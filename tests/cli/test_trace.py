@@ -45,6 +45,23 @@ def test_trace_to_stdout(capsys):
         ),
         ("[1, 2]", "a workload is an object"),
         (
+            '{"config": {"num_gpu_blocks": 1, "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 64, '
+            '"enable_prefix_caching": true}, "requests": []}',
+            "config.num_gpu_blocks must be at least 2: block 0 is the null block",
+        ),
+        # (a repeated key: the last would win, silently, as Python's json takes it)
+        (
+            '{"config": {"num_gpu_blocks": 8, "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 64, '
+            '"enable_prefix_caching": true}, "requests": [{"id": "a", "prompt": [1], "max_new_tokens": 1, '
+            '"output": [2]}], "requests": []}',
+            "'requests' is given twice in one object",
+        ),
+        (
+            '{"config": {"num_gpu_blocks": 8, "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 64, '
+            '"enable_prefix_caching": true}, "requests": [], "seed": "x"}',
+            "seed must be a non-negative integer; got 'x'",
+        ),
+        (
             '{"config": {"num_gpu_blocks": 8, "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 64, '
             '"enable_prefix_caching": true}, "requests": [], "max_step": 5}',
             "max_step is not a field of a workload",

@@ -52,6 +52,8 @@ seq = 0
         (HEADER.replace("block_size = 4", "block_size = 0"), None, "block_size", "positive integer"),
         (HEADER + "num_kv_heads = 3\n", None, "num_kv_heads", "must divide"),
         (HEADER + '[[steps]]\nop = "add"\nseq = "a"\ntokens = 2\n[[steps]]\nop = "jump"\nseq = "a"\n', 2, "op", "jump"),
+        (HEADER + "[[steps]]\nop = {a = 1}\n", 1, "op", "op must be one of"),
+        (HEADER + '[[steps]]\nop = ["add"]\n', 1, "op", "op must be one of"),
         (HEADER + '[[steps]]\nop = "add"\nseq = "a"\n', 1, "tokens", "exactly one of"),
         (HEADER + '[[steps]]\nop = "add"\nseq = "a"\ntokens = -3\n', 1, "tokens", "positive integer"),
         (HEADER + '[[steps]]\nop = "add"\nseq = "a"\ntokens = 2\nblocks = "0"\n', 1, "blocks", "list of integers"),
