@@ -18,7 +18,7 @@ from pagesim.core.config import CacheConfig
 from pagesim.core.errors import InvalidStudyError
 from pagesim.core.operations import Submit
 from pagesim.core.scenario import load_scenario
-from pagesim.core.studies.replay import replay_scenario, replay_workload
+from pagesim.core.studies.replay import MAX_ITERATIONS, replay_scenario, replay_workload
 from pagesim.core.studies.serving_time import (
     GIB,
     GPUS,
@@ -254,6 +254,13 @@ def cmd_latency(args: argparse.Namespace, write_output: Writer) -> int:
         f"{'—' if math.isnan(summary.throughput) else f'{summary.throughput:.0f}'} tokens/s of finished requests",
         file=out,
     )
+    if result.capped:
+        arrivals = f", {result.never_submitted:,} of them before they arrived" if result.never_submitted else ""
+        print(
+            f"note: a replay stops after {MAX_ITERATIONS:,} steps; this one left {result.unfinished:,} requests "
+            f"unfinished{arrivals}: send fewer requests or raise --rate",
+            file=out,
+        )
     if summary.discarded_tokens:
         print(
             f"not counted: {summary.discarded_tokens} output tokens of requests that never finished",

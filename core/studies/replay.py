@@ -127,6 +127,12 @@ class ReplayResult:
     prefix_hit_rate: float = 0.0
     stalled: str | None = None  # why the scheduler could never finish, if it could not
     unfinished: int = 0  # requests neither finished nor rejected at the end
+    never_submitted: int = 0  # of those, the ones still to arrive when the iterations ran out
+
+    @property
+    def capped(self) -> bool:
+        """It stopped at :data:`MAX_ITERATIONS` with work left."""
+        return self.iterations >= MAX_ITERATIONS and (self.unfinished > 0 or self.stalled is not None)
 
     @property
     def iterations(self) -> int:
@@ -406,4 +412,11 @@ def replay_workload(
                 break
     except PagesimError as exc:
         raise InvalidStudyError(str(exc)) from None
-    return replay.finish()
+    result = replay.finish()
+    for s in pending[i:]:  # (the iterations ran out before they arrived: unfinished, not absent)
+        result.requests[s.request_id] = RequestRecord(
+            s.request_id, s.arrival, s.prompt_len, samples=1 if s.beam_width else s.n
+        )
+    result.never_submitted = len(pending) - i
+    result.unfinished += result.never_submitted
+    return result

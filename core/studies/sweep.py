@@ -320,7 +320,11 @@ def run_variant(source: Source, changes: dict[str, object], hardware: Hardware |
     if result.stalled:
         out.status, out.reason = "stalled", result.stalled
     elif result.unfinished:
-        out.status, out.reason = "unfinished", f"{result.unfinished} requests not done after {result.iterations} steps"
+        arrivals = f", {result.never_submitted} of them never arrived" if result.never_submitted else ""
+        out.status, out.reason = (
+            "unfinished",
+            f"{result.unfinished} requests not done after {result.iterations} steps{arrivals}",
+        )
     elif out.rejected:  # (what ran is right, but not all of the workload ran)
         out.status, out.reason = "rejected", refusals(list(records))
     if hardware is not None:

@@ -119,3 +119,28 @@ def test_the_latency_panel_refuses_a_model_or_a_pool_the_gpu_cannot_hold():
     big = replace(scenario, config=replace(scenario.config, num_blocks=10_000_000, max_model_len=None))
     with pytest.raises(InvalidStudyError, match=r"pool: 10000000 blocks of .* at most"):
         scenario_latency(big, "llama-3-8b", "h200")
+
+
+def test_a_replay_that_runs_out_of_iterations_counts_the_requests_still_to_arrive(monkeypatch, capsys):
+    """They were never submitted, so no record and no count: 2,659 of 5,000 'finished · 3
+    unfinished', the other 2,338 gone from the report."""
+    import pagesim.core.studies.replay as replay_module
+    from pagesim.app.cli import main
+    from pagesim.core.studies.workload import RequestSpec
+
+    monkeypatch.setattr(replay_module, "MAX_ITERATIONS", 30)
+    specs = [RequestSpec(f"r{i}", arrival=i * 0.05, prompt_len=8, output_len=4) for i in range(40)]
+    config = CacheConfig(num_blocks=64, block_size=4, num_heads=1, head_dim=8)
+    result = replay_module.replay_workload(config, specs)
+    assert result.iterations == 30 and result.capped
+    assert set(result.requests) == {s.request_id for s in specs}
+    to_arrive = [r for r in result.requests.values() if r.arrival > result.clock]
+    assert result.never_submitted == len(to_arrive) > 0
+    assert all(r.state == "unfinished" and r.admitted is None for r in to_arrive)
+    finished = sum(r.state == "finished" for r in result.requests.values())
+    assert result.unfinished == len(specs) - finished
+    monkeypatch.setattr("pagesim.app.serving_cli.MAX_ITERATIONS", 30)
+    argv = ["latency", "--workload", "uniform", "--requests", "200", "--model-shape", "llama-3-8b", "--gpu", "h200"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "note: a replay stops after 30 steps; this one left" in out and "of them before they arrived" in out
