@@ -31,6 +31,7 @@ from pagesim.core.errors import (
     PoolExhaustedError,
 )
 from pagesim.core.events import EventLog
+from pagesim.core.language_model import window_passed
 from pagesim.core.layer_check import LayerDetail
 from pagesim.core.metrics import Metrics
 from pagesim.core.model_runner import AttentionReport, RunnerSnapshot
@@ -331,11 +332,21 @@ class Simulator:
                 need = c.blocks_for(op.num_tokens)
                 raise PoolExhaustedError(need, blocks.num_free, f"add {op.seq} ({op.num_tokens} tokens)")
         model = self.runner.model
+        if window := window_passed(model, op.length):
+            raise InvalidOperationError(
+                f"{op.seq} would hold {op.length} tokens, past the model's context window of {window}"
+            )
         token_ids = list(op.prompt) if op.prompt is not None else model.token_ids(op.seq, 0, op.num_tokens)
         self.registry.add(op.seq, token_ids, op.blocks, sampling=op.sampling)
 
     def _grow(self, op: Grow) -> None:
         seq = self.sequence(op.seq)
+        grown = seq.num_tokens + op.length
+        if window := window_passed(self.runner.model, grown):
+            raise InvalidOperationError(
+                f"{op.seq} would hold {seq.num_tokens} + {op.length} = {grown} tokens, past the model's context "
+                f"window of {window}"
+            )
         needed = self.blocks.append_need(seq, op.length)  # before generating the tokens
         if needed > self.blocks.num_free:
             raise PoolExhaustedError(needed, self.blocks.num_free, f"grow {op.seq} by {op.length}")

@@ -26,6 +26,7 @@ class LanguageModel(Protocol):
     # one token at a time (each token's logits are needed for the next one).
     samples_from_logits: bool
     eos_id: int | None  # the end-of-sequence token (None: the model has none)
+    context_window: int | None  # the most tokens a sequence may hold (None: no bound, the synthetic model)
 
     def token_ids(self, seq_id: str, start: int, count: int) -> list[int]:
         """Filler ids for a prompt given as a count: stable across runs."""
@@ -49,6 +50,13 @@ def check_vocab(token_ids, field: str, vocab_size: int) -> None:
         return
     bad = next(t for t in token_ids if not 0 <= t < vocab_size)
     raise InvalidOperationError(f"{field}: token id {bad} is outside the vocabulary [0, {vocab_size})")
+
+
+def window_passed(model: LanguageModel, length: int) -> int | None:
+    """``model``'s context window when a sequence of ``length`` tokens passes it (positions
+    it was never trained on; vLLM's max_model_len defaults to it), else None."""
+    window = model.context_window
+    return window if window is not None and length > window else None
 
 
 def real_model_problem(name: str, option: str) -> str | None:

@@ -58,6 +58,7 @@ class LlamaModel:
         self.name = file.config.name or file.path.name
         self.vocab_size = file.config.vocab_size
         self.eos_id = file.config.eos_id
+        self.context_window = file.config.context_length
         self.tokenizer = file.tokenizer
         self.llama = Llama(file.config, file.weights)
         self.seed = seed

@@ -223,6 +223,7 @@ class TokenModel:
     name = SYNTHETIC
     vocab_size = VOCAB_SIZE
     samples_from_logits = False
+    context_window = None  # (hashed ids and rotary positions: any length runs)
     eos_id = None  # hashed ids: no token ends a sequence
 
     def __init__(self, config: CacheConfig, vocab_size: int = VOCAB_SIZE) -> None:

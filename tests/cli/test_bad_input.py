@@ -318,3 +318,55 @@ def test_a_path_the_system_refuses_is_one_line_naming_it(argv, tmp_path, monkeyp
 def test_an_empty_scenario_name_is_refused_not_taken_as_the_default(argv, capsys):
     assert main(argv) == 2
     assert "an empty name" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "steps, said",
+    [
+        ('op = "add"\nseq = "a"\ntokens = 300\n', "a would hold 300 tokens, past the model's context window of 256"),
+        (
+            'op = "add"\nseq = "a"\ntokens = 250\n[[steps]]\nop = "grow"\nseq = "a"\ntokens = 10\n',
+            "a would hold 250 + 10 = 260 tokens, past the model's context window of 256",
+        ),
+    ],
+)
+def test_a_sequence_past_the_models_context_window_is_refused(tmp_path, monkeypatch, capsys, steps, said):
+    """Positions the model was never trained on ran, and the run said PASS (generate refused them)."""
+    from pagesim.core.models.gguf_loader import CACHE_ENV
+
+    from tests.models import tiny_gguf  # (context_length 256)
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    tiny_gguf.write_llama(tmp_path / "tiny.gguf")
+    path = tmp_path / "long.toml"
+    path.write_text('model = "tiny.gguf"\nnum_blocks = 128\nblock_size = 4\n[[steps]]\n' + steps)
+    assert main(["run", "--quiet", str(path)]) == 2
+    assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("scheduler", ["v0", "v1"])
+def test_a_request_past_the_models_context_window_is_rejected_as_submitted(tmp_path, monkeypatch, scheduler):
+    from pagesim.core.models.gguf_loader import CACHE_ENV
+    from pagesim.core.timeline import Timeline
+    from pagesim.kernels.cpu_backend import CpuBackend
+
+    from tests.models import tiny_gguf
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    tiny_gguf.write_llama(tmp_path / "tiny.gguf")
+    path = tmp_path / "long.toml"
+    steps = (
+        '[[steps]]\nop = "submit"\nrequest = "r"\ntokens = 200\noutput = 100\n'
+        '[[steps]]\nop = "submit"\nrequest = "q"\ntokens = 200\noutput = 56\n'
+    )
+    header = f'model = "tiny.gguf"\nscheduler = "{scheduler}"\nnum_blocks = 160\nblock_size = 4\n'
+    path.write_text(header + steps)
+    timeline = Timeline(load_scenario(path), CpuBackend())
+    timeline.forward()
+    timeline.forward()
+    requests = timeline.sim.scheduler.requests
+    state = requests["r"]
+    assert state.status == "rejected" and "200 prompt + 100 output tokens pass the model's context window of 256" in (
+        state.rejection
+    )
+    assert requests["q"].status != "rejected"  # (256 tokens: the window itself)
