@@ -160,8 +160,11 @@ def _source(args, hardware: Hardware | None) -> Source:
         return Source(scenario.name, config, scenario)
     if args.scenario is not None:
         raise InvalidStudyError("give a scenario or --workload, not both")
-    if args.requests < 1 or not (math.isfinite(args.rate) and args.rate > 0) or args.block_size < 1:
-        raise InvalidStudyError("--requests and --block-size must be positive integers and --rate a positive number")
+    for option, value in (("--requests", args.requests), ("--block-size", args.block_size)):
+        if value < 1:
+            raise InvalidStudyError(f"{option} must be a positive integer; got {value}")
+    if not (math.isfinite(args.rate) and args.rate > 0):
+        raise InvalidStudyError(f"--rate must be a positive number (requests a second); got {args.rate}")
     specs = tuple(generate(args.workload, args.requests, rate=args.rate, seed=args.seed))
     from_hardware = args.blocks is None and hardware is not None
     if from_hardware:

@@ -308,10 +308,11 @@ class Simulator:
             raise InvalidOperationError(f"not an operation: {op!r}")
         if isinstance(op, Grow | Free):
             target = self.sequences.get(op.seq) or self.swapped.get(op.seq)
-            owner = None if target is None else target.owner
+            owner = self.scheduler.reserving(op.seq) if target is None else target.owner
             if owner is not None:
+                waiting = " (still waiting)" if target is None else ""
                 raise InvalidOperationError(
-                    f"sequence {op.seq!r} belongs to request {owner!r}: the scheduler grows and frees it"
+                    f"sequence {op.seq!r} belongs to request {owner!r}{waiting}: the scheduler grows and frees it"
                 )
         handler(self, op)
 

@@ -376,7 +376,7 @@ def read_scenario_text(path: str | Path, what: str = "scenario file", text_forma
     with os.fdopen(fd, "rb") as f:
         if st.st_size > MAX_SCENARIO_BYTES:
             raise ScenarioError(
-                source, f"too large: {st.st_size} bytes (a scenario file holds at most {MAX_SCENARIO_BYTES})"
+                source, f"too large: {st.st_size:,} bytes (a {what} holds at most {MAX_SCENARIO_BYTES:,})"
             )
         try:
             data = f.read(MAX_SCENARIO_BYTES + 1)
@@ -402,7 +402,22 @@ def load_scenario(path: str | Path) -> Scenario:
     path = Path(path)
     if _is_shipped_name(path):
         return load_shipped(str(path))
-    return parse_scenario(read_scenario_text(path), str(path))
+    try:
+        text = read_scenario_text(path)
+    except ScenarioError as exc:
+        if (meant := _shipped_name_like(str(path))) is None or os.path.lexists(path):
+            raise
+        raise ScenarioError(
+            str(path), f"no such file; did you mean the shipped scenario {meant!r}? (pagesim scenarios lists them)"
+        ) from exc
+    return parse_scenario(text, str(path))
+
+
+def _shipped_name_like(name: str) -> str | None:
+    """The shipped scenario a name that is no file was likely meant to be (``Seed-Demo``,
+    ``seed_demo.toml``), or None."""
+    key = name.lower().removesuffix(".toml").replace("-", "_").replace(" ", "_")
+    return key if key in shipped_scenarios() else None
 
 
 def _is_shipped_name(path: Path) -> bool:

@@ -119,7 +119,9 @@ def expand(settings: Sequence[tuple[str, tuple]]) -> list[dict[str, object]]:
     fields = [f for f, _ in settings]
     if len(set(fields)) != len(fields):
         twice = next(f for f in fields if fields.count(f) > 1)
-        raise InvalidStudyError(f"{twice} is set twice: give all its values in one --set")
+        aliases = sorted(name for name, (field, _) in KNOBS.items() if field == twice and name != twice)
+        known_as = f" ({' and '.join(aliases)} is another name for it)" if aliases else ""
+        raise InvalidStudyError(f"{twice} is set twice{known_as}: give all its values in one --set")
     count = 1
     for _, values in settings:
         count *= len(values)

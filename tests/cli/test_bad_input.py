@@ -370,3 +370,42 @@ def test_a_request_past_the_models_context_window_is_rejected_as_submitted(tmp_p
         state.rejection
     )
     assert requests["q"].status != "rejected"  # (256 tokens: the window itself)
+
+
+@pytest.mark.parametrize("name", ["Seed_Demo", "seed-demo", "seed_demo.toml"])
+def test_a_misspelt_shipped_name_is_answered_with_the_name_meant(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ScenarioError, match="did you mean the shipped scenario 'seed_demo'"):
+        load_scenario(name)
+
+
+@pytest.mark.parametrize("scheduler, op", [("v0", "grow"), ("v1", "grow"), ("v1", "free")])
+def test_growing_or_freeing_a_waiting_request_says_it_waits(scheduler, op):
+    """It said 'unknown sequence 'r' (live sequences: none)'."""
+    from pagesim.core.errors import InvalidOperationError
+    from pagesim.core.operations import Free, Grow, Submit
+
+    config = CacheConfig(num_blocks=8, block_size=4, num_heads=2, head_dim=8, scheduler=scheduler)
+    sim = Simulator(config)
+    sim.apply(Submit("r", 2, prompt_len=4))
+    with pytest.raises(InvalidOperationError, match="belongs to request 'r' \\(still waiting\\)"):
+        sim.apply(Grow("r", 1) if op == "grow" else Free("r"))
+
+
+def test_a_knob_set_under_both_its_names_says_they_are_one(capsys):
+    assert main(["sweep", "seed_demo", "--set", "engine=v1", "--set", "scheduler=v0"]) == 2
+    assert "scheduler is set twice (engine is another name for it)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "option, said",
+    [
+        (["--rate", "0"], "--rate must be a positive number (requests a second); got 0.0"),
+        (["--requests", "0"], "--requests must be a positive integer; got 0"),
+        (["--block-size", "-4"], "--block-size must be a positive integer; got -4"),
+    ],
+)
+def test_a_workload_option_out_of_range_is_named(option, said, capsys):
+    argv = ["latency", "--workload", "uniform", *option, "--model-shape", "llama-3-8b", "--gpu", "h200"]
+    assert main(argv) == 2
+    assert said in capsys.readouterr().err

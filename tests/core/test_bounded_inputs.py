@@ -68,8 +68,18 @@ def test_a_file_over_the_size_limit_is_refused(tmp_path):
     path = tmp_path / "huge.toml"
     with open(path, "wb") as f:
         f.truncate(MAX_SCENARIO_BYTES + 1)  # sparse: no disk used
-    with pytest.raises(ScenarioError, match="too large"):
+    with pytest.raises(ScenarioError, match=r"too large: .*\(a scenario file holds at most"):
         load_scenario(path)
+
+
+def test_a_workload_over_the_size_limit_is_named_a_workload(tmp_path):
+    from pagesim.core.trace import load_workload
+
+    path = tmp_path / "huge.json"
+    with open(path, "wb") as f:
+        f.truncate(MAX_SCENARIO_BYTES + 1)
+    with pytest.raises(ScenarioError, match=r"a workload file holds at most 16,777,216\)"):
+        load_workload(path)
 
 
 def test_a_folder_named_like_a_shipped_scenario_does_not_hide_it(tmp_path, monkeypatch):
