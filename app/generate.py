@@ -43,8 +43,9 @@ def _verdict(step: int, token: int, check, attention) -> dict:
 
 def cmd_generate(args: argparse.Namespace, write_output) -> int:
     """``write_output(path, text, option)``: how the report is written (a failure, one line)."""
-    if args.max_tokens < 1 or args.block_size < 1:
-        raise InvalidOperationError("--max-tokens and --block-size must be positive integers")
+    for option, value in (("--max-tokens", args.max_tokens), ("--block-size", args.block_size)):
+        if value < 1:
+            raise InvalidOperationError(f"{option} must be a positive integer; got {value}")
     if args.json is not None and (reason := writable_problem(args.json, "--json")):
         print(f"error: {reason}", file=sys.stderr)
         return 2

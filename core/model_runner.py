@@ -177,11 +177,13 @@ def check_memory(config: CacheConfig, backend: Backend, kv_data: bool, num_layer
         kv = 0
     if kv and where is not None and kv > where:
         raise OutOfMemoryError(
-            f"the KV cache of {config.num_blocks} blocks needs {_gib(kv)} on {backend.device}; {_gib(where)} is free"
+            f"the KV cache of {config.num_blocks} blocks of {config.block_size} tokens needs {_gib(kv)} on "
+            f"{backend.device}; {_gib(where)} is free"
         )
     if free_host is not None and host > free_host:
         raise OutOfMemoryError(
-            f"{config.num_blocks} GPU blocks and {config.num_cpu_blocks} CPU blocks need {_gib(host)} of host "
+            f"{config.num_blocks} GPU blocks and {config.num_cpu_blocks} CPU blocks of {config.block_size} tokens "
+            f"need {_gib(host)} of host "
             f"memory (the caches and their bookkeeping); {_gib(free_host)} is available"
         )
 

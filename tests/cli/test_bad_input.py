@@ -63,7 +63,7 @@ def test_a_duplicated_request_names_the_request_field(tmp_path):
 def test_a_pool_that_cannot_fit_in_memory_is_refused_before_allocating(cpu_backend, field):
     shape = {"num_blocks": 8, "block_size": 16, "num_heads": 8, "head_dim": 128, field: 10**9}
     started = time.perf_counter()
-    with pytest.raises(OutOfMemoryError, match=r"GiB.*available|GiB.*free"):
+    with pytest.raises(OutOfMemoryError, match=r"blocks of 16 tokens.*GiB.*(available|free)"):
         Simulator(CacheConfig(**shape), cpu_backend)
     assert time.perf_counter() - started < 1.0
 
