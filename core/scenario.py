@@ -73,6 +73,8 @@ class Scenario:
     operations: tuple[Operation, ...]
     source: str = "<memory>"
     notes: tuple[str, ...] = ()  # narration per step ("" for none), from each step's ``note``
+    # A real model's context window, kept when the synthetic model stands in for it (a study's replay)
+    context_window: int | None = None
 
     def summary(self, max_chars: int = 100) -> str:
         """The description's first sentence on one line, shortened with "…" past ``max_chars``."""

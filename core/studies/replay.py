@@ -217,11 +217,19 @@ def nominal_seconds(work: Work) -> float:
 class Replay:
     """One replay: a simulator, a clock, and the records it fills."""
 
-    def __init__(self, config: CacheConfig, seconds: Callable[[Work], float] = nominal_seconds) -> None:
+    def __init__(
+        self,
+        config: CacheConfig,
+        seconds: Callable[[Work], float] = nominal_seconds,
+        context_window: int | None = None,
+    ) -> None:
+        """``context_window``: the real model's the synthetic one stands in for, which bounds
+        the sequences as it would."""
         try:
             self.sim = Simulator(config, kv_data=False)
         except (PagesimError, ValueError) as exc:
             raise InvalidStudyError(str(exc)) from None
+        self.sim.runner.model.context_window = context_window
         self.seconds = seconds
         self.scheduler = self.sim.scheduler
         self.v1 = config.scheduler == "v1"
@@ -363,7 +371,7 @@ def replay_scenario(
     drain: bool = True,
 ) -> ReplayResult:
     """Replay ``scenario``'s operations on ``config`` (default: its own)."""
-    replay = Replay(config or scenario.config, seconds)
+    replay = Replay(config or scenario.config, seconds, scenario.context_window)
     for index, op in enumerate(scenario.operations):
         try:
             if isinstance(op, Submit):

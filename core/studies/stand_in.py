@@ -2,7 +2,7 @@
 
 A replay computes no K/V (``kv_data=False``), and a real model cannot run without its
 K/V, so the studies replay such a scenario on the synthetic model instead: the same
-operations, prompts (a memory-only run takes any model's token ids: they are only
+operations, context window, prompts (a memory-only run takes any model's token ids: they are only
 hashed, so shared prefixes hit the prefix cache exactly as they would), output lengths and
 settings. The blocks each step takes follow from the lengths alone; what differs is the
 generated text, and with it any end-of-sequence stop: every sequence decodes its whole
@@ -22,6 +22,9 @@ def memory_only(scenario: Scenario) -> tuple[Scenario, str]:
     model = scenario.config.model
     if model == SYNTHETIC:
         return scenario, ""
+    # (loaded with the scenario already: the catalog hands back the same load)
+    from pagesim.core.models.catalog import load_model
+
     stand_in = Scenario(
         scenario.name,
         scenario.description,
@@ -29,9 +32,10 @@ def memory_only(scenario: Scenario) -> tuple[Scenario, str]:
         scenario.operations,
         scenario.source,
         scenario.notes,
+        context_window=load_model(model).config.context_length,
     )
     note = (
         f"{model} is played by the synthetic model here (the studies compute no K/V): the same prompts and "
-        "lengths, other generated tokens, no end-of-sequence stops"
+        "lengths and its context window, other generated tokens, no end-of-sequence stops"
     )
     return stand_in, note

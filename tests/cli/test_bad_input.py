@@ -409,3 +409,25 @@ def test_a_workload_option_out_of_range_is_named(option, said, capsys):
     argv = ["latency", "--workload", "uniform", *option, "--model-shape", "llama-3-8b", "--gpu", "h200"]
     assert main(argv) == 2
     assert said in capsys.readouterr().err
+
+
+def test_a_study_of_a_real_models_scenario_keeps_its_context_window(tmp_path, monkeypatch):
+    """The synthetic model that stands in for it had none: a request the run rejects was timed."""
+    from pagesim.core.models.gguf_loader import CACHE_ENV
+    from pagesim.core.studies.replay import replay_scenario
+    from pagesim.core.studies.stand_in import memory_only
+
+    from tests.models import tiny_gguf
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    tiny_gguf.write_llama(tmp_path / "tiny.gguf")
+    path = tmp_path / "long.toml"
+    steps = (
+        '[[steps]]\nop = "submit"\nrequest = "r"\ntokens = 200\noutput = 100\n'
+        '[[steps]]\nop = "submit"\nrequest = "q"\ntokens = 200\noutput = 56\n'
+    )
+    path.write_text('model = "tiny.gguf"\nscheduler = "v1"\nnum_blocks = 160\nblock_size = 4\n' + steps)
+    stand_in, note = memory_only(load_scenario(path))
+    assert stand_in.context_window == 256 and "context window" in note
+    result = replay_scenario(stand_in)
+    assert result.requests["r"].rejected and result.requests["q"].state == "finished"
