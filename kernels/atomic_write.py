@@ -8,8 +8,8 @@ and the exception propagates.
 
 A target that exists and is not a regular file (``/dev/null``, ``/dev/full``, a FIFO, a
 terminal) is a stream: it is written in place, since renaming over it would replace the
-device node. A symbolic link is followed: the regular file it names is replaced (or, the
-link dangling, created), the link stays.
+device node. A symbolic link to a regular file is followed: the file it names is
+replaced, the link stays.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ def _target(path: Path) -> tuple[Path, bool]:
     """(the path to replace, whether it is a stream to write in place)."""
     try:
         st = os.stat(path)
-    except FileNotFoundError:  # (a dangling link: the file it names is created, as a shell would)
-        return Path(os.path.realpath(path)), False
+    except FileNotFoundError:
+        return path, False
     if stat.S_ISDIR(st.st_mode):
         raise IsADirectoryError(21, "Is a directory", str(path))
     if not stat.S_ISREG(st.st_mode):

@@ -91,15 +91,6 @@ def test_permissions_and_symlinks_are_kept(tmp_path):
     assert stat.S_IMODE(real.stat().st_mode) == 0o640
 
 
-def test_a_dangling_link_gets_the_file_it_names_and_stays_a_link(tmp_path):
-    """The link was replaced by a regular file, its target never created."""
-    link = tmp_path / "link.json"
-    link.symlink_to(tmp_path / "made.json")
-    atomic_write(link, "new")
-    assert link.is_symlink() and (tmp_path / "made.json").read_text() == "new"
-    _no_temp_left(tmp_path)
-
-
 def test_a_folder_is_refused(tmp_path):
     with pytest.raises(IsADirectoryError):
         atomic_write(tmp_path, "x")
