@@ -24,6 +24,7 @@ from pagesim.app.options import (
     json_text,
     path_arg,
     say_unused_cuda_kernel,
+    shortened,
     writable_problem,
 )
 from pagesim.app.report import (
@@ -736,14 +737,14 @@ def _main(argv: list[str] | None = None) -> int:
     try:
         return _dispatch(args, command)
     except OSError as exc:  # a path the system refuses (too long, a folder not to be entered)
-        if exc.filename is None:
+        if exc.filename is None or exc.errno not in PATH_ERRNOS:
             raise
-        print(f"error: {_shortened(str(exc.filename))}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"error: {shortened(str(exc.filename))}: {exc.strerror or exc}", file=sys.stderr)
         return 2
 
 
-def _shortened(text: str, limit: int = 120) -> str:
-    return text if len(text) <= limit else f"{text[: limit // 2]}…{text[-limit // 2 :]}"
+# What the system says of a path a user gave (not of a failing disk or a bug): one line each.
+PATH_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.ELOOP})
 
 
 def _dispatch(args: argparse.Namespace, command: str) -> int:

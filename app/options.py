@@ -128,11 +128,23 @@ def bench_json(args: argparse.Namespace, gui: bool = False) -> Path:
     return DEFAULT_GUI_BENCH_JSON if gui else DEFAULT_BENCH_JSON
 
 
+def shortened(text: str, limit: int = 120) -> str:
+    """``text``, its middle cut to "…" past ``limit`` characters (a path too long for the system)."""
+    return text if len(text) <= limit else f"{text[: limit // 2]}…{text[-limit // 2 :]}"
+
+
 def writable_problem(path: Path, what: str, folder: bool = False) -> str | None:
     """Why ``path`` cannot be written (as a file, or a folder to write into), or None.
     Checked before a run, so that a long run does not end in a traceback."""
     if str(path) == "-" and not folder:
         return None
+    try:
+        return _writable_problem(path, what, folder)
+    except OSError as exc:  # (too long a name, a folder not to be entered: Path.exists raises)
+        return f"{what} {shortened(str(path))}: {exc.strerror or exc}"
+
+
+def _writable_problem(path: Path, what: str, folder: bool) -> str | None:
     if path.exists():
         if folder != path.is_dir():
             return f"{what} {path} is {'a file' if folder else 'a folder'}, not {'a folder' if folder else 'a file'}"

@@ -258,10 +258,12 @@ def cmd_latency(args: argparse.Namespace, write_output: Writer) -> int:
         file=out,
     )
     if result.capped:
-        arrivals = f", {result.never_submitted:,} of them before they arrived" if result.never_submitted else ""
+        arrivals = f", {result.never_submitted:,} of them not yet arrived" if result.never_submitted else ""
+        # (a higher rate packs the same requests into fewer, fuller steps)
+        advice = ": send fewer requests, or raise --rate" if source.scenario is None else ""
         print(
             f"note: a replay stops after {MAX_ITERATIONS:,} steps; this one left {result.unfinished:,} requests "
-            f"unfinished{arrivals}: send fewer requests or raise --rate",
+            f"unfinished{arrivals}{advice}",
             file=out,
         )
     if summary.discarded_tokens:
@@ -360,6 +362,12 @@ def cmd_sweep(args: argparse.Namespace, write_output: Writer) -> int:
         print("error: only one of --json and --csv can go to standard output", file=sys.stderr)
         return 2
     settings = [parse_setting(text) for text in args.settings]
+    given = [text.partition("=")[0].strip() for text in args.settings]
+    for field in {f for f, _ in settings}:
+        names = [name for name, (f, _) in zip(given, settings, strict=True) if f == field]
+        if len(names) > 1:
+            twice = names[0] if len(set(names)) == 1 else f"{field} (as {' and '.join(dict.fromkeys(names))})"
+            raise InvalidStudyError(f"{twice} is set twice: give all its values in one --set")
     if not settings:
         raise InvalidStudyError("nothing to sweep: give at least one --set KNOB=V1,V2 (e.g. block_size=8,16,32)")
     hardware = _hardware(args)

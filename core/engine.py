@@ -335,7 +335,7 @@ class Simulator:
         model = self.runner.model
         if window := window_passed(model, op.length):
             raise InvalidOperationError(
-                f"{op.seq} would hold {op.length} tokens, past the model's context window of {window}"
+                f"sequence {op.seq!r} would hold {op.length} tokens, past the model's context window of {window}"
             )
         token_ids = list(op.prompt) if op.prompt is not None else model.token_ids(op.seq, 0, op.num_tokens)
         self.registry.add(op.seq, token_ids, op.blocks, sampling=op.sampling)
@@ -343,10 +343,11 @@ class Simulator:
     def _grow(self, op: Grow) -> None:
         seq = self.sequence(op.seq)
         grown = seq.num_tokens + op.length
+        # (whole or not at all: refused even where the sequence would stop, at its end-of-sequence, short of it)
         if window := window_passed(self.runner.model, grown):
             raise InvalidOperationError(
-                f"{op.seq} would hold {seq.num_tokens} + {op.length} = {grown} tokens, past the model's context "
-                f"window of {window}"
+                f"sequence {op.seq!r} would hold {seq.num_tokens} + {op.length} = {grown} tokens, past the model's "
+                f"context window of {window}"
             )
         needed = self.blocks.append_need(seq, op.length)  # before generating the tokens
         if needed > self.blocks.num_free:

@@ -385,7 +385,7 @@ def read_scenario_text(path: str | Path, what: str = "scenario file", text_forma
         except OSError as exc:
             raise ScenarioError(source, f"cannot read: {exc.strerror}") from None
     if len(data) > MAX_SCENARIO_BYTES:  # it grew while being read
-        raise ScenarioError(source, f"too large: more than {MAX_SCENARIO_BYTES} bytes")
+        raise ScenarioError(source, f"too large: more than {MAX_SCENARIO_BYTES:,} bytes")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -407,12 +407,23 @@ def load_scenario(path: str | Path) -> Scenario:
     try:
         text = read_scenario_text(path)
     except ScenarioError as exc:
-        if (meant := _shipped_name_like(str(path))) is None or os.path.lexists(path):
+        if (meant := _shipped_name_like(str(path))) is None or not _missing(path):
             raise
         raise ScenarioError(
             str(path), f"no such file; did you mean the shipped scenario {meant!r}? (pagesim scenarios lists them)"
         ) from exc
     return parse_scenario(text, str(path))
+
+
+def _missing(path: Path) -> bool:
+    """Nothing is at ``path`` (not: a folder above it may not be entered)."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _shipped_name_like(name: str) -> str | None:

@@ -9,7 +9,8 @@ and the exception propagates.
 A target that exists and is not a regular file (``/dev/null``, ``/dev/full``, a FIFO, a
 terminal) is a stream: it is written in place, since renaming over it would replace the
 device node. A symbolic link to a regular file is followed: the file it names is
-replaced, the link stays.
+replaced, the link stays. A dangling link is replaced by the new file (following it would
+write where no check looked, and past the kernel's guard on links in shared folders).
 """
 
 from __future__ import annotations

@@ -119,9 +119,7 @@ def expand(settings: Sequence[tuple[str, tuple]]) -> list[dict[str, object]]:
     fields = [f for f, _ in settings]
     if len(set(fields)) != len(fields):
         twice = next(f for f in fields if fields.count(f) > 1)
-        aliases = sorted(name for name, (field, _) in KNOBS.items() if field == twice and name != twice)
-        known_as = f" ({' and '.join(aliases)} is another name for it)" if aliases else ""
-        raise InvalidStudyError(f"{twice} is set twice{known_as}: give all its values in one --set")
+        raise InvalidStudyError(f"{twice} is set twice: give all its values in one --set")
     count = 1
     for _, values in settings:
         count *= len(values)
@@ -322,7 +320,7 @@ def run_variant(source: Source, changes: dict[str, object], hardware: Hardware |
     if result.stalled:
         out.status, out.reason = "stalled", result.stalled
     elif result.unfinished:
-        arrivals = f", {result.never_submitted} of them never arrived" if result.never_submitted else ""
+        arrivals = f", {result.never_submitted} of them not yet arrived" if result.never_submitted else ""
         out.status, out.reason = (
             "unfinished",
             f"{result.unfinished} requests not done after {result.iterations} steps{arrivals}",

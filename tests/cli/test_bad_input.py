@@ -323,10 +323,13 @@ def test_an_empty_scenario_name_is_refused_not_taken_as_the_default(argv, capsys
 @pytest.mark.parametrize(
     "steps, said",
     [
-        ('op = "add"\nseq = "a"\ntokens = 300\n', "a would hold 300 tokens, past the model's context window of 256"),
+        (
+            'op = "add"\nseq = "a"\ntokens = 300\n',
+            "sequence 'a' would hold 300 tokens, past the model's context window of 256",
+        ),
         (
             'op = "add"\nseq = "a"\ntokens = 250\n[[steps]]\nop = "grow"\nseq = "a"\ntokens = 10\n',
-            "a would hold 250 + 10 = 260 tokens, past the model's context window of 256",
+            "sequence 'a' would hold 250 + 10 = 260 tokens, past the model's context window of 256",
         ),
     ],
 )
@@ -379,7 +382,7 @@ def test_a_misspelt_shipped_name_is_answered_with_the_name_meant(name, tmp_path,
         load_scenario(name)
 
 
-@pytest.mark.parametrize("scheduler, op", [("v0", "grow"), ("v1", "grow"), ("v1", "free")])
+@pytest.mark.parametrize("scheduler, op", [("v0", "grow"), ("v0", "free"), ("v1", "grow"), ("v1", "free")])
 def test_growing_or_freeing_a_waiting_request_says_it_waits(scheduler, op):
     """It said 'unknown sequence 'r' (live sequences: none)'."""
     from pagesim.core.errors import InvalidOperationError
@@ -394,7 +397,9 @@ def test_growing_or_freeing_a_waiting_request_says_it_waits(scheduler, op):
 
 def test_a_knob_set_under_both_its_names_says_they_are_one(capsys):
     assert main(["sweep", "seed_demo", "--set", "engine=v1", "--set", "scheduler=v0"]) == 2
-    assert "scheduler is set twice (engine is another name for it)" in capsys.readouterr().err
+    assert "scheduler (as engine and scheduler) is set twice" in capsys.readouterr().err
+    assert main(["sweep", "seed_demo", "--set", "engine=v1", "--set", "engine=v0"]) == 2
+    assert "error: engine is set twice" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

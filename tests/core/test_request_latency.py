@@ -143,4 +143,5 @@ def test_a_replay_that_runs_out_of_iterations_counts_the_requests_still_to_arriv
     argv = ["latency", "--workload", "uniform", "--requests", "200", "--model-shape", "llama-3-8b", "--gpu", "h200"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "note: a replay stops after 30 steps; this one left" in out and "of them before they arrived" in out
+    assert "note: a replay stops after 30 steps; this one left" in out
+    assert "of them not yet arrived: send fewer requests, or raise --rate" in out
