@@ -288,7 +288,11 @@ def cmd_latency(args: argparse.Namespace, write_output: Writer) -> int:
             "pool_blocks": source.config.num_blocks,
             "block_size": source.config.block_size,
             "summary": summary.as_dict(),
-            "requests": [r.__dict__ for r in records],
+            "steps": result.iterations,
+            "unfinished": result.unfinished,
+            "not_yet_arrived": result.never_submitted,  # (of the unfinished: the replay stopped first)
+            "stopped_at_step_cap": result.capped,
+            "requests": [{**r.__dict__, "state": r.state} for r in records],
         }
         write_output(args.json, json_text(doc), "--json")
     return 0

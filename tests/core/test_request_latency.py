@@ -1,6 +1,7 @@
 """Per-request serving time of a scenario (the app's Latency panel) and the what-if panel's
 suggested values."""
 
+import json
 import math
 from dataclasses import replace
 
@@ -145,3 +146,7 @@ def test_a_replay_that_runs_out_of_iterations_counts_the_requests_still_to_arriv
     out = capsys.readouterr().out
     assert "note: a replay stops after 30 steps; this one left" in out
     assert "of them not yet arrived: send fewer requests, or raise --rate" in out
+    assert main([*argv, "--json", "-"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["stopped_at_step_cap"] and doc["steps"] == 30
+    assert doc["unfinished"] == sum(r["state"] == "unfinished" for r in doc["requests"]) > doc["not_yet_arrived"] > 0
