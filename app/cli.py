@@ -11,7 +11,9 @@ import math
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO, TypeVar
 
 from pagesim.app.kv_attach import add_parser as add_attach_parser
 from pagesim.app.kv_attach import cmd_attach
@@ -48,8 +50,8 @@ from pagesim.core.scenario import DEFAULT_SCENARIO, examples, load_scenario, sce
 from pagesim.core.studies.waste import CATEGORIES, CATEGORY_LABELS, ReplayTooLongError, check_bounded, compare
 from pagesim.core.studies.workload import DISTRIBUTIONS, generate
 from pagesim.core.timeline import Timeline
-from pagesim.core.trace import dumps_trace, load_workload, run_workload
-from pagesim.kernels.atomic_write import atomic_write
+from pagesim.core.trace import load_workload, trace_records, write_trace
+from pagesim.kernels.atomic_write import atomic_open, atomic_write
 from pagesim.kernels.backend import BackendUnavailableError
 from pagesim.kernels.selection import available_backends, select_backend
 
@@ -195,6 +197,22 @@ def write_output(path: Path, text: str | bytes, option: str) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, text)
+    except OSError as exc:
+        raise CannotWrite(path, option, exc) from None
+
+
+T = TypeVar("T")
+
+
+def stream_output(path: Path, write: Callable[[IO[str]], T], option: str) -> T:
+    """:func:`write_output` of text that ``write`` writes to a stream as it makes it: to
+    ``path`` ('-': standard output), atomically. Returns what ``write`` returns."""
+    if str(path) == "-":
+        return write(sys.stdout)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_open(path, "w") as out:
+            return write(out)
     except OSError as exc:
         raise CannotWrite(path, option, exc) from None
 
@@ -481,9 +499,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
         print(f"error: {reason}", file=sys.stderr)
         return 2
     workload = load_workload(args.workload)
-    records = run_workload(workload)
-    write_output(args.output, dumps_trace(records), "--output")
-    summary = records[-1]  # (the trace says all this too, in its summary record)
+    # (each step's record written as it ends: a long trace is never held whole)
+    summary = stream_output(args.output, lambda out: write_trace(trace_records(workload), out), "--output")
     rejected = summary.get("rejected", {})
     for request, reason in list(rejected.items())[:5]:
         print(f"note: request {request} rejected: {reason}", file=sys.stderr)

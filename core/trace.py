@@ -14,9 +14,10 @@ per process unless that variable is set, so two traces' hashes match only up to 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from pagesim.core.checks import all_ints, is_count, is_int
 from pagesim.core.config import CacheConfig
@@ -198,6 +199,12 @@ KIND_ORDER = {"new": 0, "resumed": 1, "running": 2}
 
 def run_workload(workload: Workload) -> list[dict]:
     """The v1 scheduler's trace of ``workload``: header, one record a step, summary."""
+    return list(trace_records(workload))
+
+
+def trace_records(workload: Workload) -> Iterator[dict]:
+    """:func:`run_workload`'s records one at a time, as each step ends (a long trace is
+    written as it goes, never held whole)."""
     config = workload.cache_config()
     sim = Simulator(config, kv_data=False)
     scheduler = sim.scheduler
@@ -214,7 +221,9 @@ def run_workload(workload: Workload) -> list[dict]:
         "null_block_id": 0,
         "kv_events": "capture",
     }
-    records, finished, admitted, left = [header], {}, {}, len(workload.requests)
+    yield header
+    finished, admitted, left = {}, {}, len(workload.requests)
+    batches = events = 0  # the steps that captured KV events, and those events
     rejected: dict[str, str] = {}  # request -> why (vLLM's traces have none: never written for them)
     steps = 0
     for step in range(workload.max_steps):
@@ -234,7 +243,9 @@ def run_workload(workload: Workload) -> list[dict]:
         for request in done.finished if done else ():
             finished[request] = {"step": step}
         free = sim.blocks.num_free
-        records.append(
+        kv_events = [trace_event(e) for e in converter.convert(result.op_events)]
+        batches, events = batches + bool(kv_events), events + len(kv_events)
+        yield (
             {
                 "kind": "step",
                 "step": step,
@@ -251,13 +262,12 @@ def run_workload(workload: Workload) -> list[dict]:
                 "free_blocks_after_update": done.free_after_update if done else free,
                 "running": list(scheduler.running),
                 "waiting": list(scheduler.waiting),
-                "kv_events": [trace_event(e) for e in converter.convert(result.op_events)],
+                "kv_events": kv_events,
             }
         )
         steps = step + 1
         if not left and not scheduler.running and not scheduler.waiting:
             break
-    batches = [r["kv_events"] for r in records[1:] if r["kv_events"]]
     unfinished = [r.id for r in workload.requests if r.id not in finished and r.id not in rejected]
     summary = {
         "kind": "summary",
@@ -265,12 +275,12 @@ def run_workload(workload: Workload) -> list[dict]:
         "finished": finished,
         "admission_prefix_hit_tokens": admitted,
         "unfinished": unfinished,
-        "captured_event_batches": len(batches),
-        "captured_events": sum(map(len, batches)),
+        "captured_event_batches": batches,
+        "captured_events": events,
     }
     if rejected:
         summary["rejected"] = rejected
-    return [*records, summary]
+    yield summary
 
 
 def _rejections(result) -> dict[str, str]:
@@ -285,8 +295,12 @@ def _scheduled(entry) -> dict:
     return out
 
 
-def dumps_trace(records: list[dict]) -> str:
-    return "".join(json.dumps(record) + "\n" for record in records)
+def write_trace(records: Iterable[dict], out: IO[str]) -> dict:
+    """Each record as a JSON line to ``out``, as it comes; returns the last (the summary)."""
+    last: dict = {}
+    for last in records:
+        out.write(json.dumps(last) + "\n")
+    return last
 
 
 def read_trace(lines: Iterable[str]) -> list[dict]:
