@@ -320,6 +320,25 @@ def test_an_empty_scenario_name_is_refused_not_taken_as_the_default(argv, capsys
     assert "an empty name" in capsys.readouterr().err
 
 
+def _tiny_model_scenario(tmp_path, monkeypatch, header: str, steps: str):
+    """A scenario on the tiny test model (context window 256), which loads into a fresh cache."""
+    from pagesim.core.models.gguf_loader import CACHE_ENV
+
+    from tests.models import tiny_gguf
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    tiny_gguf.write_llama(tmp_path / "tiny.gguf")
+    path = tmp_path / "long.toml"
+    path.write_text('model = "tiny.gguf"\n' + header + steps)
+    return path
+
+
+LONG_REQUESTS = (  # 200 + 100 tokens pass the window; 200 + 56 fill it
+    '[[steps]]\nop = "submit"\nrequest = "r"\ntokens = 200\noutput = 100\n'
+    '[[steps]]\nop = "submit"\nrequest = "q"\ntokens = 200\noutput = 56\n'
+)
+
+
 @pytest.mark.parametrize(
     "steps, said",
     [
@@ -335,35 +354,18 @@ def test_an_empty_scenario_name_is_refused_not_taken_as_the_default(argv, capsys
 )
 def test_a_sequence_past_the_models_context_window_is_refused(tmp_path, monkeypatch, capsys, steps, said):
     """Positions the model was never trained on ran, and the run said PASS (generate refused them)."""
-    from pagesim.core.models.gguf_loader import CACHE_ENV
-
-    from tests.models import tiny_gguf  # (context_length 256)
-
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
-    tiny_gguf.write_llama(tmp_path / "tiny.gguf")
-    path = tmp_path / "long.toml"
-    path.write_text('model = "tiny.gguf"\nnum_blocks = 128\nblock_size = 4\n[[steps]]\n' + steps)
+    path = _tiny_model_scenario(tmp_path, monkeypatch, "num_blocks = 128\nblock_size = 4\n[[steps]]\n", steps)
     assert main(["run", "--quiet", str(path)]) == 2
     assert said in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("scheduler", ["v0", "v1"])
 def test_a_request_past_the_models_context_window_is_rejected_as_submitted(tmp_path, monkeypatch, scheduler):
-    from pagesim.core.models.gguf_loader import CACHE_ENV
     from pagesim.core.timeline import Timeline
     from pagesim.kernels.cpu_backend import CpuBackend
 
-    from tests.models import tiny_gguf
-
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
-    tiny_gguf.write_llama(tmp_path / "tiny.gguf")
-    path = tmp_path / "long.toml"
-    steps = (
-        '[[steps]]\nop = "submit"\nrequest = "r"\ntokens = 200\noutput = 100\n'
-        '[[steps]]\nop = "submit"\nrequest = "q"\ntokens = 200\noutput = 56\n'
-    )
-    header = f'model = "tiny.gguf"\nscheduler = "{scheduler}"\nnum_blocks = 160\nblock_size = 4\n'
-    path.write_text(header + steps)
+    header = f'scheduler = "{scheduler}"\nnum_blocks = 160\nblock_size = 4\n'
+    path = _tiny_model_scenario(tmp_path, monkeypatch, header, LONG_REQUESTS)
     timeline = Timeline(load_scenario(path), CpuBackend())
     timeline.forward()
     timeline.forward()
@@ -418,20 +420,11 @@ def test_a_workload_option_out_of_range_is_named(option, said, capsys):
 
 def test_a_study_of_a_real_models_scenario_keeps_its_context_window(tmp_path, monkeypatch):
     """The synthetic model that stands in for it had none: a request the run rejects was timed."""
-    from pagesim.core.models.gguf_loader import CACHE_ENV
     from pagesim.core.studies.replay import replay_scenario
     from pagesim.core.studies.stand_in import memory_only
 
-    from tests.models import tiny_gguf
-
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
-    tiny_gguf.write_llama(tmp_path / "tiny.gguf")
-    path = tmp_path / "long.toml"
-    steps = (
-        '[[steps]]\nop = "submit"\nrequest = "r"\ntokens = 200\noutput = 100\n'
-        '[[steps]]\nop = "submit"\nrequest = "q"\ntokens = 200\noutput = 56\n'
-    )
-    path.write_text('model = "tiny.gguf"\nscheduler = "v1"\nnum_blocks = 160\nblock_size = 4\n' + steps)
+    header = 'scheduler = "v1"\nnum_blocks = 160\nblock_size = 4\n'
+    path = _tiny_model_scenario(tmp_path, monkeypatch, header, LONG_REQUESTS)
     stand_in, note = memory_only(load_scenario(path))
     assert stand_in.context_window == 256 and "context window" in note
     result = replay_scenario(stand_in)

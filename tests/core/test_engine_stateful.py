@@ -40,19 +40,18 @@ class EngineMachine(RuleBasedStateMachine):
         watermark=st.sampled_from([0.0, 0.1]),
     )
     def start(self, block_size, dtype, prefix_caching, preemption, watermark):
-        config = CacheConfig(
-            num_blocks=12,
+        self.begin(
             block_size=block_size,
-            num_heads=2,
-            num_kv_heads=1,
-            head_dim=8,
             dtype=dtype,
             prefix_caching=prefix_caching,
             preemption=preemption,
             num_cpu_blocks=16,
             watermark=watermark,
-            max_num_seqs=6,
         )
+
+    def begin(self, **settings) -> None:
+        """A timeline over a 12-block pool of two-head, 8-wide K/V with these settings."""
+        config = CacheConfig(num_blocks=12, num_heads=2, num_kv_heads=1, head_dim=8, max_num_seqs=6, **settings)
         self.timeline = Timeline(Scenario("random", "", config, ()), BACKEND, snapshot_every=4)
         self.requests = 0
 
@@ -147,20 +146,13 @@ class V1EngineMachine(EngineMachine):
         budget=st.sampled_from([4, 7, 64]),
     )
     def start(self, block_size, dtype, prefix_caching, budget):
-        config = CacheConfig(
-            num_blocks=12,
+        self.begin(
             block_size=block_size,
-            num_heads=2,
-            num_kv_heads=1,
-            head_dim=8,
             dtype=dtype,
             prefix_caching=prefix_caching,
-            max_num_seqs=6,
             scheduler="v1",
             max_num_batched_tokens=budget,
         )
-        self.timeline = Timeline(Scenario("random", "", config, ()), BACKEND, snapshot_every=4)
-        self.requests = 0
 
     # More traffic than the shared rules give, so steps chunk, preempt and finish often.
     @rule(
