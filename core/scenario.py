@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import stat
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from importlib import resources
 from pathlib import Path
 
@@ -73,7 +73,8 @@ class Scenario:
     operations: tuple[Operation, ...]
     source: str = "<memory>"
     notes: tuple[str, ...] = ()  # narration per step ("" for none), from each step's ``note``
-    # A real model's context window, kept when the synthetic model stands in for it (a study's replay)
+    # A real model's context window (None: the synthetic model's, unbounded), kept when the
+    # synthetic model stands in for it in a study's replay
     context_window: int | None = None
 
     def summary(self, max_chars: int = 100) -> str:
@@ -107,7 +108,7 @@ class Scenario:
             if index >= len(self.operations) or self.operations[index] != op:
                 break
             notes.append(self.note(index))
-        return Scenario(self.name, self.description, self.config, operations, self.source, tuple(notes))
+        return replace(self, operations=operations, notes=tuple(notes))
 
 
 def sampling_to_dict(sampling: SamplingParams | None) -> dict:
@@ -246,7 +247,7 @@ def parse_scenario(text: str, source: str = "<memory>") -> Scenario:
             source, f"unknown header field (allowed: {', '.join(sorted(HEADER_FIELDS))})", None, unknown[0]
         )
     header = {k: v for k, v in doc.items() if k in HEADER_FIELDS}
-    tokenizer = _real_model(header, source)  # None: the synthetic model
+    tokenizer, window = _real_model(header, source)  # (None, None): the synthetic model
     for name in REQUIRED_HEADER:
         if name not in header:
             raise ScenarioError(source, "missing from the header", None, name)
@@ -284,7 +285,7 @@ def parse_scenario(text: str, source: str = "<memory>") -> Scenario:
         except PagesimError as exc:
             raise ScenarioError(source, str(exc), number) from None
     name = doc.get("name") or Path(source).stem
-    return Scenario(name, doc.get("description", ""), config, tuple(operations), source, tuple(notes))
+    return Scenario(name, doc.get("description", ""), config, tuple(operations), source, tuple(notes), window)
 
 
 def first_sentence(text: str, max_chars: int = 100) -> str:
@@ -330,10 +331,11 @@ def _text_prompt(raw: dict, tokenizer, source: str, number: int) -> dict:
 def _real_model(header: dict, source: str):
     """For ``model = "smollm2-135m"`` or ``"PATH.gguf"`` (a relative path is looked up
     beside the scenario file first): load it, fill in the shape fields it sets (refusing
-    one that contradicts it, by name) and return its tokenizer. None for the synthetic model."""
+    one that contradicts it, by name) and return its tokenizer and context window. (None,
+    None) for the synthetic model."""
     name = header.get("model", SYNTHETIC)
     if not isinstance(name, str) or name == SYNTHETIC:
-        return None
+        return None, None
     # Lazy on purpose: torch and the model file load only for a scenario that names a real model.
     from pagesim.core.models.catalog import ModelMismatchError, check_shapes, load_model, model_shapes
 
@@ -348,7 +350,7 @@ def _real_model(header: dict, source: str):
     except PagesimError as exc:
         raise ScenarioError(source, str(exc), None, "model") from None
     header.update(model_shapes(model.config))
-    return model.tokenizer
+    return model.tokenizer, model.config.context_length
 
 
 MAX_SCENARIO_BYTES = 16 * 2**20  # a scenario is a page or two of TOML; this is far past any real one

@@ -22,18 +22,7 @@ def memory_only(scenario: Scenario) -> tuple[Scenario, str]:
     model = scenario.config.model
     if model == SYNTHETIC:
         return scenario, ""
-    # (loaded with the scenario already: the catalog hands back the same load)
-    from pagesim.core.models.catalog import load_model
-
-    stand_in = Scenario(
-        scenario.name,
-        scenario.description,
-        replace(scenario.config, model=SYNTHETIC),
-        scenario.operations,
-        scenario.source,
-        scenario.notes,
-        context_window=load_model(model).config.context_length,
-    )
+    stand_in = replace(scenario, config=replace(scenario.config, model=SYNTHETIC))  # (its window kept)
     note = (
         f"{model} is played by the synthetic model here (the studies compute no K/V): the same prompts and "
         "lengths and its context window, other generated tokens, no end-of-sequence stops"
