@@ -4,7 +4,9 @@ recent ones kept in the settings; a failure is shown, never raised."""
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import weakref
 from pathlib import Path
 
@@ -14,6 +16,19 @@ from pagesim.core.scenario import Scenario, load_scenario, scenario_model, shipp
 from pagesim.kernels.atomic_write import atomic_path, atomic_write
 from PySide6.QtCore import QStandardPaths
 from PySide6.QtWidgets import QFileDialog, QMenu
+
+
+def not_a_file_problem(path: str) -> str | None:
+    """Why the app will not save to ``path``: something that is there and is no regular file
+    (a pipe would block the app until a reader came; a device would swallow the file and be
+    remembered as one), or None."""
+    try:
+        st = os.stat(path)
+    except OSError:  # (nothing there, or unreachable: the write says why)
+        return None
+    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):  # (a folder: the write names it)
+        return None
+    return f"{path} is not a regular file (a pipe, a device or a socket): choose a file to save to"
 
 
 class ScenarioFiles:
@@ -73,6 +88,9 @@ class ScenarioFiles:
             return
         # The worker's timeline is the truth; the frame's steps mirror it.
         scenario = w.controller.scenario.with_operations(w.frame.operations)
+        if problem := not_a_file_problem(path):
+            w.status.show_error(problem)
+            return
         try:
             atomic_write(path, scenario.to_toml())
         except OSError as exc:
@@ -116,6 +134,9 @@ class ScenarioFiles:
         """A PNG (or JPEG, BMP: by the suffix) of the window, written atomically. On failure
         the reason is shown and kept in ``last_error``."""
         w = self.window
+        if problem := not_a_file_problem(path):
+            w.status.show_error(problem)
+            return False
         w.memory_panel.flush()  # its history redraws a little late while frames stream in
         picture = w.grab()
         if picture.isNull():
@@ -139,7 +160,14 @@ class ScenarioFiles:
         self._save_to("Export screenshot", ".png", "PNG (*.png)", self.save_screenshot)
 
     def events_dialog(self) -> None:
-        self._save_to("Export event log", "-events.jsonl", "JSON lines (*.jsonl)", self.window.controller.export_events)
+        self._save_to("Export event log", "-events.jsonl", "JSON lines (*.jsonl)", self.export_events)
+
+    def export_events(self, path: str) -> None:
+        """The event log so far, written by the worker (``path`` checked here first)."""
+        if problem := not_a_file_problem(path):
+            self.window.status.show_error(problem)
+            return
+        self.window.controller.export_events(path)
 
     # -- recent files ----------------------------------------------------------------
     def attach_recent_menu(self, menu: QMenu) -> None:

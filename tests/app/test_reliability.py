@@ -65,6 +65,25 @@ def test_an_export_failure_names_the_path_and_the_reason(window, qtbot, tmp_path
 
 
 # -- a failed load changes nothing ------------------------------------------------------
+@pytest.mark.parametrize("save", ["scenario", "screenshot", "events"])
+def test_a_pipe_or_a_device_is_refused_as_a_place_to_save(window, tmp_path, save):
+    """A FIFO blocked the window (or, for the event log, the worker, so that the window could
+    never close) until a reader came; /dev/null 'saved' and joined the recent files."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in (str(fifo), os.devnull):
+        started = time.perf_counter()
+        if save == "scenario":
+            window.files.save_scenario(path)
+        elif save == "screenshot":
+            assert not window.files.save_screenshot(path)
+        else:
+            window.files.export_events(path)
+        assert time.perf_counter() - started < 5
+        assert f"{path} is not a regular file" in window.last_error
+        assert path not in window.files.recent()
+
+
 def test_save_after_a_failed_open_writes_the_current_scenario(window, qtbot, tmp_path):
     window.actions.scrubber.setValue(3)
     before = wait_idle(qtbot, window)
