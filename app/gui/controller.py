@@ -519,7 +519,7 @@ class SimulationController(QObject):
     frameChanged = Signal(object)  # Frame
     errorRaised = Signal(str)
     kernelReady = Signal(str, float)  # dtype, seconds the warm-up took
-    poolRefused = Signal(int, int)  # an operation needed more blocks than are free: (needed, free)
+    poolRefused = Signal(object, object)  # (needed, free): more blocks than are free; objects: counts pass 2^31
     backendReady = Signal(str, str)
     playingChanged = Signal(bool)
     exported = Signal(str)

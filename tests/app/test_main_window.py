@@ -527,6 +527,20 @@ def test_a_full_pool_shows_its_refusal_in_the_pool_until_the_next_action(window,
     assert all(item.refused is None for item in pool.items)
 
 
+def test_a_refusal_past_two_billion_blocks_is_still_shown_in_the_pool(window, qtbot):
+    """The counts went through a Signal(int, int): an OverflowError, and no banner."""
+    from pagesim.core.scenario import parse_scenario
+
+    text = 'num_blocks = 8\nblock_size = 4\nnum_heads = 2\nhead_dim = 8\n[[steps]]\nop = "add"\nseq = "<b>a<b>"\n'
+    window.load(parse_scenario(text + "tokens = 10000000000\n", "huge.toml"))
+    wait_idle(qtbot, window)
+    window.controller.forward()
+    qtbot.waitUntil(lambda: window.pool_view.refusal is not None, timeout=10_000)
+    banner = window.pool_view.refusal_banner.text()
+    assert window.pool_view.refusal == (2_500_000_000, 8) and "2499999992 short" in banner
+    assert "&lt;b&gt;a&lt;b&gt;" in banner  # (the message's names as text, not markup)
+
+
 def test_the_memory_plot_marks_where_a_contiguous_reservation_would_not_fit(window, qtbot):
     window.actions.scrubber.setValue(8)
     frame = wait_idle(qtbot, window)

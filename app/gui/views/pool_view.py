@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import math
 
 from pagesim.app.gui.palette import SequenceColours, Theme, readable_on
@@ -492,7 +493,7 @@ class PoolView(QGraphicsView):
         short = needed - free
         self.refusal_banner.setText(
             f"<b>Refused:</b> needs {plural(needed, 'free block')}, the free queue has {free} "
-            f"(outlined) — {short} short.<br><span style='font-size:small'>{message}</span>"
+            f"(outlined) — {short} short.<br><span style='font-size:small'>{html.escape(message)}</span>"
         )
         self.refusal_banner.setStyleSheet(
             f"QLabel {{ background: {self.theme.window}; color: {self.theme.bad}; border: 1px solid {self.theme.bad};"
