@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import msgspec
 import zmq
 from pagesim.core import kv_events as kv
-from pagesim.core.checks import is_count, is_int, utf8_error
+from pagesim.core.checks import is_count, is_int, is_port_text, utf8_error
 from pagesim.core.errors import PagesimError
 from pagesim.core.language_model import real_model_problem
 
@@ -66,7 +66,7 @@ def endpoint_problem(endpoint: str, what: str = "endpoint") -> str | None:
     if transport != "tcp":
         return None if address else f"{endpoint!r} names no address"
     host, colon, port = address.rpartition(":")
-    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not colon or not host or any(c.isspace() for c in host) or not is_port_text(port):
         return f"{endpoint!r} needs a host and a port from 1 to 65535 ({example})"
     if host == "*":
         return f"{endpoint!r} is the address a server binds; attach to its host, e.g. tcp://127.0.0.1:{port}"

@@ -27,7 +27,7 @@ import threading
 from pathlib import Path
 
 import zmq
-from pagesim.core.checks import utf8_error
+from pagesim.core.checks import is_port_text, utf8_error
 from pagesim.core.errors import PagesimError
 from pagesim.core.kv_events import KVEventBatch, KVEventConverter, encode_batch, make_batch
 
@@ -66,7 +66,7 @@ def bind_problem(endpoint: str, option: str) -> str | None:
             return f"{option} {endpoint!r}: the folder {path.parent} does not exist"
         return None
     host, colon, port = address.rpartition(":")
-    if not colon or not host or not (port == "*" or (port.isdigit() and 0 < int(port) < 65536)):
+    if not colon or not host or any(c.isspace() for c in host) or not (port == "*" or is_port_text(port)):
         return f"{option} {endpoint!r} needs a host and a port from 1 to 65535 (or * for a free one)"
     return None
 

@@ -26,3 +26,9 @@ def utf8_error(text: str) -> int | None:
     except UnicodeEncodeError as exc:
         return exc.start
     return None
+
+
+def is_port_text(text: str) -> bool:
+    """``text`` names a TCP port, 1 to 65535, in ASCII digits ('²' and '٣' are digits to
+    str.isdigit, but not to int() or to ZeroMQ)."""
+    return text.isascii() and text.isdigit() and 0 < int(text) < 65536

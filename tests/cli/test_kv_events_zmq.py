@@ -25,7 +25,7 @@ from pagesim.app.kv_attach import (
     decode_payload,
     endpoint_problem,
 )
-from pagesim.app.kv_publisher import END_SEQ, KVEventPublisher
+from pagesim.app.kv_publisher import END_SEQ, KVEventPublisher, bind_problem
 from pagesim.core import kv_events as kv
 from pagesim.core.scenario import load_scenario, scenario_file
 from pagesim.core.timeline import Timeline
@@ -267,6 +267,10 @@ def test_an_endpoint_that_cannot_be_attached_to_is_named_with_a_fix():
     assert "not a ZeroMQ endpoint" in endpoint_problem("localhost:5557")
     assert "port from 1 to 65535" in endpoint_problem("tcp://127.0.0.1:70000")
     assert "attach to its host, e.g. tcp://127.0.0.1:5557" in endpoint_problem("tcp://*:5557")
+    # (digits to str.isdigit that int() refused: a ValueError out of the app's Attach dialog)
+    for odd in ("tcp://127.0.0.1:²", "tcp://127.0.0.1:٣", "tcp://host name:5557"):
+        assert "port from 1 to 65535" in endpoint_problem(odd)
+        assert "port from 1 to 65535" in bind_problem(odd, "--kv-events")
 
 
 def test_attach_refuses_a_bad_endpoint_before_listening(capsys):
