@@ -75,11 +75,14 @@ class ScenarioFiles:
         if scenario is None:
             w.status.show_error("no scenario to reload")
             return
-        if Path(scenario.source).exists():
-            self.open_scenario(scenario.source)
-        else:
-            w.load(scenario)  # built in memory: its script as it was given
-        w.status.say(f"reloaded {scenario.name}", 5000)
+        source = scenario.source
+        if Path(source).exists():
+            if self.open_scenario(source):  # (else the status bar says why, and the scenario stays)
+                w.status.say(f"reloaded {scenario.name}", 5000)
+            return
+        w.load(scenario)  # built in memory, or its file gone: its script as it was read
+        gone = "" if source.startswith("<") else f" as it was read: {source} is no longer there"
+        w.status.say(f"reloaded {scenario.name}{gone}", 5000)
 
     def save_scenario(self, path: str) -> None:
         w = self.window

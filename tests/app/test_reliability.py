@@ -336,3 +336,19 @@ def test_the_window_closes_within_a_second_during_a_long_seek(make_window, qtbot
     window.close()
     assert time.perf_counter() - started < 1.0
     assert not window.controller._thread.isRunning()
+
+
+def test_a_reload_that_fails_says_so_and_keeps_the_scenario(window, qtbot, tmp_path):
+    """Its error was at once replaced by 'reloaded …'; a file gone was reloaded without a word."""
+    path = tmp_path / "mine.toml"
+    path.write_text(HEADER + '[[steps]]\nop = "add"\nseq = "a"\ntokens = 3\n')
+    assert window.files.open_scenario(str(path))
+    wait_idle(qtbot, window)
+    path.write_text("num_blocks = [")
+    window.actions.reload_action.trigger()
+    assert "mine.toml" in window.last_error and "reloaded" not in window.statusBar().currentMessage()
+    assert window.controller.scenario.source == str(path)  # the scenario stays
+    path.unlink()
+    window.actions.reload_action.trigger()
+    assert f"reloaded mine as it was read: {path} is no longer there" in window.statusBar().currentMessage()
+    wait_idle(qtbot, window)
