@@ -12,6 +12,9 @@ from pagesim.kernels.dtypes import STORAGE_DTYPES, storage_dtype, tolerance
 DEFAULT_MAX_MODEL_LEN = 2048
 # Longer than any model's context window (the longest are ~10M tokens); past it a value is
 # a typo, and positions stop fitting the kernel's 32-bit context lengths soon after.
+# A step's requests or tokens: past any engine's (vLLM keeps them in 32-bit ints), and within
+# what Python's slices and islice take (2^63 and over was a leaked islice error in a sweep).
+MAX_BATCH_COUNT = 2**31 - 1
 MAX_MODEL_LEN_LIMIT = 2**24
 
 
@@ -99,8 +102,10 @@ class CacheConfig:
             or not 0 <= self.watermark < 1
         ):
             raise ValueError(f"watermark must be a fraction in [0, 1); got {self.watermark!r}")
-        if not is_count(self.max_num_seqs):
-            raise ValueError(f"max_num_seqs must be a positive integer; got {self.max_num_seqs!r}")
+        if not is_count(self.max_num_seqs) or self.max_num_seqs > MAX_BATCH_COUNT:
+            raise ValueError(
+                f"max_num_seqs must be an integer from 1 to {MAX_BATCH_COUNT:,}; got {self.max_num_seqs!r}"
+            )
         bandwidth = self.swap_bandwidth_gbs
         if isinstance(bandwidth, bool) or not isinstance(bandwidth, int | float) or not 0 < bandwidth < math.inf:
             raise ValueError(f"swap_bandwidth_gbs must be a positive, finite number; got {bandwidth!r}")
@@ -114,8 +119,11 @@ class CacheConfig:
             raise ValueError(other_engines_field("num_cpu_blocks", "v1"))
         if self.scheduler == "v1" and self.watermark != DEFAULT_WATERMARK:
             raise ValueError(other_engines_field("watermark", "v1"))
-        if not is_count(self.max_num_batched_tokens):
-            raise ValueError(f"max_num_batched_tokens must be a positive integer; got {self.max_num_batched_tokens!r}")
+        if not is_count(self.max_num_batched_tokens) or self.max_num_batched_tokens > MAX_BATCH_COUNT:
+            raise ValueError(
+                f"max_num_batched_tokens must be an integer from 1 to {MAX_BATCH_COUNT:,}; "
+                f"got {self.max_num_batched_tokens!r}"
+            )
         if self.scheduler == "v0" and self.max_num_batched_tokens != DEFAULT_MAX_NUM_BATCHED_TOKENS:
             raise ValueError(other_engines_field("max_num_batched_tokens", "v0"))
         if not isinstance(self.model, str) or not self.model.strip():

@@ -5,6 +5,7 @@ import threading
 import time
 
 import pytest
+from pagesim.core.config import CacheConfig
 from pagesim.core.errors import InvalidStudyError, ScenarioError
 from pagesim.core.scenario import MAX_SCENARIO_BYTES, load_scenario, parse_scenario
 from pagesim.core.studies.waste import MAX_STEPS, check_bounded, simulate
@@ -129,3 +130,11 @@ def test_a_workload_of_more_requests_than_a_replay_could_take_is_refused_before_
     # (a billion filled a GB of specs in seconds, saying nothing, before any check ran)
     with pytest.raises(InvalidStudyError, match=r"1,000,001 requests is more than a workload may hold \(1,000,000\)"):
         _quick(lambda: generate("sharegpt", MAX_REQUESTS + 1, rate=2000.0))
+
+
+@pytest.mark.parametrize("field", ["max_num_seqs", "max_num_batched_tokens"])
+def test_a_batch_count_past_32_bits_is_refused_by_name(field):
+    """2^63 reached itertools.islice, whose own error leaked into a sweep's 'cannot run' reason."""
+    extra = {"scheduler": "v1"} if field == "max_num_batched_tokens" else {}
+    with pytest.raises(ValueError, match=f"{field} must be an integer from 1 to 2,147,483,647; got {2**63}"):
+        CacheConfig(num_blocks=8, block_size=4, num_heads=1, head_dim=8, **{field: 2**63}, **extra)
