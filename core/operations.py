@@ -11,6 +11,7 @@ from pagesim.core.sampling import SamplingParams
 # Every operation checks its own fields, here and nowhere else: scenario files and the app
 # build operations and report these errors with the field they name.
 CHILD_SEPARATOR = "/"  # the scheduler names a request's samples and beams request/s0, request/b1
+MAX_NAME_CHARS = 100  # a new sequence's or request's name (vLLM's request ids run to ~45)
 
 
 def _check_seq_id(seq_id: object, name: str = "seq", new: bool = False) -> None:
@@ -18,7 +19,18 @@ def _check_seq_id(seq_id: object, name: str = "seq", new: bool = False) -> None:
     never collide with, or pass for, a sequence the scheduler forks from a request."""
     if not isinstance(seq_id, str) or not seq_id:
         raise InvalidOperationError(f"{name} must be a non-empty sequence name; got {seq_id!r}", name)
-    if new and CHILD_SEPARATOR in seq_id:
+    if not new:
+        return
+    # (names are shown in tables, captions and the log: a blank one, a line break or a
+    # paragraph of a name would be read as nothing, or break the lines around it)
+    if not seq_id.strip() or not seq_id.isprintable():
+        what = "is blank" if not seq_id.strip() else "holds a line break or another control character"
+        raise InvalidOperationError(f"{name} {seq_id!r} {what}: give a name to show", name)
+    if len(seq_id) > MAX_NAME_CHARS:
+        raise InvalidOperationError(
+            f"{name} is {len(seq_id)} characters long; a name has at most {MAX_NAME_CHARS}", name
+        )
+    if CHILD_SEPARATOR in seq_id:
         raise InvalidOperationError(
             f"{name} {seq_id!r} may not contain '{CHILD_SEPARATOR}': it is reserved for the scheduler's samples "
             "and beams (request/s0, request/b1)",

@@ -429,3 +429,23 @@ def test_a_study_of_a_real_models_scenario_keeps_its_context_window(tmp_path, mo
     assert stand_in.context_window == 256 and "context window" in note
     result = replay_scenario(stand_in)
     assert result.requests["r"].rejected and result.requests["q"].state == "finished"
+
+
+@pytest.mark.parametrize(
+    "name, said",
+    [
+        ("   ", "is blank"),
+        ("a\nb", "holds a line break"),
+        ("a\tb", "another control character"),
+        ("x" * 101, "101 characters long; a name has at most 100"),
+    ],
+)
+def test_a_new_name_that_would_show_as_nothing_or_break_lines_is_refused(name, said):
+    """A blank name made a blank row, a line break a row of two lines, a long one pushed the
+    block table off screen."""
+    from pagesim.core.errors import InvalidOperationError
+    from pagesim.core.operations import Submit
+
+    for make in (lambda: Add(name, 2), lambda: Submit(name, 2, prompt_len=4)):
+        with pytest.raises(InvalidOperationError, match=said):
+            make()

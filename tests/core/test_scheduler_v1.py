@@ -33,7 +33,11 @@ def test_the_header_chooses_the_scheduler_and_round_trips():
     [
         ('scheduler = "v2"\n', "scheduler", 'must be "v0" or "v1"'),
         ('scheduler = "v1"\npreemption = "swap"\nnum_cpu_blocks = 4\n', "num_cpu_blocks", "has no CPU pool"),
-        ('scheduler = "v1"\nmax_num_batched_tokens = 0\n', "max_num_batched_tokens", "positive integer"),
+        (
+            'scheduler = "v1"\nmax_num_batched_tokens = 0\n',
+            "max_num_batched_tokens",
+            "an integer from 1 to 2,147,483,647",
+        ),
     ],
 )
 def test_a_bad_scheduler_header_names_its_field(extra, field, message):
