@@ -7,6 +7,7 @@ step label, which actions are enabled) follow the frames themselves.
 
 from __future__ import annotations
 
+import html
 import weakref
 
 from pagesim.app.gui.palette import THEMES
@@ -377,7 +378,7 @@ class WindowActions:
         check = ""
         if attention is not None:
             check = " · ✓ kernel = dense" if attention.passed else " · ✗ kernel ≠ dense"
-        self.step_label.setText(f"step {frame.position} / {frame.length} · {frame.label}{check}")
+        self.step_label.setText(f"step {frame.position} / {frame.length} · {html.escape(frame.label)}{check}")
         if self.prompt_spin_action.isVisible() == frame.has_text:
             self.prompt_spin_action.setVisible(not frame.has_text)
             self.schedule_button_action.setVisible(frame.has_text)

@@ -1029,3 +1029,24 @@ def test_on_a_large_screen_the_check_panel_shows_all_of_itself_without_scrolling
     scroll = window.kernel_panel.scroll
     assert scroll.verticalScrollBar().maximum() == 0
     assert scroll.widget().height() <= scroll.viewport().height()
+
+
+def test_names_and_descriptions_from_a_file_show_as_text_not_markup(window, qtbot):
+    """A scenario's name drew as a 90-pixel heading; a sequence '<i>it<i>&amp;' as italic 'it&'."""
+    from pagesim.core.scenario import parse_scenario
+
+    text = (
+        'name = "<h1>BIG</h1>"\ndescription = "<a href=\'x\'>link</a>"\n'
+        "num_blocks = 8\nblock_size = 4\nnum_heads = 2\nhead_dim = 8\n"
+        '[[steps]]\nop = "add"\nseq = "<i>it<i>&amp;"\ntokens = 3\n'
+    )
+    window.load(parse_scenario(text, "html.toml"))
+    wait_idle(qtbot, window)
+    window.controller.forward()
+    wait_idle(qtbot, window)
+    header = window.header
+    assert (
+        header.scenario_title.textFormat() == Qt.TextFormat.PlainText and "<h1>BIG</h1>" in header.scenario_title.text()
+    )
+    assert header.scenario_description.textFormat() == Qt.TextFormat.PlainText
+    assert "&lt;i&gt;it&lt;i&gt;&amp;amp;" in window.actions.step_label.text()

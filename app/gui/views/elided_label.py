@@ -19,6 +19,7 @@ class ElidedLabel(QLabel):
         self.full_text = ""
         self.opens_on_click = False  # a holder shows the whole text on a click (``clicked``)
         self.setWordWrap(True)
+        self.setTextFormat(Qt.TextFormat.PlainText)  # (a scenario's name or description is text, never markup)
         self.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
         self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Fixed)
         self._fit_height()

@@ -82,7 +82,7 @@ class SequenceText(QWidget):
         cursor.insertHtml(f'<b style="color:{self.theme.highlight}">{text}</b>')
         self.browser.setTextCursor(cursor)
         self.browser.ensureCursorVisible()
-        self.caption.setText(f"Text of {seq_id}: writing… <b>{count} tokens</b>")
+        self.caption.setText(f"Text of {escape(seq_id)}: writing… <b>{count} tokens</b>")
 
     def show_frame(self, frame: Frame) -> None:
         self._frame = frame
@@ -110,10 +110,12 @@ class SequenceText(QWidget):
         owners = tuple(frame.holders.get(b, ((state.seq_id, 0),))[0][0] for b in state.block_table)
         key = (state, shared, owners, frame.config.block_size, self.theme.name)
         if state.num_tokens < state.prompt_len:  # a chunked prefill under way
-            caption = f"Text of {state.seq_id}: {state.num_tokens} of its {state.prompt_len} prompt tokens so far"
+            caption = (
+                f"Text of {escape(state.seq_id)}: {state.num_tokens} of its {state.prompt_len} prompt tokens so far"
+            )
         else:
             written = state.num_tokens - state.prompt_len
-            caption = f"Text of {state.seq_id}: {state.prompt_len}-token prompt + <b>{written} written</b>"
+            caption = f"Text of {escape(state.seq_id)}: {state.prompt_len}-token prompt + <b>{written} written</b>"
         self._show(key, caption, self._html(state, frame.config.block_size, shared, owners))
         self._show_parting(frame, state)
 

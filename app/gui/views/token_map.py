@@ -50,6 +50,7 @@ class TokenMap(QWidget):
         self.setToolTip(GENERIC_TIP)
         # A line above the map (the window places it) saying whose tokens these are.
         self.caption = QLabel()
+        self.caption.setTextFormat(Qt.TextFormat.PlainText)  # (it names a sequence: text, never markup)
         self.caption.setWordWrap(True)
         # It may not widen the dock as the selection changes (the pool would jump).
         self.caption.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
