@@ -1050,3 +1050,17 @@ def test_names_and_descriptions_from_a_file_show_as_text_not_markup(window, qtbo
     )
     assert header.scenario_description.textFormat() == Qt.TextFormat.PlainText
     assert "&lt;i&gt;it&lt;i&gt;&amp;amp;" in window.actions.step_label.text()
+
+
+def test_a_block_of_millions_of_slots_is_painted_as_a_fill_bar(window, qtbot):
+    """Each slot was a rectangle: a block of 10^7 slots froze the window for a minute a paint."""
+    from pagesim.core.scenario import parse_scenario
+
+    tile = window.pool_view.items[0]
+    assert tile.shows_slots(1.0) and not tile.shows_slots(0.5)  # 16 slots: drawn unless too small
+    text = 'num_blocks = 2\nblock_size = 10000000\nnum_heads = 1\nhead_dim = 1\n[[steps]]\nop = "add"\nseq = "a"\n'
+    window.load(parse_scenario(text + "tokens = 3\n", "wide.toml"))
+    wait_idle(qtbot, window)
+    tile = window.pool_view.items[0]
+    assert not any(tile.shows_slots(zoom) for zoom in (1.0, 4.0, 20.0))
+    assert tile.shows_slots(200.0)  # (each slot a pixel at last)

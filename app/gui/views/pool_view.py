@@ -33,6 +33,7 @@ NULL_BLOCK_ROLE = (
 
 BLOCK_W, BLOCK_H, GAP = 60.0, 38.0, 8.0
 SLOTS_PER_ROW = 16
+SLOTS_AREA = (BLOCK_W - 8) * (BLOCK_H - 20)  # a tile's slot grid, in pixels at zoom 1 (see slot_rect)
 SLOTS_DETAIL = 0.62  # below this zoom the header's id would be under ~8 px: a compact tile instead
 MIN_LABEL_PX = 7.0  # an id smaller than this on screen is noise: below, a tile is its fill bar
 COMPACT_ID_DETAIL = MIN_LABEL_PX / (BLOCK_H * 0.5)  # where half a tile's height reaches that
@@ -136,7 +137,7 @@ class BlockItem(QGraphicsItem):
         bs = self.view.block_size
         if self.null:
             self._paint_null(painter, theme, detail, rect)
-        elif detail < SLOTS_DETAIL:  # too small for slots and a header: a fill bar and the id
+        elif not self.shows_slots(detail):  # a fill bar and the id
             if colours and self.fill:
                 top = 2.0 if detail < COMPACT_ID_DETAIL else BLOCK_H * 0.62
                 bar = QRectF(2, top, (BLOCK_W - 4) * self.fill / bs, BLOCK_H - 2 - top)
@@ -184,6 +185,12 @@ class BlockItem(QGraphicsItem):
             painter.drawText(
                 area.adjusted(2, 0, 0, 0), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, text
             )
+
+    def shows_slots(self, detail: float) -> bool:
+        """Whether the tile draws its slots at this zoom: not where it is too small for them
+        and a header, nor where each would be under a pixel (a block of 10^7 slots, each a
+        rectangle, took a minute a paint)."""
+        return detail >= SLOTS_DETAIL and self.view.block_size <= SLOTS_AREA * detail * detail
 
     @staticmethod
     def slot_rect(slot: int, bs: int) -> QRectF:
