@@ -101,6 +101,18 @@ SETTINGS = {
 }
 
 
+def _drop_undecodable(settings: QSettings, why: str, note: Callable[[str], None] | None) -> None:
+    """Remove the saved keys whose values read as nothing (what an undecodable one reads as,
+    once its error has been raised), each said to ``note`` and the log."""
+    for key in settings.allKeys():
+        if settings.value(key) is None:
+            message = f"settings: ignored the saved {key} ({why})"
+            log.warning(message)
+            if note is not None:
+                note(message)
+            settings.remove(key)
+
+
 def read_setting(settings: QSettings, key: str, note: Callable[[str], None] | None = None):
     """The value of setting ``key``, checked; its default when it is not set, or when the
     saved value cannot be used (then ``note`` is told, the log too, and the bad value is
@@ -109,7 +121,16 @@ def read_setting(settings: QSettings, key: str, note: Callable[[str], None] | No
     try:
         raw = settings.value(key)
     except Exception as exc:  # a value Qt itself cannot decode
-        raw, error = None, f"unreadable ({exc})"
+        # PySide raises it at the first read after the file loads, whichever key that reads
+        # (a good theme was dropped for a broken windowState): read again, and drop the keys
+        # that read as nothing, naming them.
+        try:
+            raw = settings.value(key)
+        except Exception:
+            raw, error = None, f"unreadable ({exc})"
+        else:
+            error = None
+            _drop_undecodable(settings, f"unreadable ({exc})", note)
     else:
         error = None
     if raw is None and error is None:

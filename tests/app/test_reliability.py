@@ -231,6 +231,19 @@ def test_a_bad_setting_falls_back_to_its_default_once_with_a_note(tmp_path, key,
     assert len(notes) == 1  # removed from the file: once
 
 
+def test_an_undecodable_setting_is_dropped_by_its_own_name_not_the_first_key_read(tmp_path):
+    """PySide raises a value it cannot decode at the first read, whichever key: the good
+    theme was reset and removed, and the broken windowState never named."""
+    path = tmp_path / "s.ini"
+    broken = "@Variant(\\0\\0\\0\\x7f\\0\\0\\0\\x18PySide::PyObjectWrapper\\0\\0\\0\\0\\x5\\x80\\x4\\x95\\xff)"
+    path.write_text(f"[General]\ntheme=light\nwindowState={broken}\n")
+    settings = QSettings(str(path), QSettings.Format.IniFormat)
+    notes = []
+    assert read_setting(settings, "theme", notes.append) == "light"
+    assert len(notes) == 1 and "windowState" in notes[0] and "theme" not in notes[0]
+    assert sorted(settings.allKeys()) == ["theme"]
+
+
 def test_good_settings_read_back_from_the_file(tmp_path):
     path = str(tmp_path / "s.ini")
     settings = QSettings(path, QSettings.Format.IniFormat)
