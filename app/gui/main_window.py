@@ -78,6 +78,7 @@ class MainWindow(QMainWindow):
         self.colours = SequenceColours()
         self.theme = THEMES[self.setting("theme")]
         self.frame: Frame | None = None
+        self._names_in_flight: set[str] = set()  # new names handed out, their operations not yet answered
         self._played_position: int | None = None  # the step the animations last played
         self.selection = Selection()
         gc_guard.acquire(self)  # cyclic GC on this thread only while the worker runs
@@ -327,9 +328,12 @@ class MainWindow(QMainWindow):
     def _new_name(self) -> str:
         """A name no live sequence has and no request of the timeline had (a finished or
         waiting request keeps its name: the scheduler refuses it again)."""
-        if self.frame is None:
-            return new_sequence_name(())
-        return new_sequence_name({*(s.seq_id for s in self.frame.sequences), *introduced_names(self.frame.operations)})
+        taken = set(self._names_in_flight)  # (asked for, not yet in a frame: Add pressed twice quickly)
+        if self.frame is not None:
+            taken |= {*(s.seq_id for s in self.frame.sequences), *introduced_names(self.frame.operations)}
+        name = new_sequence_name(taken)
+        self._names_in_flight.add(name)
+        return name
 
     def add_sequence(self) -> None:
         if self.frame is not None and self.frame.has_text:  # a real model: a prompt typed as text
@@ -480,6 +484,8 @@ class MainWindow(QMainWindow):
 
     def _on_frame(self, frame: Frame) -> None:
         """After the views: what the window itself does with a frame."""
+        if not self.controller.pending:  # every request answered: the frame knows every name
+            self._names_in_flight.clear()
         self.frame = frame
         if frame.queues is not None and not self._scheduler_raised:  # a scheduler scenario: its queues in front
             self._scheduler_raised = True

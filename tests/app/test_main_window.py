@@ -1064,3 +1064,22 @@ def test_a_block_of_millions_of_slots_is_painted_as_a_fill_bar(window, qtbot):
     tile = window.pool_view.items[0]
     assert not any(tile.shows_slots(zoom) for zoom in (1.0, 4.0, 20.0))
     assert tile.shows_slots(200.0)  # (each slot a pixel at last)
+
+
+def test_add_or_fork_pressed_quickly_gives_each_its_own_name(window, qtbot):
+    """Each took the next name from the last frame shown: two of three adds were refused as
+    'sequence 's1' already exists', a name the user never typed."""
+    window.actions.prompt_spin.setValue(1)
+    errors = []
+    window.controller.errorRaised.connect(errors.append)
+    before = {s.seq_id for s in window.frame.sequences}
+    for _ in range(3):
+        window.actions.add_action.trigger()
+    frame = wait_idle(qtbot, window)
+    added = {s.seq_id for s in frame.sequences} - before
+    assert len(added) == 3 and errors == []
+    window.select_sequence(sorted(added)[0])
+    for _ in range(3):
+        window.actions.fork_action.trigger()
+    frame = wait_idle(qtbot, window)
+    assert len({s.seq_id for s in frame.sequences} - before - added) == 3 and errors == []
