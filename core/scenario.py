@@ -340,7 +340,7 @@ def _real_model(header: dict, source: str):
     from pagesim.core.models.catalog import ModelMismatchError, check_shapes, load_model, model_shapes
 
     beside = Path(source).parent / name
-    if name.lower().endswith(".gguf") and not Path(name).is_absolute() and beside.is_file():
+    if name.lower().endswith(".gguf") and not Path(name).is_absolute() and beside.exists():
         name = header["model"] = str(beside)
     try:
         model = load_model(name)
@@ -459,7 +459,7 @@ def scenario_model(path: str | Path) -> str | None:
     if not isinstance(name, str) or name == SYNTHETIC:
         return None
     beside = path.parent / name
-    if name.lower().endswith(".gguf") and not Path(name).is_absolute() and beside.is_file():
+    if name.lower().endswith(".gguf") and not Path(name).is_absolute() and beside.exists():
         return str(beside)
     return name
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import stat
 import threading
 from pathlib import Path
 
@@ -67,6 +68,8 @@ def _key(name: str, dtype: str | None) -> tuple:
         st = path.stat()
     except OSError as e:
         raise ModelFileError(f"{path}: {e.strerror or e}") from None
+    if stat.S_ISDIR(st.st_mode):  # (it read as "No such file or directory" once opened)
+        raise ModelFileError(f"{path} is a folder, not a .gguf model file")
     dtype = dtype or resolve_dtype()[0]
     return str(path.resolve()), os.environ.get("PAGESIM_CACHE_DIR"), (st.st_mtime_ns, st.st_size), dtype
 

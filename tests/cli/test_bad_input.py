@@ -449,3 +449,12 @@ def test_a_new_name_that_would_show_as_nothing_or_break_lines_is_refused(name, s
     for make in (lambda: Add(name, 2), lambda: Submit(name, 2, prompt_len=4)):
         with pytest.raises(InvalidOperationError, match=said):
             make()
+
+
+def test_a_model_path_that_is_a_folder_says_so(tmp_path, capsys):
+    """It read 'folder.gguf: No such file or directory' though the folder was there."""
+    (tmp_path / "folder.gguf").mkdir()
+    path = tmp_path / "s.toml"
+    path.write_text('model = "folder.gguf"\nnum_blocks = 8\nblock_size = 4\n')
+    assert main(["run", "--quiet", str(path)]) == 2
+    assert f"{tmp_path / 'folder.gguf'} is a folder, not a .gguf model file" in capsys.readouterr().err
