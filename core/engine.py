@@ -309,6 +309,11 @@ class Simulator:
         if isinstance(op, Grow | Free):
             target = self.sequences.get(op.seq) or self.swapped.get(op.seq)
             owner = self.scheduler.reserving(op.seq) if target is None else target.owner
+            if target is None and owner is None and (ended := self.scheduler.ended(op.seq)) is not None:
+                request, status = ended
+                raise InvalidOperationError(
+                    f"sequence {op.seq!r} was request {request!r}'s, which has {status}: its blocks are free"
+                )
             if owner is not None:
                 waiting = " (still waiting)" if target is None else ""
                 raise InvalidOperationError(

@@ -20,7 +20,7 @@ from pagesim.core.config import CacheConfig
 from pagesim.core.errors import DuplicateSequenceError, InvalidOperationError
 from pagesim.core.events import EventLog
 from pagesim.core.language_model import LanguageModel, window_passed
-from pagesim.core.operations import Schedule, Submit
+from pagesim.core.operations import CHILD_SEPARATOR, Schedule, Submit
 from pagesim.core.registry import SequenceRegistry
 from pagesim.core.sampling import SamplingParams
 from pagesim.core.sequence import Sequence
@@ -400,6 +400,15 @@ class Scheduler:
         for request in self.waiting:
             if seq_id in self.requests[request].planned_names():
                 return request
+        return None
+
+    def ended(self, seq_id: str) -> tuple[str, str] | None:
+        """(the request, "finished" or "rejected") that a sequence named ``seq_id`` ran for, once
+        it has ended, or None."""
+        for name, state in self.requests.items():
+            ran = seq_id == name or seq_id.startswith(name + CHILD_SEPARATOR)
+            if ran and state.status in (RequestStatus.FINISHED, RequestStatus.REJECTED):
+                return name, str(state.status)
         return None
 
     def stalled(self) -> str | None:

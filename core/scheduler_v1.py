@@ -264,6 +264,12 @@ class SchedulerV1:
         """The waiting request that will run a sequence named ``seq_id`` when admitted, if any."""
         return seq_id if seq_id in self.waiting else None
 
+    def ended(self, seq_id: str) -> tuple[str, str] | None:
+        """(the request, "finished" or "rejected") that a sequence named ``seq_id`` ran for, once
+        it has ended, or None."""
+        state = self.requests.get(seq_id)
+        return (state.request, state.status) if state is not None and state.status in (FINISHED, REJECTED) else None
+
     def stalled(self) -> str | None:
         """Why the waiting requests can never run, or None: nothing runs, and the head of the
         queue cannot get its first chunk's blocks (user sequences hold them)."""

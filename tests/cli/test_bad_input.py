@@ -397,6 +397,21 @@ def test_growing_or_freeing_a_waiting_request_says_it_waits(scheduler, op):
         sim.apply(Grow("r", 1) if op == "grow" else Free("r"))
 
 
+@pytest.mark.parametrize("scheduler", ["v0", "v1"])
+@pytest.mark.parametrize("op", ["grow", "free"])
+def test_growing_or_freeing_a_finished_requests_sequence_says_it_finished(scheduler, op):
+    """It said 'unknown sequence 'r' (live sequences: none)', as for a name never heard of."""
+    from pagesim.core.errors import InvalidOperationError
+    from pagesim.core.operations import Free, Grow, Schedule, Submit
+
+    sim = Simulator(CacheConfig(num_blocks=8, block_size=4, num_heads=2, head_dim=8, scheduler=scheduler))
+    sim.apply(Submit("r", 1, prompt_len=4))
+    sim.apply(Schedule(4))
+    assert sim.scheduler.requests["r"].status == "finished"
+    with pytest.raises(InvalidOperationError, match="sequence 'r' was request 'r''s, which has finished"):
+        sim.apply(Grow("r", 1) if op == "grow" else Free("r"))
+
+
 def test_a_knob_set_under_both_its_names_says_they_are_one(capsys):
     assert main(["sweep", "seed_demo", "--set", "engine=v1", "--set", "scheduler=v0"]) == 2
     assert "scheduler (as engine and scheduler) is set twice" in capsys.readouterr().err
