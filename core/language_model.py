@@ -59,6 +59,14 @@ def window_passed(model: LanguageModel, length: int) -> int | None:
     return window if window is not None and length > window else None
 
 
+def request_past_window(model: LanguageModel, prompt_len: int, output_len: int) -> str | None:
+    """Why a request of ``prompt_len`` + ``output_len`` tokens is rejected as submitted:
+    it passes ``model``'s context window (either scheduler's refusal), or None."""
+    if window := window_passed(model, prompt_len + output_len):
+        return f"{prompt_len} prompt + {output_len} output tokens pass the model's context window of {window}"
+    return None
+
+
 def real_model_problem(name: str, option: str) -> str | None:
     """Why ``name``, given to ``option``, is no real model to load (the synthetic one has no
     weights or tokenizer), or None; said before anything loads."""

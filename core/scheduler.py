@@ -19,7 +19,7 @@ from pagesim.core.block_manager import BlockManager, distinct_blocks
 from pagesim.core.config import CacheConfig
 from pagesim.core.errors import DuplicateSequenceError, InvalidOperationError
 from pagesim.core.events import EventLog
-from pagesim.core.language_model import LanguageModel, window_passed
+from pagesim.core.language_model import LanguageModel, request_past_window
 from pagesim.core.operations import CHILD_SEPARATOR, Schedule, Submit
 from pagesim.core.registry import SequenceRegistry
 from pagesim.core.sampling import SamplingParams
@@ -376,9 +376,7 @@ class Scheduler:
 
     def refusal(self, op: Submit) -> str | None:
         """Why ``op`` would be rejected as soon as it is submitted, or None."""
-        if window := window_passed(self.model, op.length + op.output_len):
-            return f"{op.length} prompt + {op.output_len} output tokens pass the model's context window of {window}"
-        return refusal_at_submit(op, self.config)
+        return request_past_window(self.model, op.length, op.output_len) or refusal_at_submit(op, self.config)
 
     def submit(self, op: Submit) -> None:
         if op.request in self.requests:

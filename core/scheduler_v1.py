@@ -26,7 +26,7 @@ from pagesim.core.block_manager import BlockManager
 from pagesim.core.config import CacheConfig
 from pagesim.core.errors import DuplicateSequenceError, InvalidOperationError
 from pagesim.core.events import EventLog
-from pagesim.core.language_model import LanguageModel, window_passed
+from pagesim.core.language_model import LanguageModel, request_past_window
 from pagesim.core.operations import CHILD_SEPARATOR, Schedule, Submit
 from pagesim.core.registry import SequenceRegistry
 from pagesim.core.sampling import SamplingParams
@@ -233,9 +233,9 @@ class SchedulerV1:
 
     def refusal(self, op: Submit) -> str | None:
         """Why ``op`` would be rejected as soon as it is submitted, or None."""
-        if window := window_passed(self.model, op.length + op.output_len):
-            return f"{op.length} prompt + {op.output_len} output tokens pass the model's context window of {window}"
-        return refusal_at_submit_v1(op, self.config, op.length)
+        return request_past_window(self.model, op.length, op.output_len) or refusal_at_submit_v1(
+            op, self.config, op.length
+        )
 
     def submit(self, op: Submit) -> None:
         """Queue ``op`` (its n samples as n requests)."""
