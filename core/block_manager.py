@@ -15,9 +15,11 @@ write) and the block mappings of a swap, and the engine applies those to the KV 
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections import abc
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from itertools import accumulate
+from typing import Any, cast
 
 from pagesim.core import events as ev
 from pagesim.core.blocks import BlockPool, PoolSnapshot
@@ -25,7 +27,7 @@ from pagesim.core.config import CacheConfig
 from pagesim.core.errors import InvalidOperationError
 from pagesim.core.events import EventLog
 from pagesim.core.prefix_cache import PrefixCache
-from pagesim.core.sequence import Sequence
+from pagesim.core.sequence import Sequence, TokenIds
 
 NULL_BLOCK = 0  # the v1 scheduler's placeholder block (vLLM's null_block): held from the start
 
@@ -130,9 +132,11 @@ class CpuBlocks:
         return to_cpu
 
     def release(self, seqs: list[Sequence]) -> None:
+        pool = self.pool
+        assert pool is not None, "nothing was swapped out"
         for seq in seqs:
             for block in seq.block_table:
-                self.pool.release(block)
+                pool.release(block)
 
     def snapshot(self) -> PoolSnapshot | None:
         return None if self.pool is None else self.pool.snapshot()
@@ -147,6 +151,7 @@ class CpuBlocks:
 class BlockManager:
     def __init__(self, config: CacheConfig, events: EventLog) -> None:
         self.config = config
+        self._max_model_len = cast(int, config.max_model_len)  # (CacheConfig always sets it)
         self.events = events
         self.pool = BlockPool(config.num_blocks)
         self.reserved_blocks = 0  # held from the start, by no sequence
@@ -196,7 +201,7 @@ class BlockManager:
         return self.cpu.num_free
 
     def contiguous_reservation(self, num_tokens: int) -> int:
-        return self.config.blocks_for(max(self.config.max_model_len, num_tokens))
+        return self.config.blocks_for(max(self._max_model_len, num_tokens))
 
     def _add_fill(self, block: int, tokens: int) -> None:
         self._fill[block] += tokens
@@ -369,7 +374,7 @@ class BlockManager:
     def append(
         self,
         seqs: list[Sequence],
-        token_ids: list[list[int]] | list[int],
+        token_ids: abc.Sequence[Any],  # a TokenIds per sequence, or one int each
         skip: int = 0,
         with_slots: bool = True,
         starts: list[int] | None = None,
@@ -399,14 +404,14 @@ class BlockManager:
         return done
 
     def _append_one_each(
-        self, seqs: list[Sequence], tokens: list[int], starts: list[int], with_slots: bool, done: Appended
+        self, seqs: list[Sequence], tokens: abc.Sequence[int], starts: list[int], with_slots: bool, done: Appended
     ) -> None:
         """:meth:`append` of a decode step: one token each, into the last block's next slot
         (``starts``: the sequences' lengths before)."""
         bs, refs, fill, slots = self.config.block_size, self.pool._ref_counts, self._fill, done.slots
         emit = self.events.emit if self.events.enabled else None
         list_slots = with_slots or emit is not None
-        limit = self.config.max_model_len
+        limit = self._max_model_len
         fills_at = bs - 1 if self.config.prefix_caching else -1  # a token at this offset fills its block
         partial_shared = self._partial_shared  # (else no last block off a boundary is shared)
         for seq, token, start in zip(seqs, tokens, starts, strict=True):
@@ -432,7 +437,7 @@ class BlockManager:
     def _append_lists(
         self,
         seqs: list[Sequence],
-        token_ids: list[list[int]],
+        token_ids: abc.Sequence[TokenIds],
         starts: list[int],
         skip: int,
         with_slots: bool,
@@ -442,7 +447,7 @@ class BlockManager:
         bs, refs, fill, slots = self.config.block_size, self.pool._ref_counts, self._fill, done.slots
         emit = self.events.emit if self.events.enabled else None
         list_slots = with_slots or emit is not None
-        caching, limit = self.config.prefix_caching, self.config.max_model_len
+        caching, limit = self.config.prefix_caching, self._max_model_len
         for seq, ids, start in zip(seqs, token_ids, starts, strict=True):
             table = seq.block_table
             if start % bs and refs[table[-1]] > 1:

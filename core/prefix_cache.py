@@ -12,7 +12,7 @@ from pagesim.core import events as ev
 from pagesim.core.blocks import BlockPool
 from pagesim.core.config import CacheConfig
 from pagesim.core.events import EventLog
-from pagesim.core.sequence import TOKEN_CODE, Sequence, block_hash
+from pagesim.core.sequence import TOKEN_CODE, Sequence, TokenIds, block_hash
 
 
 def _hash_once(parent: int | None, token_ids: array, index: int, known: list[int] | None) -> int:
@@ -43,7 +43,7 @@ class PrefixCache:
             chunk = token_ids[index * bs : (index + 1) * bs]
             yield index, array(TOKEN_CODE, chunk) if as_array else chunk
 
-    def match(self, token_ids: list[int], known: list[int] | None = None) -> list[tuple[int, int]]:
+    def match(self, token_ids: TokenIds, known: list[int] | None = None) -> list[tuple[int, int]]:
         """(block, hash) of the cached full blocks this prompt starts with. The block of the
         last prompt token is never reused: its query must be computed. ``known``: the hashes
         of these tokens' first blocks found before, taken as they are and extended here."""

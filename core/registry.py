@@ -10,6 +10,9 @@ operation checks what it needs before it changes anything (raising a
 
 from __future__ import annotations
 
+from collections import abc
+from typing import Any
+
 from pagesim.core import events as ev
 from pagesim.core.block_manager import BlockManager, distinct_blocks
 from pagesim.core.config import CacheConfig
@@ -22,7 +25,7 @@ from pagesim.core.errors import (
 from pagesim.core.events import EventLog
 from pagesim.core.model_runner import ModelRunner
 from pagesim.core.sampling import SamplingParams
-from pagesim.core.sequence import Sequence
+from pagesim.core.sequence import Sequence, TokenIds
 
 
 class SequenceRegistry:
@@ -72,8 +75,8 @@ class SequenceRegistry:
     def add(
         self,
         seq_id: str,
-        token_ids: list[int],
-        placement: tuple[int, ...] | None = None,
+        token_ids: TokenIds,
+        placement: abc.Iterable[int] | None = None,
         owner: str | None = None,
         vocab_checked: bool = False,
         sampling: SamplingParams | None = None,
@@ -99,13 +102,14 @@ class SequenceRegistry:
             hits = []
         elif hits is None:
             hits = blocks.prefix.match(token_ids, known_hashes)
+        chosen = None
         if placement is not None:
-            placement = blocks.pool.check_placement(placement)
+            chosen = blocks.pool.check_placement(placement)
             needed = c.blocks_for(len(token_ids)) - len(hits)
-            if len(placement) != needed:
+            if len(chosen) != needed:
                 raise InvalidPlacementError(
                     f"{len(token_ids)} tokens at block size {c.block_size} need exactly "
-                    f"{ev.plural(needed, 'block')}; placement names {len(placement)}"
+                    f"{ev.plural(needed, 'block')}; placement names {len(chosen)}"
                 )
         elif not blocks.can_allocate(len(token_ids), hits):
             taken = blocks.allocation_need(len(token_ids), hits)
@@ -116,7 +120,7 @@ class SequenceRegistry:
         self.sequences[seq_id] = seq
         self.runner.add_sequence(seq_id)
         self.events.add(ev.SequenceAdded, seq_id, len(token_ids), None if prompt_len == len(token_ids) else prompt_len)
-        blocks.allocate(seq, len(token_ids), hits, placement)
+        blocks.allocate(seq, len(token_ids), hits, chosen)
         if caching:
             blocks.prefix.note_lookup(len(token_ids) if looked_up is None else looked_up, len(hits))
         self.append([seq], [token_ids], skip=len(hits) * c.block_size)
@@ -146,7 +150,7 @@ class SequenceRegistry:
     def append(
         self,
         seqs: list[Sequence],
-        token_ids: list[list[int]] | list[int],
+        token_ids: abc.Sequence[Any],  # a TokenIds per sequence, or one int each
         skip: int = 0,
         starts: list[int] | None = None,
     ) -> None:
@@ -201,7 +205,7 @@ class SequenceRegistry:
     def _note_forward(self, kind: str) -> None:
         seconds = getattr(self.runner, "paged_seconds", None)  # a real model's forward only
         if seconds is not None:
-            self.forwards.append((kind, self.runner.computed_tokens, seconds))
+            self.forwards.append((kind, getattr(self.runner, "computed_tokens"), seconds))  # noqa: B009
 
     @staticmethod
     def _next_tokens(model, seqs: list[Sequence], seq_ids: list[str], starts: list[int]) -> list[int]:

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from itertools import repeat
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from pagesim.core import events as ev
 from pagesim.core.block_manager import BlockManager
@@ -119,7 +119,7 @@ class StepV1:
     preempted: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     # The requests that sampled, and their tokens: see ``sampled`` (a dict once read).
-    samples: tuple[list[str], list[int]] | dict[str, int] = ((), ())
+    samples: tuple[Iterable[str], Iterable[int]] | dict[str, int] = ((), ())
     free_after_schedule: int = 0
     free_after_update: int = 0
     block_tables: dict[str, list[int]] | None = None  # after scheduling, when ``record_tables``
@@ -128,7 +128,7 @@ class StepV1:
     def scheduled(self) -> list[Scheduled]:
         """Each request the step computes: running ones first, then admissions."""
         if any(type(part) is DecodeRun for part in self.parts):
-            rows = []
+            rows: list[Scheduled | DecodeRun] = []
             for part in self.parts:
                 if type(part) is DecodeRun:
                     # (tuple.__new__ directly, in C)
@@ -137,7 +137,7 @@ class StepV1:
                 else:
                     rows.append(part)
             self.parts = rows
-        return self.parts
+        return cast(list[Scheduled], self.parts)  # (no DecodeRun is left)
 
     @property
     def sampled(self) -> dict[str, int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 from array import array
+from collections import abc
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -14,6 +15,8 @@ from pagesim.core.sampling import SamplingParams
 # int to an unsigned item directly, to a signed one through its argument parser, at about
 # twice the cost of an append. An id's bytes, and so its block's hash, are the same in both.
 TOKEN_CODE = "Q"
+# Token ids as they come: a list, a tuple or an array of TOKEN_CODE items.
+TokenIds = abc.Sequence[int]
 
 
 def family_of(seq_id: str) -> str:

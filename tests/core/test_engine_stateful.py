@@ -26,6 +26,7 @@ from pagesim.kernels.cpu_backend import CpuBackend
 
 from tests.core.helpers import check_invariants, state_fingerprint
 from tests.core.test_scheduler import check_cpu_pool
+from tests.on_the_sources import on_the_sources
 
 NAMES = st.sampled_from([f"s{i}" for i in range(8)])
 BACKEND = CpuBackend()
@@ -184,6 +185,7 @@ def _exercise(sim):
 
 
 @pytest.mark.parametrize("mutation", ["hit leaves the free count", "cached-free count never decremented"])
+@on_the_sources  # (it patches the compiled core)
 def test_planted_pool_mutations_are_caught(monkeypatch, mutation):
     real_take = BlockPool._take
 

@@ -10,6 +10,8 @@ from pagesim.core.engine import Simulator
 from pagesim.core.operations import Schedule, Submit
 from pagesim.core.studies.workload import generate
 
+from tests.on_the_sources import on_the_sources
+
 
 def _config(scheduler: str, block_size: int = 8) -> CacheConfig:
     v1_budget = {"max_num_batched_tokens": 96} if scheduler == "v1" else {}
@@ -49,6 +51,7 @@ def test_a_memory_only_step_leaves_the_pool_as_a_recorded_one_does(scheduler, bl
     assert _states(scheduler, record=False, block_size=block_size)[0] == recorded
 
 
+@on_the_sources  # (it patches the compiled core)
 def test_a_v1_request_hashes_each_block_of_its_tokens_once(monkeypatch):
     """vLLM's Request.block_hashes: a request preempted and admitted again (and one whose
     admission waits for blocks, step after step) looks its prompt up by the hashes it has."""

@@ -6,6 +6,7 @@ from pagesim.core.errors import PoolExhaustedError
 from pagesim.core.operations import Add, Free, Grow
 
 from tests.core.helpers import check_invariants, state_fingerprint
+from tests.on_the_sources import on_the_sources
 
 SYSTEM = tuple(range(100, 112))  # 12 tokens = 3 full blocks of 4
 
@@ -72,6 +73,7 @@ def test_allocation_evicts_the_least_recently_used_cached_block(sim):
     check_invariants(sim)
 
 
+@on_the_sources  # (it patches the compiled core)
 def test_a_hash_match_alone_is_not_a_hit(sim, monkeypatch):
     from pagesim.core import prefix_cache
 

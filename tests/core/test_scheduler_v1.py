@@ -8,6 +8,8 @@ from pagesim.core.operations import Add, Schedule, Submit
 from pagesim.core.scenario import parse_scenario
 from pagesim.core.timeline import Timeline
 
+from tests.on_the_sources import on_the_sources
+
 HEADER = "num_blocks = 16\nblock_size = 4\nnum_heads = 2\nhead_dim = 8\n"
 
 
@@ -188,6 +190,7 @@ def run_workload(count: int, runs_at_once: bool, monkeypatch) -> tuple[list, lis
     return [r for r in records if r is not None], events, runs
 
 
+@on_the_sources  # (it patches the compiled core)
 def test_decoding_requests_scheduled_at_once_decide_as_one_at_a_time(monkeypatch):
     """Runs of running requests that each decode one token, within the pool and the budget,
     are scheduled at once (in the common step, all of them); a prompt's next chunk, or a

@@ -1,0 +1,35 @@
+"""For tests that patch a function inside the compiled core's modules (to plant a bug, or to
+count calls): compiled code calls the functions of its group directly, so a patch reaches
+the sources only. Under the compiled core such a test runs again, whole, in a child pytest
+on the sources (``PAGESIM_PURE_PYTHON=1``); without it, it runs here as written."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pagesim.core import compiled_core
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def on_the_sources(test):
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        if not compiled_core.status.active:
+            return test(*args, **kwargs)
+        node = os.environ["PYTEST_CURRENT_TEST"].rsplit(" ", 1)[0]  # "path::name[id] (call)"
+        child = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", node],
+            env={**os.environ, compiled_core.PURE_PYTHON_ENV: "1"},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert child.returncode == 0 and " passed" in child.stdout, child.stdout[-4000:] + child.stderr[-2000:]
+
+    return run
