@@ -20,6 +20,7 @@ import numba
 import numpy as np
 import torch
 from pagesim.app.options import add_bench_options, bench_json, say_unused_cuda_kernel, writable_problem
+from pagesim.core import compiled_core
 from pagesim.core.config import CacheConfig
 from pagesim.core.engine import Simulator
 from pagesim.core.errors import PagesimError
@@ -152,9 +153,13 @@ def describe_cpu(info: dict) -> str:
 
 
 def describe_python(info: dict) -> str:
-    """``"Python 3.11.2 (/usr/bin/python3.11)"``: the version and the interpreter it ran on."""
+    """``"Python 3.11.2 (/usr/bin/python3.11) · core compiled (mypyc)"``: the version, the
+    interpreter it ran on, and whether the engine's step path ran compiled."""
     interpreter = info.get("python_interpreter")
-    return f"Python {info['python']}" + (f" ({interpreter})" if interpreter else "")
+    core = info.get("engine_core")
+    return (
+        f"Python {info['python']}" + (f" ({interpreter})" if interpreter else "") + (f" · core {core}" if core else "")
+    )
 
 
 def machine_info(backend: Backend) -> dict:
@@ -173,6 +178,8 @@ def machine_info(backend: Backend) -> dict:
         # Which build: this Python-bound code took 13-16 % longer on pyenv's default build of
         # CPython 3.11 (no profile-guided optimisation, no LTO) than on Debian's.
         "python_interpreter": os.path.realpath(getattr(sys, "_base_executable", sys.executable)),
+        # The step path compiled (mypyc) or its sources, and why: about 0.7x a scheduler's time.
+        "engine_core": compiled_core.status.describe(),
         "numpy": np.__version__,
         "numba": numba.__version__,
         "torch": torch.__version__,
@@ -364,23 +371,32 @@ def verdict(row: dict, key: str = "meets_target") -> str:
 
 
 def one_core_run(name: str, quick: bool) -> dict:
-    """One run of a one-core benchmark: the engine's operations, or a scheduler's requests."""
+    """One run of a one-core benchmark: the engine's operations, or a scheduler's requests
+    (and whether the step path ran compiled)."""
     if name == "engine":
-        return bench_engine_ops(2_000 if quick else 100_000)
-    return bench_scheduler(200 if quick else 10_000, name)
+        row = bench_engine_ops(2_000 if quick else 100_000)
+    else:
+        row = bench_scheduler(200 if quick else 10_000, name)
+    return row | {"engine_core": compiled_core.status.describe()}
 
 
 def one_core_benchmarks(quick: bool, repeats: int = 1) -> tuple[dict, dict, dict]:
     """The engine and the two schedulers, each on one core (their targets are for one).
     ``repeats`` > 1: each runs that many times, in turn (engine, v0, v1, engine, …), each
     in a fresh process, and its row gives the median seconds and every run's: this VM's
-    speed swings within minutes, and a target is judged by the median."""
+    speed swings within minutes, and a target is judged by the median. With the compiled
+    core in use, each run is paired with one on the sources, in alternating order: the row
+    also gives their median and the ratio, measured side by side."""
     if repeats > 1:
         runs: dict[str, list[dict]] = {name: [] for name in ONE_CORE_BENCHMARKS}
-        for _ in range(repeats):
-            for name, rows in runs.items():
-                rows.append(_fresh_one_core_run(name, quick))
-        return tuple(_median_row(rows) for rows in runs.values())
+        sources: dict[str, list[dict]] = {name: [] for name in ONE_CORE_BENCHMARKS}
+        paired = compiled_core.status.active
+        for round_index in range(repeats):
+            for name in ONE_CORE_BENCHMARKS:
+                order = (False, True) if round_index % 2 == 0 else (True, False)
+                for pure in order if paired else (False,):
+                    (sources if pure else runs)[name].append(_fresh_one_core_run(name, quick, pure))
+        return tuple(_median_row(runs[name], sources[name]) for name in ONE_CORE_BENCHMARKS)
     numba.set_num_threads(1)  # pin both thread pools while they run
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -391,8 +407,10 @@ def one_core_benchmarks(quick: bool, repeats: int = 1) -> tuple[dict, dict, dict
         torch.set_num_threads(threads)
 
 
-def _fresh_one_core_run(name: str, quick: bool) -> dict:
+def _fresh_one_core_run(name: str, quick: bool, pure_python: bool = False) -> dict:
     env = {**os.environ, "NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    if pure_python:  # (the step path's sources, not its compiled modules)
+        env[compiled_core.PURE_PYTHON_ENV] = "1"
     command = [sys.executable, "-m", "pagesim.app.benchmarks", "--one-core-run", name, *(["--quick"] if quick else [])]
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
@@ -403,13 +421,21 @@ def _fresh_one_core_run(name: str, quick: bool) -> dict:
         raise RuntimeError(f"the {name} benchmark's run printed no result ({exc}): {done.stdout[-400:]!r}") from exc
 
 
-def _median_row(rows: list[dict]) -> dict:
-    """The runs' common row with the median seconds (and the target judged by it) and every run's."""
+def _median_row(rows: list[dict], on_sources: list[dict] | None = None) -> dict:
+    """The runs' common row with the median seconds (and the target judged by it) and every
+    run's; with runs ``on_sources`` beside them, their median and the ratio too."""
     seconds = [row["seconds"] for row in rows]
     median = statistics.median(seconds)
     row = {**rows[0], "seconds": median, "runs_seconds": seconds, "meets_target": median <= rows[0]["target_seconds"]}
     if "ops_per_second" in row:
         row["ops_per_second"] = row["operations"] / median
+    if on_sources:
+        pure = [r["seconds"] for r in on_sources]
+        row |= {
+            "pure_python_seconds": statistics.median(pure),
+            "pure_python_runs_seconds": pure,
+            "compiled_over_pure_python": median / statistics.median(pure),
+        }
     return row
 
 
@@ -679,11 +705,15 @@ def run_benchmarks(args: argparse.Namespace) -> int:
     except RuntimeError as exc:  # a fresh process's run failed: its error, not a traceback of ours
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    runs = (
-        (lambda row: f" (the median of {', '.join(f'{t:.2f}' for t in row['runs_seconds'])})")
-        if args.repeats > 1
-        else (lambda row: "")
-    )
+
+    def runs(row: dict) -> str:
+        if args.repeats == 1:
+            return ""
+        said = f" (the median of {', '.join(f'{t:.2f}' for t in row['runs_seconds'])}"
+        if "pure_python_seconds" in row:
+            said += f"; on the sources {row['pure_python_seconds']:.2f} s, {row['compiled_over_pure_python']:.2f}×"
+        return said + ")"
+
     print(
         f"engine: {engine['operations']} random ops (no attention, one core) in {engine['seconds']:.2f} s"
         f"{runs(engine)} ({engine['ops_per_second']:.0f} ops/s; {engine['refused']} refused), "

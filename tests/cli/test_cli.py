@@ -308,6 +308,18 @@ def test_bench_repeats_runs_each_one_core_benchmark_in_a_fresh_process_and_repor
         [{"operations": 100, "ops_per_second": 0, "seconds": s, "target_seconds": 1.0} for s in (2.0, 4.0)]
     )
     assert engine["seconds"] == 3.0 and engine["ops_per_second"] == 100 / 3.0 and not engine["meets_target"]
+    # A run on the step path's sources beside it says so; paired runs give their median and the ratio.
+    from pagesim.core import compiled_core
+
+    pure = _fresh_one_core_run("v1", quick=True, pure_python=True)
+    assert pure["engine_core"].startswith("pure Python (PAGESIM_PURE_PYTHON is set")
+    assert row["engine_core"] == compiled_core.status.describe()
+    assert {k: v for k, v in pure.items() if k not in ("seconds", "engine_core", "meets_target")} == {
+        k: v for k, v in row.items() if k not in ("seconds", "engine_core", "meets_target")
+    }  # (the same run, step for step)
+    paired = _median_row(runs, [{**row, "seconds": s} for s in (10.0, 8.0, 12.0)])
+    assert paired["seconds"] == 5.0 and paired["pure_python_seconds"] == 10.0
+    assert paired["pure_python_runs_seconds"] == [10.0, 8.0, 12.0] and paired["compiled_over_pure_python"] == 0.5
 
 
 MILAN_CPUINFO = """processor\t: 0
@@ -356,6 +368,11 @@ def test_a_benchmark_names_the_interpreter_it_ran_on():
         "Python 3.11.2 (/usr/bin/python3.11)"
     )
     assert describe_python({"python": "3.11.2"}) == "Python 3.11.2"  # (results written before it was recorded)
+    # ... and whether the engine's step path ran compiled, as the run found it
+    from pagesim.core import compiled_core
+
+    assert info["engine_core"] == compiled_core.status.describe()
+    assert describe_python(info).endswith(f" · core {compiled_core.status.describe()}")
 
 
 @pytest.mark.parametrize("extra", [["--gui"], ["--model"], ["--backend", "cuda"]])
