@@ -163,12 +163,15 @@ class BlockPool:
         del self._position_of[block_id]
         return True
 
-    def check_placement(self, block_ids: Iterable[int]) -> list[int]:
-        """Validate an explicit placement without changing anything."""
-        ids = list(block_ids)
+    def check_placement(self, block_ids: Iterable[object]) -> list[int]:
+        """Validate an explicit placement without changing anything (the ids as given may be
+        anything: each is checked here, before any is used as an int)."""
+        given = list(block_ids)
+        for item in given:
+            if not is_int(item):
+                raise InvalidPlacementError(f"block id {item!r} is not an integer")
+        ids = [int(item) for item in given]  # type: ignore[call-overload]  # (each is an int)
         for block_id in ids:
-            if not is_int(block_id):
-                raise InvalidPlacementError(f"block id {block_id!r} is not an integer")
             if not 0 <= block_id < self.num_blocks:
                 raise InvalidPlacementError(
                     f"block id {block_id} is out of range for a pool of {self.num_blocks} blocks"

@@ -2,14 +2,15 @@
 
 A scheduler step is per-block and per-request bookkeeping in plain Python; its cost is the
 interpreter's, spread over these modules (no single function dominates a profile). mypyc
-compiles them, unchanged, from their type annotations: the v1 scheduler benchmark takes
-about 0.7x the time. ``make`` builds them into ``build/compiled-core/``
+compiles them from their type annotations: the v1 scheduler benchmark takes about 0.75x
+the time. ``make`` builds them into ``build/compiled-core/``
 (``scripts/build_compiled_core.py``), beside the sources, which stay the reference.
 
-They are loaded only when every source is byte for byte the one compiled, for this
-Python; otherwise the sources run and :data:`status` says why. An edited source is never
-shadowed by a stale build, and the modules load all or none: compiled code reaches the
-classes of the others in the group directly. ``PAGESIM_PURE_PYTHON=1`` runs the sources
+They are loaded only when every source of ``core/`` and ``kernels/`` is byte for byte the
+one they were compiled against, for this Python; otherwise the sources run and
+:data:`status` says why. An edited source is never shadowed by a stale build, and the
+modules load all or none: compiled code reaches the classes of the others in the group
+directly. ``PAGESIM_PURE_PYTHON=1`` runs the sources
 (a profiler sees into them; compiled code gives it no Python frames).
 """
 
@@ -22,6 +23,7 @@ import os
 import sys
 import sysconfig
 from dataclasses import dataclass
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 # In dependency order; the modules one step of either scheduler spends its time in.
@@ -30,7 +32,12 @@ GROUP = "pagesim_core"  # mypyc's shared library of the group: pagesim_core__myp
 PURE_PYTHON_ENV = "PAGESIM_PURE_PYTHON"
 MANIFEST = "manifest.json"
 SOURCE_DIR = Path(__file__).resolve().parent
-LIB_DIR = SOURCE_DIR.parent / "build" / "compiled-core" / "lib"
+PACKAGE_ROOT = SOURCE_DIR.parent  # the folders installed as pagesim.core and pagesim.kernels
+LIB_DIR = PACKAGE_ROOT / "build" / "compiled-core" / "lib"
+# Whose sources a build must match: compiled code also fixed, when it was built, the types of
+# whatever it calls or reads in the other modules (a field's, a function's result), so every
+# source of the engine and its kernels is one it was built against.
+SOURCE_FOLDERS = ("core", "kernels")
 
 
 @dataclass(frozen=True)
@@ -45,45 +52,58 @@ class CompiledCoreStatus:
 status = CompiledCoreStatus(False, "not loaded yet")
 
 
-def source_digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def extension_suffix() -> str:
     return sysconfig.get_config_var("EXT_SUFFIX") or ".so"
 
 
-def manifest_for(source_dir: Path = SOURCE_DIR) -> dict:
-    """What a build of the current sources records: this Python's extension suffix and
-    each compiled module's source digest."""
+def source_digests(root: Path = PACKAGE_ROOT) -> dict[str, str]:
+    """SHA-256 of every source the build depends on, by its path under ``root``."""
+    paths = sorted(p for folder in SOURCE_FOLDERS for p in (root / folder).rglob("*.py"))
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
+
+
+def manifest_for(root: Path = PACKAGE_ROOT) -> dict:
+    """What a build of the sources under ``root`` records: this Python's extension suffix,
+    the modules compiled and every source's digest."""
     return {
         "extension_suffix": extension_suffix(),
         "group": GROUP,
-        "sources": {name: source_digest(source_dir / f"{name}.py") for name in COMPILED_MODULES},
+        "modules": list(COMPILED_MODULES),
+        "sources": source_digests(root),
     }
 
 
-def why_not_compiled(lib_dir: Path = LIB_DIR, source_dir: Path = SOURCE_DIR) -> str | None:
-    """Why the compiled modules in ``lib_dir`` must not stand in for the sources in
-    ``source_dir``, or None when they may."""
+def built_files() -> set[str]:
+    suffix = extension_suffix()
+    return {f"{name}{suffix}" for name in (*COMPILED_MODULES, f"{GROUP}__mypyc")}
+
+
+def why_not_compiled(lib_dir: Path = LIB_DIR, root: Path = PACKAGE_ROOT) -> str | None:
+    """Why the build in ``lib_dir`` must not stand in for the sources under ``root``, or
+    None when it may."""
     if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
         return f"{PURE_PYTHON_ENV} is set"
     try:
         built = json.loads((lib_dir / MANIFEST).read_text(encoding="utf-8"))
+        suffix, modules, digests = built["extension_suffix"], built["modules"], dict(built["sources"])
     except FileNotFoundError:
         return "not built; make builds it"
-    except (OSError, ValueError) as exc:
-        return f"its manifest is unreadable ({exc}); make rebuilds it"
-    suffix = extension_suffix()
-    if built.get("extension_suffix") != suffix:
-        return f"built for another Python ({built.get('extension_suffix')}, this one takes {suffix}); make rebuilds it"
-    digests = built.get("sources", {})
-    for name in COMPILED_MODULES:
-        if digests.get(name) != source_digest(source_dir / f"{name}.py"):
-            return f"core/{name}.py changed since it was compiled; make rebuilds it"
-    missing = [f for f in (*COMPILED_MODULES, f"{GROUP}__mypyc") if not (lib_dir / f"{f}{suffix}").is_file()]
-    if missing:
-        return f"{missing[0]}{suffix} is missing from {lib_dir}; make rebuilds it"
+    except (OSError, ValueError, TypeError, KeyError) as exc:  # (JSON of another shape too)
+        return f"its manifest is unreadable ({type(exc).__name__}: {exc}); make rebuilds it"
+    if suffix != extension_suffix():
+        return f"built for another Python ({suffix}, this one takes {extension_suffix()}); make rebuilds it"
+    if modules != list(COMPILED_MODULES):
+        return f"built of other modules ({', '.join(map(str, modules))}); make rebuilds it"
+    now = source_digests(root)
+    changed = sorted(set(now) ^ set(digests)) or [path for path in now if now[path] != digests[path]]
+    if changed:
+        return f"{changed[0]} changed since it was compiled; make rebuilds it"
+    # Every extension module there would be found first: exactly the build's must be there.
+    there = {p.name for p in lib_dir.iterdir() if p.name.endswith(tuple(EXTENSION_SUFFIXES))}
+    if missing := sorted(built_files() - there):
+        return f"{missing[0]} is missing from {lib_dir}; make rebuilds it"
+    if stray := sorted(there - built_files()):
+        return f"{stray[0]} in {lib_dir} is not of this build; make rebuilds it"
     return None
 
 

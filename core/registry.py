@@ -76,7 +76,7 @@ class SequenceRegistry:
         self,
         seq_id: str,
         token_ids: TokenIds,
-        placement: abc.Iterable[int] | None = None,
+        placement: abc.Iterable[object] | None = None,
         owner: str | None = None,
         vocab_checked: bool = False,
         sampling: SamplingParams | None = None,
@@ -209,9 +209,11 @@ class SequenceRegistry:
 
     @staticmethod
     def _next_tokens(model, seqs: list[Sequence], seq_ids: list[str], starts: list[int]) -> list[int]:
+        """The model's next token for each sequence, as a list of Python ints (whatever
+        sequence of ints the model gave: compiled, the append path takes only those)."""
         if model.samples_from_logits:
-            return model.next_token_ids(seq_ids, starts, [s.sampling for s in seqs])
-        return model.next_token_ids(seq_ids, starts)
+            return list(map(int, model.next_token_ids(seq_ids, starts, [s.sampling for s in seqs])))
+        return list(map(int, model.next_token_ids(seq_ids, starts)))
 
     def swap_out(self, seq_ids: list[str]) -> int:
         """Move a group's blocks to the CPU pool (shared blocks once) and free them on the GPU."""

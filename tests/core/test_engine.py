@@ -123,6 +123,10 @@ def test_forked_sequences_diverge_after_the_fork(sim):
         (Grow("b", 30), PoolExhaustedError, "needs 8 free block"),
         (Add("c", 4, blocks=(0,)), InvalidPlacementError, "already in use"),
         (Add("c", 4, blocks=(99,)), InvalidPlacementError, "out of range"),
+        # (checked before any is used as an int: compiled, the pool takes only ints)
+        (Add("c", 4, blocks=("7",)), InvalidPlacementError, "block id '7' is not an integer"),
+        (Add("c", 4, blocks=(7.0,)), InvalidPlacementError, "block id 7.0 is not an integer"),
+        (Add("c", 4, blocks=(True,)), InvalidPlacementError, "block id True is not an integer"),
         (Add("c", 5, blocks=(6,)), InvalidPlacementError, "need exactly 2"),
         (Add("c", prompt=(1, 40_000)), InvalidOperationError, "outside the vocabulary"),
     ],
