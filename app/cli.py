@@ -24,6 +24,7 @@ from pagesim.app.options import (
     add_bench_options,
     add_dtype_option,
     json_text,
+    output_file_arg,
     path_arg,
     say_unused_cuda_kernel,
     shortened,
@@ -112,7 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a scenario headless and check the kernel against dense attention")
     run.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO, help="a .toml file or a shipped name")
     add_backend_option(run)
-    run.add_argument("--json", type=path_arg, metavar="REPORT", help="write a JSON report here ('-': standard output)")
+    run.add_argument(
+        "--json", type=output_file_arg, metavar="REPORT", help="write a JSON report here ('-': standard output)"
+    )
     run.add_argument("--dump", type=path_arg, metavar="DIR", help="write each step's kernel inputs/outputs as .npz")
     run.add_argument("--quiet", action="store_true", help="print only the summary line")
     add_kv_event_options(run)  # --kv-events ENDPOINT: publish as a vLLM server does
@@ -135,7 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     waste.add_argument("--block-size", type=_positive_int, default=16)
     waste.add_argument("--max-len", type=_max_len, default=2048, help="the model's max length (Orca-Max reserves it)")
-    waste.add_argument("--json", type=path_arg, metavar="PATH", help="write the breakdown here ('-': standard output)")
+    waste.add_argument(
+        "--json", type=output_file_arg, metavar="PATH", help="write the breakdown here ('-': standard output)"
+    )
     waste.add_argument("--per-step", action="store_true", help="with --json: every step's split too")
     add_waste_pool_options(waste)  # --model-shape with --gpu, or --blocks
 
@@ -143,7 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
         "trace", help="run a workload of the vLLM v1 traces through the v1 scheduler; write its trace (JSON lines)"
     )
     trace.add_argument("workload", type=path_arg, help="a workload-N.json (config, requests with their output tokens)")
-    trace.add_argument("-o", "--output", type=path_arg, required=True, metavar="OUT", help="the trace ('-': stdout)")
+    trace.add_argument(
+        "-o", "--output", type=output_file_arg, required=True, metavar="OUT", help="the trace ('-': stdout)"
+    )
     add_serving_parsers(sub)  # latency, sweep
 
     gen = sub.add_parser("generate", help="generate text with a real model inside the paged engine, checked vs dense")
@@ -152,7 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--max-tokens", type=_positive_int, default=64, metavar="N", help="tokens to generate at most")
     gen.add_argument("--model", default=BUNDLED_MODEL, metavar="M", help=f'"{BUNDLED_MODEL}" or a .gguf path')
     gen.add_argument("--block-size", type=_positive_int, default=16, metavar="B", help="token slots per KV block")
-    gen.add_argument("--json", type=path_arg, metavar="OUT", help="write tokens, text and verdicts here ('-': stdout)")
+    gen.add_argument(
+        "--json", type=output_file_arg, metavar="OUT", help="write tokens, text and verdicts here ('-': stdout)"
+    )
     gen.add_argument(
         "--temperature", type=float, default=0.0, metavar="T", help="0 (the default), or below 1e-5 as in vLLM: greedy"
     )
@@ -170,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     gui.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO)
     add_backend_option(gui)
     gui.add_argument("--steps", type=_count, default=0, help="run this many steps first")
-    gui.add_argument("--screenshot", type=path_arg, help="save a PNG of the window after --steps, then exit")
+    gui.add_argument("--screenshot", type=output_file_arg, help="save a PNG of the window after --steps, then exit")
     gui.add_argument("--size", type=_size, metavar="WxH", help="window size, e.g. 1400x860")
     gui.add_argument("--theme", choices=["dark", "light"], help="colour theme (default: the last one used)")
     gui.add_argument(

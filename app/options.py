@@ -90,11 +90,22 @@ def path_arg(text: str) -> Path:
     return Path(text)
 
 
+def output_file_arg(text: str) -> Path:
+    """:func:`path_arg` of a file to write: one ending in a slash names a folder, and
+    ``Path`` would drop the slash (``--json out/new/`` wrote a file called ``new``)."""
+    path = path_arg(text)
+    if text != "-" and text.endswith(("/", os.sep)):
+        raise argparse.ArgumentTypeError(
+            f"{shortened(text)!r} ends in {text[-1]!r}, so it names a folder: give a file's name"
+        )
+    return path
+
+
 def add_bench_options(parser: argparse.ArgumentParser) -> None:
     add_backend_option(parser)
     parser.add_argument(
         "--json",
-        type=path_arg,
+        type=output_file_arg,
         metavar="PATH",
         help=f"write the results here (default: {DEFAULT_BENCH_JSON}, {DEFAULT_GUI_BENCH_JSON} with --gui, "
         f"{DEFAULT_MODEL_BENCH_JSON} with --model)",

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from pagesim.app.options import json_text, path_arg, writable_problem
+from pagesim.app.options import json_text, output_file_arg, writable_problem
 from pagesim.app.sweep_plot import render_png
 from pagesim.core.config import CacheConfig
 from pagesim.core.errors import InvalidStudyError
@@ -94,7 +94,9 @@ def add_parsers(sub) -> None:
     )
     _add_source(lat)
     _add_hardware(lat, required=True)
-    lat.add_argument("--json", type=path_arg, metavar="PATH", help="write the figures here ('-': standard output)")
+    lat.add_argument(
+        "--json", type=output_file_arg, metavar="PATH", help="write the figures here ('-': standard output)"
+    )
 
     sw = sub.add_parser("sweep", help="what-if replays of a scenario or workload over a grid of engine settings")
     _add_source(sw)
@@ -107,9 +109,13 @@ def add_parsers(sub) -> None:
         dest="settings",
         help=f"values of one knob ({', '.join(KNOBS)}); repeat for a grid",
     )
-    sw.add_argument("--json", type=path_arg, metavar="PATH", help="write every variant here ('-': standard output)")
-    sw.add_argument("--csv", type=path_arg, metavar="PATH", help="one row a variant ('-': standard output)")
-    sw.add_argument("--plot", type=path_arg, metavar="PNG", help="blocks over time and the figures, side by side")
+    sw.add_argument(
+        "--json", type=output_file_arg, metavar="PATH", help="write every variant here ('-': standard output)"
+    )
+    sw.add_argument("--csv", type=output_file_arg, metavar="PATH", help="one row a variant ('-': standard output)")
+    sw.add_argument(
+        "--plot", type=output_file_arg, metavar="PNG", help="blocks over time and the figures, side by side"
+    )
 
 
 def _hardware(args) -> Hardware | None:

@@ -278,6 +278,29 @@ def test_an_empty_output_path_is_refused_not_taken_as_the_current_folder(argv, t
 
 
 @pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "seed_demo", "--quiet", "--json", "new/"],
+        ["waste", "--json", "new/"],
+        ["trace", "w.json", "-o", "new/"],
+        ["generate", "Hi", "--json", "new/"],
+        ["gui", "seed_demo", "--screenshot", "new/"],
+        ["latency", "seed_demo", "--json", "new/"],
+        ["sweep", "seed_demo", "--set", "block_size=4", "--plot", "new/"],
+        ["bench", "--quick", "--json", "new/"],
+    ],
+)
+def test_an_output_file_named_with_a_trailing_slash_is_refused_as_a_folder(argv, tmp_path, monkeypatch, capsys):
+    """``--json new/`` wrote a file called ``new``: the slash, which said a folder, was dropped."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert "'new/' ends in '/', so it names a folder: give a file's name" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
     ("argv", "said"),
     [
         (["generate", "Hi", "--model", "notmodel.bin"], "--model 'notmodel.bin' is not a model: give \"smollm2-135m\""),
