@@ -243,9 +243,9 @@ class LatencyReady:
 
 @dataclass(frozen=True)
 class StudyFailed:
-    """A what-if or latency study that could not run: ``study`` says which, ``message`` why."""
+    """A what-if, latency or waste study that could not run: ``study`` says which, ``message`` why."""
 
-    study: str  # "whatif" or "latency"
+    study: str  # "whatif", "latency" or "waste"
     message: str
 
 
@@ -320,7 +320,7 @@ class SimulationWorker(QObject):
             Focus: self._set_focus,
             ShowLayer: self._show_layer,
             ExportEvents: self._export,
-            ComputeWaste: self._waste,
+            ComputeWaste: lambda r: self._study("waste", self._waste, r),
             TraceKernel: self._trace,
             RunSweep: lambda r: self._study("whatif", self._sweep, r),
             ComputeLatency: lambda r: self._study("latency", self._latency, r),

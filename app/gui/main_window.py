@@ -149,6 +149,7 @@ class MainWindow(QMainWindow):
         c.frameChanged.connect(self._on_frame)
         c.poolRefused.connect(lambda needed, free: self.pool_view.show_refusal(needed, free, self.last_error or ""))
         c.wasteReady.connect(self.waste_panel.show_result)
+        c.studyFailed.connect(lambda study, message: study == "waste" and self.waste_panel.show_failure(message))
         self.walkthrough.lookupShown.connect(self._show_walk_lookup)
         self.token_map.tokenHovered.connect(self._show_walk_lookup)
         self.sequence_view.entryHovered.connect(self._show_walk_lookup)

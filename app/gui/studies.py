@@ -76,7 +76,7 @@ class StudyDocks:
         answers = {
             "whatif": (self.whatif.run, (c.sweepReady, c.sweepCancelled, c.studyFailed)),
             "latency": (self.latency.run, (c.latencyReady, c.studyFailed)),
-            "waste": (w.waste_panel.run, (c.wasteReady, c.errorRaised)),
+            "waste": (w.waste_panel.run, (c.wasteReady, c.studyFailed)),
         }
         if name not in answers:
             return False

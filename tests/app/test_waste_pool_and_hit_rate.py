@@ -54,6 +54,27 @@ def test_waste_on_a_block_count_says_so(toy, qtbot):
     assert study.allocators[0].peak_batch > 1
 
 
+def test_a_refused_study_clears_the_last_chart_and_says_why_in_the_panel(toy, qtbot):
+    """The last study's bars stayed under the new settings, read as theirs, while the
+    refusal went to a banner of its own."""
+    window = toy(BY_HAND)
+    panel = window.waste_panel
+    panel.count.setValue(100)
+    compare(window, qtbot)
+    assert panel.bars and panel.result is not None
+    panel.model_box.setCurrentIndex(panel.model_box.findData("llama-3-70b"))
+    panel.gpu_box.setCurrentIndex(panel.gpu_box.findData("a100-40gb"))
+    with qtbot.waitSignal(window.controller.studyFailed, timeout=60_000) as blocker:
+        panel.run_button.click()
+    wait_idle(qtbot, window)
+    assert blocker.args[0] == "waste"
+    assert panel.bars == [] and panel.result is None
+    assert panel.summary.text().startswith("✗ could not compare the allocators: Llama-3-70B's weights (131.4 GiB)")
+    panel.model_box.setCurrentIndex(panel.model_box.findData("llama-13b"))  # a study that runs clears it
+    compare(window, qtbot)
+    assert panel.bars and panel.summary.text().startswith("Pool: ") and panel.summary.styleSheet() == ""
+
+
 def test_memory_tab_draws_the_prefix_hit_rate_from_the_frames(toy, qtbot):
     window = toy(SHARED_PREFIX)
     window.seek_end()

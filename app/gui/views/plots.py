@@ -813,6 +813,7 @@ class WastePanel(QWidget):
         )
         self.run_button.clicked.connect(self.run)
         self.summary = QLabel(WASTE_PROMPT)
+        self.summary.setTextFormat(Qt.TextFormat.PlainText)  # (a refusal's words, as they are)
         self.summary.setWordWrap(True)
         controls = QHBoxLayout()
         for widget in (
@@ -850,7 +851,18 @@ class WastePanel(QWidget):
         return {"model_shape": None, "gpu": None, "blocks": self.blocks.value()} | sizes
 
     def run(self) -> None:
+        """Replay the chosen workload; the last study's chart goes at once (a refusal would
+        otherwise leave it under the new settings, read as theirs)."""
+        self.clear()
+        self.summary.setText(
+            f"Comparing allocators on {self.count.value()} {self.workload.currentText()}-like requests…"
+        )
         self.request_waste(self.workload.currentText(), self.count.value(), **self.pool_choice())
+
+    def show_failure(self, message: str) -> None:
+        self.clear()
+        self.summary.setStyleSheet(f"color: {self.theme.bad}")
+        self.summary.setText(f"✗ could not compare the allocators: {message}")
 
     def set_theme(self, theme: Theme) -> None:
         self.theme = theme
@@ -865,6 +877,7 @@ class WastePanel(QWidget):
             self.plot.removeItem(bar)
         self.bars = []
         self.plot.getAxis("bottom").setTicks(None)
+        self.summary.setStyleSheet("")
         self.summary.setText(WASTE_PROMPT)
 
     def show_result(self, result: WasteStudy) -> None:
