@@ -38,7 +38,8 @@ compiled-core: $(STAMP)
 	$(BIN)/python scripts/build_compiled_core.py
 
 app: $(STAMP)
-	$(BIN)/python scripts/build_compiled_core.py || true
+	@$(BIN)/python scripts/build_compiled_core.py 2>/dev/null \
+		|| echo "pagesim: the compiled core did not build (build/compiled-core/build.log says why); the sources run"
 	$(BIN)/pagesim
 
 lint: $(STAMP)
