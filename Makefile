@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make app    creates .venv, installs pagesim, opens the app on the default scenario
-#   make test   creates .venv, installs pagesim, runs lint, the import contract and every test
+#   make test   creates .venv, installs pagesim, runs lint and the import contract, builds the
+#               compiled core, runs every test
 # The interpreter .venv is built on: the system's own CPython where it is 3.11 or newer and
 # can make a venv (ensurepip: Debian's python3-venv), else python3 from PATH, which also
 # overrides an active virtualenv's or conda's python3; PYTHON=... chooses. Distributions
