@@ -67,7 +67,6 @@ def manifest_for(root: Path = PACKAGE_ROOT) -> dict:
     the modules compiled and every source's digest."""
     return {
         "extension_suffix": extension_suffix(),
-        "group": GROUP,
         "modules": list(COMPILED_MODULES),
         "sources": source_digests(root),
     }
@@ -78,10 +77,11 @@ def built_files() -> set[str]:
     return {f"{name}{suffix}" for name in (*COMPILED_MODULES, f"{GROUP}__mypyc")}
 
 
-def why_not_compiled(lib_dir: Path = LIB_DIR, root: Path = PACKAGE_ROOT) -> str | None:
+def why_not_compiled(lib_dir: Path = LIB_DIR, root: Path = PACKAGE_ROOT, honour_env: bool = True) -> str | None:
     """Why the build in ``lib_dir`` must not stand in for the sources under ``root``, or
-    None when it may."""
-    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+    None when it may (``honour_env=False``: whether it is up to date, whatever the
+    environment asks)."""
+    if honour_env and os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
         return f"{PURE_PYTHON_ENV} is set"
     try:
         built = json.loads((lib_dir / MANIFEST).read_text(encoding="utf-8"))

@@ -41,15 +41,6 @@ follow_imports = skip
 """
 
 
-def up_to_date() -> bool:
-    try:
-        built = json.loads((OUT / compiled_core.MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    files_there = all((OUT / name).is_file() for name in compiled_core.built_files())
-    return built == compiled_core.manifest_for() and files_there
-
-
 def build(work: Path) -> None:
     from mypyc.build import mypycify  # (the build's own dependency: mypy, in the dev extra)
     from setuptools import setup
@@ -84,7 +75,7 @@ def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "--build-in":
         build(Path(sys.argv[2]))
         return 0
-    if up_to_date():
+    if compiled_core.why_not_compiled(honour_env=False) is None:
         print(f"compiled core: up to date in {OUT.relative_to(ROOT)}")
         return 0
     OUT.parent.mkdir(parents=True, exist_ok=True)

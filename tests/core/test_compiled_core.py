@@ -4,15 +4,13 @@ Python, all modules or none; the sources alone still run every scenario as recor
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from pagesim.core import compiled_core
 from pagesim.core.compiled_core import COMPILED_MODULES, MANIFEST, manifest_for, why_not_compiled
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.on_the_sources import pytest_on_the_sources
 
 
 @pytest.fixture
@@ -99,14 +97,14 @@ def test_the_modules_in_use_are_the_ones_the_status_names():
 def test_the_sources_alone_replay_the_scheduler_scenarios_and_vllms_traces_as_recorded():
     """The fallback (a wheel install, an edited source, no compiler) is the same engine: the
     golden replay of the scheduler scenarios, and the shared vLLM traces, on the sources."""
-    child = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "v1 or preemption or prefix or stress",
-         "tests/golden/test_golden_replay.py", "tests/core/test_vllm_traces.py"],
-        env={**os.environ, compiled_core.PURE_PYTHON_ENV: "1"},
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
+    child = pytest_on_the_sources(
+        [
+            "-k",
+            "v1 or preemption or prefix or stress",
+            "tests/golden/test_golden_replay.py",
+            "tests/core/test_vllm_traces.py",
+        ],
         timeout=600,
-    )  # fmt: skip
+    )
     assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
     assert " passed" in child.stdout and " failed" not in child.stdout
